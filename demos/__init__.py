@@ -1,0 +1,39 @@
+"""The model zoo: pure JAX programs to shard, small enough to run on CPU, sizable to real ones.
+
+`MODEL_ZOO[name](size=..., train=..., **config_overrides)` returns a `Workload`; `SIZES[name]`
+lists the size names. The first size of each model ("tiny") carries concrete float32 arrays;
+real sizes carry `jax.ShapeDtypeStruct`s only, so tracing them never allocates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from demos import equinox_mlp, flax_mlp, gns, gpt, gpt_scan, llama, mlp, moe, unet
+from demos.workload import Workload
+
+MODEL_ZOO: dict[str, Callable[..., Workload]] = {
+    "mlp": mlp.make_mlp,
+    "gpt": gpt.make_gpt,
+    "gpt-scan": gpt_scan.make_gpt_scan,
+    "llama": llama.make_llama,
+    "moe": moe.make_moe,
+    "unet": unet.make_unet,
+    "gns": gns.make_gns,
+    "flax": flax_mlp.make_flax,
+    "equinox": equinox_mlp.make_equinox,
+}
+
+SIZES: dict[str, tuple[str, ...]] = {
+    "mlp": tuple(mlp.SIZES),
+    "gpt": tuple(gpt.SIZES),
+    "gpt-scan": tuple(gpt_scan.SIZES),
+    "llama": tuple(llama.SIZES),
+    "moe": tuple(moe.SIZES),
+    "unet": tuple(unet.SIZES),
+    "gns": tuple(gns.SIZES),
+    "flax": tuple(flax_mlp.SIZES),
+    "equinox": tuple(equinox_mlp.SIZES),
+}
+
+__all__ = ["MODEL_ZOO", "SIZES", "Workload"]

@@ -1,0 +1,277 @@
+"""Named Dimension Analysis: group tensor dims that must be sharded alike into named dims.
+
+Following TOAST's formalism, every op's factor rule gives its operand-use dims and result dims
+op-local factors (identities inside the op: **I-edges**, realised as shared factors), and every use
+of a value links the value's dims to the use's dims (**M-edges**, definition to use). Union-find over
+all M-edges gives the equivalence classes: the **named dims**. Cutting an M-edge means resharding
+that value at that use; it is how conflicts are resolved.
+
+Worked example, `relu(x @ w1) @ w2` with x[B, D], w1[D, F], w2[F, O]:
+
+* op 1 `dot_general(x, w1)` has factors b, d (reduction), f; op 3 `dot_general(h, w2)` has b', f'
+  (reduction), o;
+* M-edges link x.0~b, x.1~d, w1.0~d, w1.1~f, h.0~b', h.1~f', w2.0~f', w2.1~o (through relu);
+* union-find yields 4 named dims: {x.0, h.0, y.0}, {x.1, w1.0}, {w1.1, h.1, w2.0}, {w2.1, y.1}.
+
+**Refinement.** A reshape splits a dim into sub-factors (`[B, S, D] -> [B, S, H, Dh]`). When a use
+splits a value dim differently from its definition, both are refined to the common ordered
+factorization: the factor of the coarser side is split, and so is every factor in its class (they
+are the same slice of data, so they split alike). When no common factorization exists (mixed-radix
+strides do not nest), the M-edge is dropped and a *reshape* conflict is recorded. Refinement only
+ever splits, so the analysis is linear in program size up to the (small) number of splits.
+
+The atoms of the analysis are the leaf factors; a value's atoms are its producer's result factors
+and a use's atoms are its consumer's operand factors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from toast_core.analysis.factors import refine
+from toast_core.analysis.rules import factors_of
+from toast_core.ir.program import Program
+
+
+@dataclass(frozen=True, slots=True)
+class MEdge:
+    """A definition-to-use link of one leaf factor: value `value` dim `dim` (sub-factor `sub`) is
+    read by operand `position` of op `op`. Cutting it reshards the value at that use."""
+
+    id: int
+    value: int
+    op: int
+    position: int
+    dim: int
+    sub: int
+    value_atom: int
+    use_atom: int
+
+
+@dataclass(frozen=True, slots=True)
+class NamedDim:
+    """An equivalence class of atoms that must be sharded identically."""
+
+    id: int
+    size: int
+    label: str
+    atoms: tuple[int, ...]
+    members: tuple[tuple[int, int, int], ...]  # (value id, dim, sub-factor) of value atoms
+    bytes_covered: int
+    has_reduction: bool
+    replication_ops: tuple[int, ...]
+    is_persistent: bool  # holds a parameter or optimizer-state dim
+    is_input: bool  # holds a dim of a data input
+
+    @property
+    def name(self) -> str:
+        return f"N{self.id}"
+
+
+class _FactorForest:
+    """Global factors with union-find and class-wide splitting (the refinement step)."""
+
+    def __init__(self) -> None:
+        self.size: list[int] = []
+        self.kind: list[str] = []
+        self.owner: list[int] = []
+        self.children: list[tuple[int, ...] | None] = []
+        self.parent: list[int] = []
+        self.members: dict[int, list[int]] = {}
+
+    def new(self, size: int, kind: str, owner: int) -> int:
+        f = len(self.size)
+        self.size.append(size)
+        self.kind.append(kind)
+        self.owner.append(owner)
+        self.children.append(None)
+        self.parent.append(f)
+        self.members[f] = [f]
+        return f
+
+    def find(self, f: int) -> int:
+        root = f
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[f] != root:
+            self.parent[f], f = root, self.parent[f]
+        return root
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return
+        if len(self.members[ra]) < len(self.members[rb]):
+            ra, rb = rb, ra
+        self.parent[rb] = ra
+        self.members[ra].extend(self.members.pop(rb))
+
+    def leaves(self, seq) -> list[int]:
+        out: list[int] = []
+        stack = list(reversed(seq))
+        while stack:
+            f = stack.pop()
+            kids = self.children[f]
+            if kids is None:
+                out.append(f)
+            else:
+                stack.extend(reversed(kids))
+        return out
+
+    def split_class(self, f: int, major: int) -> None:
+        """Splits every factor of f's class into (major, size // major) sub-factors."""
+        minor = self.size[f] // major
+        firsts, seconds = [], []
+        for m in list(self.members[self.find(f)]):
+            a = self.new(major, self.kind[m], self.owner[m])
+            b = self.new(minor, self.kind[m], self.owner[m])
+            self.children[m] = (a, b)
+            firsts.append(a)
+            seconds.append(b)
+        for group in (firsts, seconds):
+            for x in group[1:]:
+                self.union(group[0], x)
+
+    def align(self, seq_a, seq_b) -> bool:
+        """Links two factorizations of one dim leaf by leaf, refining as needed. False if the
+        factorizations have no common refinement (nothing is changed then)."""
+        while True:
+            la, lb = self.leaves(seq_a), self.leaves(seq_b)
+            if refine([self.size[f] for f in la], [self.size[f] for f in lb]) is None:
+                return False
+            i = j = 0
+            restarted = False
+            while i < len(la) and j < len(lb):
+                sa, sb = self.size[la[i]], self.size[lb[j]]
+                if sa == sb:
+                    self.union(la[i], lb[j])
+                    i += 1
+                    j += 1
+                    continue
+                if sa > sb:
+                    self.split_class(la[i], sb)
+                else:
+                    self.split_class(lb[j], sa)
+                restarted = True
+                break
+            if not restarted:
+                return True
+
+
+@dataclass(frozen=True)
+class NdaResult:
+    """Raw output of the NDA pass (wrapped by `Analysis`)."""
+
+    atom_size: np.ndarray
+    atom_kind: tuple[str, ...]
+    atom_owner: np.ndarray
+    value_atoms: tuple[tuple[tuple[int, ...], ...], ...]  # value -> dim -> leaf atoms
+    use_atoms: dict  # (op, position) -> dim -> leaf atoms
+    op_atoms: tuple[tuple[int, ...], ...]  # op -> all its leaf atoms (each once)
+    medges: tuple[MEdge, ...]
+    reshape_sites: tuple[tuple[int, int, int, int], ...]  # (value, op, position, dim)
+    diagnostics: tuple[str, ...]
+    fallback_ops: tuple[int, ...] = field(default=())
+
+
+def run_nda(program: Program) -> NdaResult:
+    """Builds atoms and M-edges for the whole program in one pass (see the module essay)."""
+    forest = _FactorForest()
+    value_dims: list[list[list[int]] | None] = [None] * len(program.values)
+    use_dims: dict[tuple[int, int], list[list[int]]] = {}
+    op_factors: list[list[int]] = []
+    diagnostics: list[str] = []
+    fallback_ops: list[int] = []
+    produced = {vid for op in program.ops for vid in op.results}
+    for v in program.values:
+        if v.id not in produced:
+            value_dims[v.id] = [
+                [forest.new(s, "pass", -1)] if s > 1 else [] for s in v.shape
+            ]
+    unknown: dict[str, int] = {}
+    for op in program.ops:
+        operand_shapes = [program.values[i].shape for i in op.operands]
+        result_shapes = [program.values[i].shape for i in op.results]
+        rule = factors_of(op, operand_shapes, result_shapes)
+        if rule.is_fallback:
+            fallback_ops.append(op.index)
+            unknown[op.primitive] = unknown.get(op.primitive, 0) + 1
+            if unknown[op.primitive] == 1:
+                diagnostics.append(
+                    f"unknown primitive `{op.primitive}` at {op.source or '?'}: no factor rule, so "
+                    "no named dim crosses it (every dim is its own factor)"
+                )
+        ids = [forest.new(s, k, op.index) for s, k in zip(rule.sizes, rule.kinds)]
+        op_factors.append(ids)
+        for pos, dims in enumerate(rule.operands):
+            use_dims[(op.index, pos)] = [[ids[f] for f in d] for d in dims]
+        for vid, dims in zip(op.results, rule.results):
+            value_dims[vid] = [[ids[f] for f in d] for d in dims]
+    for prim, count in unknown.items():
+        if count > 1:
+            diagnostics.append(f"unknown primitive `{prim}` appears {count} times")
+
+    failed: set[tuple[int, int, int, int]] = set()
+    for op in program.ops:
+        for pos, vid in enumerate(op.operands):
+            udims = use_dims[(op.index, pos)]
+            for d, vdim in enumerate(value_dims[vid]):
+                if (vdim or udims[d]) and not forest.align(vdim, udims[d]):
+                    failed.add((vid, op.index, pos, d))
+
+    value_atoms = tuple(
+        tuple(tuple(forest.leaves(d)) for d in dims) for dims in value_dims  # type: ignore[union-attr]
+    )
+    use_atoms = {
+        key: tuple(tuple(forest.leaves(d)) for d in dims) for key, dims in use_dims.items()
+    }
+    op_atoms = tuple(tuple(dict.fromkeys(forest.leaves(ids))) for ids in op_factors)
+    medges: list[MEdge] = []
+    for op in program.ops:
+        for pos, vid in enumerate(op.operands):
+            for d, vleaves in enumerate(value_atoms[vid]):
+                if (vid, op.index, pos, d) in failed:
+                    continue
+                uleaves = use_atoms[(op.index, pos)][d]
+                assert len(vleaves) == len(uleaves), (vid, op.index, pos, d)
+                for sub, (a, b) in enumerate(zip(vleaves, uleaves)):
+                    assert forest.size[a] == forest.size[b]
+                    medges.append(MEdge(len(medges), vid, op.index, pos, d, sub, a, b))
+    return NdaResult(
+        atom_size=np.asarray(forest.size, dtype=np.int64),
+        atom_kind=tuple(forest.kind),
+        atom_owner=np.asarray(forest.owner, dtype=np.int64),
+        value_atoms=value_atoms,
+        use_atoms=use_atoms,
+        op_atoms=op_atoms,
+        medges=tuple(medges),
+        reshape_sites=tuple(sorted(failed)),
+        diagnostics=tuple(diagnostics),
+        fallback_ops=tuple(fallback_ops),
+    )
+
+
+def components(n: int, edges: np.ndarray) -> np.ndarray:
+    """Connected components of `n` nodes under `edges` ([E, 2]); labels are 0..k-1 by first node."""
+    parent = np.arange(n)
+
+    def find(x: int) -> int:
+        root = x
+        while parent[root] != root:
+            root = parent[root]
+        while parent[x] != root:
+            parent[x], x = root, parent[x]
+        return root
+
+    for a, b in edges.tolist():
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            if ra < rb:
+                parent[rb] = ra
+            else:
+                parent[ra] = rb
+    roots = np.array([find(i) for i in range(n)], dtype=np.int64)
+    _, labels = np.unique(roots, return_inverse=True)
+    return labels.astype(np.int64)

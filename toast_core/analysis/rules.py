@@ -1,0 +1,548 @@
+"""Factor rules: one small function per primitive, in a registry keyed by primitive name.
+
+Each rule receives the op and the shapes of its operands and results and returns an `OpFactors`
+(see `factors.py`). Rules describe relations, never decisions. Rule cases are kept alphabetical
+within each family. A primitive without a rule gets `fallback_rule` (every dim its own factor, so no
+named dim crosses the op) and the analysis reports a diagnostic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from toast_core.analysis.factors import FactorBuilder, OpFactors, mixed_radix_groups, split_dim
+from toast_core.ir.program import Op
+
+Rule = Callable[[Op, list, list], OpFactors]
+RULES: dict[str, Rule] = {}
+
+
+def rule(*names: str):
+    def register(fn: Rule) -> Rule:
+        for name in names:
+            RULES[name] = fn
+        return fn
+
+    return register
+
+
+def factors_of(op: Op, operand_shapes: list, result_shapes: list) -> OpFactors:
+    """The op's factors by its rule, or the conservative fallback for unknown primitives."""
+    fn = RULES.get(op.primitive)
+    if fn is None:
+        return fallback_rule(op, operand_shapes, result_shapes)
+    return fn(op, operand_shapes, result_shapes)
+
+
+def fallback_rule(op: Op, operand_shapes: list, result_shapes: list) -> OpFactors:
+    """Every dim its own factor: nothing is linked across the op (always safe, never clever)."""
+    return FactorBuilder(operand_shapes, result_shapes).build(fallback=True)
+
+
+# --- elementwise ---------------------------------------------------------------------------------
+
+ELEMENTWISE = (
+    "abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e cbrt ceil "
+    "clamp clz complex conj convert_element_type copy copy_p cos cosh device_put digamma div eq "
+    "erf erf_inv erfc exp exp2 expm1 floor ge gt igamma igamma_grad_a igammac imag integer_pow "
+    "is_finite le lgamma log log1p logistic lt max min mul ne neg nextafter not optimization_barrier "
+    "or polygamma population_count pow random_gamma_grad real reduce_precision "
+    "regularized_incomplete_beta rem round rsqrt select_n sharding_constraint shift_left "
+    "shift_right_arithmetic shift_right_logical sign sin sinh sqrt square stop_gradient sub tan "
+    "tanh threefry2x32 xor zeta"
+).split()
+
+
+@rule(*ELEMENTWISE)
+def elementwise_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Result dim d ~ dim d of every operand of the same rank (rank-0 operands broadcast).
+
+    Multi-result elementwise ops (optimization_barrier) pair result i with operand i.
+    """
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    if len(result_shapes) > 1:
+        for i, shape in enumerate(result_shapes):
+            for d, size in enumerate(shape):
+                fb.shared(size, operands=[(i, d)], results=[(i, d)])
+        return fb.build()
+    out = result_shapes[0]
+    for d, size in enumerate(out):
+        slots = [(i, d) for i, s in enumerate(operand_shapes) if len(s) == len(out) and s[d] == size]
+        fb.shared(size, operands=slots, results=[(0, d)])
+    return fb.build()
+
+
+# --- layout: broadcast, reshape, squeeze, transpose, rev ----------------------------------------
+
+
+@rule("broadcast_in_dim")
+def broadcast_in_dim_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Kept dims link to their result dims; new and size-1-expanded dims get fresh factors."""
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    dims = op.param("broadcast_dimensions", ())
+    for j, d in enumerate(dims):
+        if operand_shapes[0][j] == result_shapes[0][d]:
+            fb.shared(result_shapes[0][d], operands=[(0, j)], results=[(0, d)])
+    return fb.build()
+
+
+@rule("reshape")
+def reshape_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Mixed-radix alignment: `[8, 32] -> [8, 4, 8]` is `([i, (j, k)]) -> ([i, j, k])`.
+
+    Groups of dims whose factorizations do not nest (`[2, 3] -> [3, 2]`) cannot be expressed: the
+    operand side needs replication there and the result gets fresh factors.
+    """
+    fb = FactorBuilder(operand_shapes[:1], result_shapes)
+    a, b = tuple(operand_shapes[0]), tuple(result_shapes[0])
+    for ga, gb, refined in mixed_radix_groups(a, b):
+        if refined is None:
+            for d in ga:
+                fb.set_operand(0, d, fb.factor(a[d], "replicate"))
+            continue
+        fs = [fb.factor(s) for s in refined]
+        pos = 0
+        for d, part in zip(ga, split_dim([a[d] for d in ga], refined)):
+            fb.set_operand(0, d, *fs[pos : pos + len(part)])
+            pos += len(part)
+        pos = 0
+        for d, part in zip(gb, split_dim([b[d] for d in gb], refined)):
+            fb.set_result(0, d, *fs[pos : pos + len(part)])
+            pos += len(part)
+    built = fb.build()
+    # Dynamic-shape operands of reshape (rare) are extra operands without dims that matter.
+    extra = tuple(tuple(() for _ in s) for s in operand_shapes[1:])
+    return OpFactors(built.sizes, built.kinds, built.operands + extra, built.results)
+
+
+@rule("squeeze")
+def squeeze_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    kept = [d for d, s in enumerate(operand_shapes[0]) if d not in set(op.param("dimensions", ()))]
+    for j, d in enumerate(kept):
+        fb.shared(operand_shapes[0][d], operands=[(0, d)], results=[(0, j)])
+    return fb.build()
+
+
+@rule("expand_dims")
+def expand_dims_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    new = set(op.param("dimensions", ()))
+    kept = [d for d in range(len(result_shapes[0])) if d not in new]
+    for j, d in enumerate(kept):
+        fb.shared(result_shapes[0][d], operands=[(0, j)], results=[(0, d)])
+    return fb.build()
+
+
+@rule("transpose")
+def transpose_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for d, src in enumerate(op.param("permutation", ())):
+        fb.shared(result_shapes[0][d], operands=[(0, src)], results=[(0, d)])
+    return fb.build()
+
+
+@rule("rev")
+def rev_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Reversed dims can stay sharded if shards swap places (a collective-permute)."""
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    flipped = set(op.param("dimensions", ()))
+    for d, size in enumerate(result_shapes[0]):
+        kind = "permute" if d in flipped else "pass"
+        fb.shared(size, kind, operands=[(0, d)], results=[(0, d)])
+    return fb.build()
+
+
+# --- contractions and convolutions --------------------------------------------------------------
+
+
+@rule("dot_general")
+def dot_general_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """`[b, m, k] x [b, k, n] -> [b, m, n]`: batch and free dims pass, contracting dims reduce."""
+    (lc, rc), (lb, rb) = op.param("dimension_numbers")
+    lhs, rhs = operand_shapes[0], operand_shapes[1]
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    out = 0
+    for dl, dr in zip(lb, rb):
+        fb.shared(lhs[dl], operands=[(0, dl), (1, dr)], results=[(0, out)])
+        out += 1
+    for d in range(len(lhs)):
+        if d not in lc and d not in lb:
+            fb.shared(lhs[d], operands=[(0, d)], results=[(0, out)])
+            out += 1
+    for d in range(len(rhs)):
+        if d not in rc and d not in rb:
+            fb.shared(rhs[d], operands=[(1, d)], results=[(0, out)])
+            out += 1
+    for dl, dr in zip(lc, rc):
+        fb.shared(lhs[dl], "reduction", operands=[(0, dl), (1, dr)])
+    return fb.build()
+
+
+@rule("conv_general_dilated")
+def conv_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Batch passes; input features contract with the kernel's; output features pass.
+
+    A spatial dim whose size is unchanged (SAME padding, stride 1) stays shardable with a halo
+    exchange (permute); a resized one must be gathered (replicate). Grouped convolutions link only
+    batch dims.
+    """
+    dn = dict(op.param("dimension_numbers"))
+    lhs_spec, rhs_spec, out_spec = dn["lhs_spec"], dn["rhs_spec"], dn["out_spec"]
+    lhs, rhs, out = operand_shapes[0], operand_shapes[1], result_shapes[0]
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    grouped = op.param("feature_group_count", 1) != 1 or op.param("batch_group_count", 1) != 1
+    if op.param("batch_group_count", 1) == 1:
+        fb.shared(lhs[lhs_spec[0]], operands=[(0, lhs_spec[0])], results=[(0, out_spec[0])])
+    if not grouped:
+        fb.shared(
+            lhs[lhs_spec[1]], "reduction", operands=[(0, lhs_spec[1]), (1, rhs_spec[1])]
+        )
+        fb.shared(rhs[rhs_spec[0]], operands=[(1, rhs_spec[0])], results=[(0, out_spec[1])])
+    for sl, so, sr in zip(lhs_spec[2:], out_spec[2:], rhs_spec[2:]):
+        if lhs[sl] == out[so]:
+            fb.shared(out[so], "permute", operands=[(0, sl)], results=[(0, so)])
+        else:
+            fb.set_operand(0, sl, fb.factor(lhs[sl], "replicate"))
+        fb.set_operand(1, sr, fb.factor(rhs[sr], "replicate"))
+    return fb.build()
+
+
+# --- reductions and scans -----------------------------------------------------------------------
+
+
+@rule(
+    "argmax",
+    "argmin",
+    "reduce_and",
+    "reduce_max",
+    "reduce_min",
+    "reduce_or",
+    "reduce_prod",
+    "reduce_sum",
+    "reduce_xor",
+)
+def reduce_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """`reduce_sum` over dim 1 is `([i, j]) -> ([i]) reduction={j}`."""
+    axes = set(op.param("axes", ()))
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    out = 0
+    for d, size in enumerate(operand_shapes[0]):
+        if d in axes:
+            fb.shared(size, "reduction", operands=[(0, d)])
+        else:
+            fb.shared(size, operands=[(0, d)], results=[(0, out)])
+            out += 1
+    return fb.build()
+
+
+@rule("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")
+def cumulative_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    axis = op.param("axis", 0)
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for d, size in enumerate(operand_shapes[0]):
+        if d == axis:
+            fb.set_operand(0, d, fb.factor(size, "replicate"))
+        else:
+            fb.shared(size, operands=[(0, d)], results=[(0, d)])
+    return fb.build()
+
+
+@rule("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window")
+def reduce_window_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Dims with a trivial window pass; windowed dims need replication (or resize)."""
+    window = op.param("window_dimensions", ())
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for d, size in enumerate(operand_shapes[0]):
+        trivial = d < len(window) and window[d] == 1 and result_shapes[0][d] == size
+        if trivial:
+            fb.shared(size, operands=[(0, d)], results=[(0, d)])
+        else:
+            fb.set_operand(0, d, fb.factor(size, "replicate"))
+    return fb.build()
+
+
+@rule("sort")
+def sort_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """The sorted dim must be whole on every device; other dims pass through all operands."""
+    dim = op.param("dimension", len(operand_shapes[0]) - 1)
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    n = len(operand_shapes)
+    for d, size in enumerate(operand_shapes[0]):
+        if d == dim:
+            fb.shared(size, "replicate", operands=[(i, d) for i in range(n)])
+        else:
+            fb.shared(
+                size, operands=[(i, d) for i in range(n)], results=[(i, d) for i in range(n)]
+            )
+    return fb.build()
+
+
+@rule("top_k", "approx_top_k")
+def top_k_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    last = len(operand_shapes[0]) - 1
+    for d, size in enumerate(operand_shapes[0]):
+        if d == last:
+            fb.set_operand(0, d, fb.factor(size, "replicate"))
+        else:
+            fb.shared(size, operands=[(0, d)], results=[(i, d) for i in range(len(result_shapes))])
+    return fb.build()
+
+
+# --- slicing, concatenation, padding ------------------------------------------------------------
+
+
+def _same_size_or_replicate(fb: FactorBuilder, operand: int, result: int) -> None:
+    for d, size in enumerate(fb.operand_shapes[operand]):
+        if fb.result_shapes[result][d] == size:
+            fb.shared(size, operands=[(operand, d)], results=[(result, d)])
+        else:
+            fb.set_operand(operand, d, fb.factor(size, "replicate"))
+
+
+@rule("concatenate")
+def concatenate_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    dim = op.param("dimension", 0)
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for d, size in enumerate(result_shapes[0]):
+        if d == dim:
+            for i, s in enumerate(operand_shapes):
+                fb.set_operand(i, d, fb.factor(s[d], "replicate"))
+        else:
+            fb.shared(size, operands=[(i, d) for i in range(len(operand_shapes))], results=[(0, d)])
+    return fb.build()
+
+
+@rule("split")
+def split_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    axis = op.param("axis", 0)
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for d, size in enumerate(operand_shapes[0]):
+        if d == axis:
+            fb.set_operand(0, d, fb.factor(size, "replicate"))
+        else:
+            fb.shared(size, operands=[(0, d)], results=[(i, d) for i in range(len(result_shapes))])
+    return fb.build()
+
+
+@rule("slice", "dynamic_slice")
+def slice_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Unsliced dims pass; sliced dims (size changes) need the operand whole."""
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    _same_size_or_replicate(fb, 0, 0)
+    return fb.build()
+
+
+@rule("dynamic_update_slice")
+def dynamic_update_slice_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Operand and result pass; an update dim smaller than the operand's must be replicated."""
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for d, size in enumerate(operand_shapes[0]):
+        if operand_shapes[1][d] == size:
+            fb.shared(size, operands=[(0, d), (1, d)], results=[(0, d)])
+        else:
+            fb.shared(size, operands=[(0, d)], results=[(0, d)])
+            fb.set_operand(1, d, fb.factor(operand_shapes[1][d], "replicate"))
+    return fb.build()
+
+
+@rule("pad")
+def pad_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Unpadded dims pass; a padded dim is resharded with a halo exchange (permute)."""
+    config = op.param("padding_config", ())
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for d, size in enumerate(operand_shapes[0]):
+        if d < len(config) and tuple(config[d]) == (0, 0, 0):
+            fb.shared(size, operands=[(0, d)], results=[(0, d)])
+        else:
+            fb.set_operand(0, d, fb.factor(size, "permute"))
+    return fb.build()
+
+
+# --- gather and scatter -------------------------------------------------------------------------
+
+
+@rule("gather")
+def gather_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Embedding lookup `table[V, D], ids[B, S, 1] -> [B, S, D]`.
+
+    Result batch dims link to the index dims; offset dims link to whole operand dims. An indexed
+    operand dim with slice size 1 uses the masked rule (each device looks up its own rows, zeros the
+    rest, then the partial results are summed): a reduction factor. Other indexed dims replicate.
+    """
+    dn = dict(op.param("dimension_numbers"))
+    slice_sizes = op.param("slice_sizes", ())
+    operand, indices = operand_shapes[0], operand_shapes[1]
+    out = result_shapes[0]
+    offset_dims = tuple(dn.get("offset_dims", ()))
+    collapsed = set(dn.get("collapsed_slice_dims", ()))
+    op_batch = tuple(dn.get("operand_batching_dims", ()))
+    idx_batch = tuple(dn.get("start_indices_batching_dims", ()))
+    start_index_map = set(dn.get("start_index_map", ()))
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    index_dims = [d for d in range(len(indices) - 1)]  # last indices dim is the index vector
+    batch_out = [d for d in range(len(out)) if d not in offset_dims]
+    for od, idim in zip(batch_out, index_dims):
+        slots = [(1, idim)]
+        if idim in idx_batch:
+            slots.append((0, op_batch[idx_batch.index(idim)]))
+        fb.shared(out[od], operands=slots, results=[(0, od)])
+    window = [
+        d for d in range(len(operand)) if d not in collapsed and d not in set(op_batch)
+    ]
+    for od, wd in zip(offset_dims, window):
+        if slice_sizes[wd] == operand[wd] and wd not in start_index_map:
+            fb.shared(out[od], operands=[(0, wd)], results=[(0, od)])
+    for d in range(len(operand)):
+        if fb.operands[0][d] or d in set(op_batch):
+            continue
+        masked = d in start_index_map and slice_sizes[d] == 1
+        fb.set_operand(0, d, fb.factor(operand[d], "reduction" if masked else "replicate"))
+    return fb.build()
+
+
+@rule("scatter", "scatter-add", "scatter_add", "scatter_mul", "scatter_min", "scatter_max")
+def scatter_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """`operand[V, D] .at[ids].add(updates[B, S, D])`: operand and result pass everywhere (each
+    device applies the updates that land in its rows); update scatter dims link to index dims and
+    update window dims to whole operand dims.
+    """
+    dn = dict(op.param("dimension_numbers"))
+    operand, indices, updates = operand_shapes[0], operand_shapes[1], operand_shapes[2]
+    window_dims = tuple(dn.get("update_window_dims", ()))
+    inserted = set(dn.get("inserted_window_dims", ()))
+    op_batch = tuple(dn.get("operand_batching_dims", ()))
+    idx_batch = tuple(dn.get("scatter_indices_batching_dims", ()))
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    operand_f = []
+    for d, size in enumerate(operand):
+        operand_f.append(fb.shared(size, operands=[(0, d)], results=[(0, d)]))
+    scatter_dims = [d for d in range(len(updates)) if d not in window_dims]
+    index_dims = [d for d in range(len(indices) - 1)]
+    for ud, idim in zip(scatter_dims, index_dims):
+        if idim in idx_batch:
+            f = operand_f[op_batch[idx_batch.index(idim)]]
+            fb.set_operand(1, idim, f)
+            fb.set_operand(2, ud, f)
+        else:
+            fb.shared(updates[ud], operands=[(1, idim), (2, ud)])
+    window = [d for d in range(len(operand)) if d not in inserted and d not in set(op_batch)]
+    for ud, wd in zip(window_dims, window):
+        if updates[ud] == operand[wd]:
+            fb.set_operand(2, ud, operand_f[wd])
+        else:
+            fb.set_operand(2, ud, fb.factor(updates[ud], "replicate"))
+    return fb.build()
+
+
+# --- creation and randomness --------------------------------------------------------------------
+
+
+@rule("iota", "rng_uniform", "random_seed", "random_bits", "rng_bit_generator", "empty")
+def fresh_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Creates new data: result dims are fresh factors linked to nothing."""
+    return FactorBuilder(operand_shapes, result_shapes).build()
+
+
+@rule("random_wrap", "random_unwrap", "random_split", "random_fold_in", "random_clone")
+def random_key_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Key arrays: leading (batch) dims shared between key data and key arrays."""
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    n = min(len(operand_shapes[0]), len(result_shapes[0]))
+    for d in range(n):
+        if operand_shapes[0][d] == result_shapes[0][d]:
+            fb.shared(result_shapes[0][d], operands=[(0, d)], results=[(0, d)])
+    return fb.build()
+
+
+# --- linear algebra ------------------------------------------------------------------------------
+
+
+@rule("cholesky", "triangular_solve", "lu", "qr", "eigh", "svd", "schur", "eig")
+def linalg_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Batch dims pass through; the two matrix dims must be whole."""
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    batch = len(operand_shapes[0]) - 2
+    for d in range(max(batch, 0)):
+        size = operand_shapes[0][d]
+        ops = [(i, d) for i, s in enumerate(operand_shapes) if len(s) > d and s[d] == size]
+        res = [(i, d) for i, s in enumerate(result_shapes) if len(s) > d and s[d] == size]
+        fb.shared(size, operands=ops, results=res)
+    for i, s in enumerate(operand_shapes):
+        for d in range(max(batch, 0), len(s)):
+            fb.set_operand(i, d, fb.factor(s[d], "replicate"))
+    return fb.build()
+
+
+# --- regions: scan, while, cond ------------------------------------------------------------------
+
+
+@rule("scan_start")
+def scan_start_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Outer (consts, carry, xs[L, ...]) -> body inputs (consts, carry, x[...]).
+
+    The stacked leading dim L of xs is its own factor; it must be whole (iterations are sequential).
+    """
+    n_consts, n_carry = op.param("num_consts", 0), op.param("num_carry", 0)
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for i, shape in enumerate(operand_shapes):
+        sliced = i >= n_consts + n_carry
+        for d, size in enumerate(shape):
+            if sliced and d == 0:
+                fb.set_operand(i, d, fb.factor(size, "replicate"))
+            else:
+                fb.shared(size, operands=[(i, d)], results=[(i, d - 1 if sliced else d)])
+    return fb.build()
+
+
+@rule("scan_end")
+def scan_end_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Body outputs (carry', y) and the body's carry inputs -> outer (carry, ys[L, ...]).
+
+    Carry out ~ carry in ~ final carry: a loop-carried value keeps one sharding.
+    """
+    n_carry = op.param("num_carry", 0)
+    n_out = len(result_shapes)
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for i in range(n_out):
+        for d, size in enumerate(operand_shapes[i]):
+            if i < n_carry:
+                fb.shared(size, operands=[(i, d), (n_out + i, d)], results=[(i, d)])
+            else:
+                fb.shared(size, operands=[(i, d)], results=[(i, d + 1)])
+    return fb.build()
+
+
+@rule("while_start", "cond_start")
+def region_start_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Region operands map one to one onto body inputs."""
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for i, shape in enumerate(result_shapes):
+        for d, size in enumerate(shape):
+            if i < len(operand_shapes) and operand_shapes[i][d] == size:
+                fb.shared(size, operands=[(i, d)], results=[(i, d)])
+    return fb.build()
+
+
+@rule("while_end")
+def while_end_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Body outputs ~ body carry inputs ~ loop results."""
+    n_out = len(result_shapes)
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for i, shape in enumerate(result_shapes):
+        for d, size in enumerate(shape):
+            fb.shared(size, operands=[(i, d), (n_out + i, d)], results=[(i, d)])
+    return fb.build()
+
+
+@rule("cond_end")
+def cond_end_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Result i ~ output i of every branch."""
+    n_out = len(result_shapes)
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    n_branches = len(operand_shapes) // max(n_out, 1)
+    for i, shape in enumerate(result_shapes):
+        for d, size in enumerate(shape):
+            fb.shared(size, operands=[(b * n_out + i, d) for b in range(n_branches)], results=[(i, d)])
+    return fb.build()

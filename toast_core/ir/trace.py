@@ -1,0 +1,524 @@
+"""Trace a JAX function into our IR. The only module of toast_core that touches jaxpr objects.
+
+`trace(fn, *args)` runs `jax.make_jaxpr` (args may be arrays or `jax.ShapeDtypeStruct` pytrees, so a
+175B-parameter model traces without allocating) and walks the jaxpr once:
+
+* call primitives (`jit`/`pjit`, `closed_call`, `custom_jvp_call`, `custom_vjp_call`, `remat2`...) are
+  inlined, their names kept in `Op.call_path`;
+* `scan`, `while` and `cond` are flattened into `<prim>_start`, body ops and `<prim>_end` so that the
+  analysis sees their bodies; body ops carry a `trip_count` for the cost model;
+* literals become `literal` values, closed-over constants `constant` values.
+
+The walk also records *steps*: the top-level equations in execution order with the value ids of their
+operands and results. `run_with_constraints` replays those steps on real arrays, calling back before
+each step (to constrain operands at cut uses) and after it (to constrain results). That replay is how
+a strategy is applied to the user's real function.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.extend.core as jex
+import numpy as np
+
+from toast_core.errors import TraceError, bad_value
+from toast_core.ir.program import Op, Program, Value
+
+CALL_PRIMITIVES = frozenset(
+    {
+        "jit",
+        "pjit",
+        "closed_call",
+        "core_call",
+        "custom_jvp_call",
+        "custom_vjp_call",
+        "custom_vjp_call_jaxpr",
+        "remat",
+        "remat2",
+        "checkpoint",
+        "custom_lin",
+    }
+)
+REGION_PRIMITIVES = frozenset({"scan", "while", "cond"})
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A top-level equation to replay: its operands (value id, or ('lit', value)) and result ids."""
+
+    eqn: Any
+    operands: tuple
+    results: tuple[int, ...]
+    op_index: int = -1
+
+
+@dataclass(frozen=True)
+class TraceHandle:
+    """What `apply` needs to re-run the traced program on real arrays."""
+
+    steps: tuple[_Step, ...]
+    consts: tuple[tuple[int, Any], ...]
+    in_tree: Any
+    out_tree: Any
+    input_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    input_paths: tuple[str, ...]
+    output_paths: tuple[str, ...]
+
+
+def _source(eqn) -> str:
+    try:
+        from jax._src import source_info_util
+
+        frame = source_info_util.user_frame(eqn.source_info.traceback)
+    except Exception:  # noqa: BLE001 - source info is best effort
+        return ""
+    if frame is None:
+        return ""
+    return f"{os.path.basename(frame.file_name)}:{frame.start_line}"
+
+
+def _name_stack(eqn) -> str:
+    try:
+        return str(eqn.source_info.name_stack)
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def _plain(value: Any) -> Any:
+    """Converts a jaxpr param into plain hashable Python (ints, strs, tuples), or raises TypeError."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, np.integer | np.floating | np.bool_):
+        return value.item()
+    if isinstance(value, np.dtype) or type(value).__name__.endswith("DType"):
+        return str(value)
+    if hasattr(value, "_asdict"):  # NamedTuple dimension numbers (gather, scatter, conv)
+        return tuple((k, _plain(v)) for k, v in value._asdict().items())
+    if isinstance(value, tuple | list):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, enum.Enum):
+        return str(value.name)
+    if isinstance(value, np.ndarray) and value.size <= 16:
+        return tuple(value.ravel().tolist())
+    raise TypeError(type(value).__name__)
+
+
+def _plain_params(params: dict) -> tuple[tuple[str, object], ...]:
+    out = []
+    for key, value in params.items():
+        if isinstance(value, jex.ClosedJaxpr | jex.Jaxpr) or callable(value):
+            continue
+        try:
+            out.append((key, _plain(value)))
+        except TypeError:
+            out.append((key, repr(value)[:80]))
+    return tuple(out)
+
+
+def _dtype_name(aval) -> str:
+    return str(getattr(aval, "dtype", "float32"))
+
+
+def _shape(aval) -> tuple[int, ...]:
+    return tuple(int(d) for d in getattr(aval, "shape", ()))
+
+
+class _Builder:
+    """Accumulates values, ops and replay steps during the single jaxpr walk."""
+
+    def __init__(self) -> None:
+        self.values: list[Value] = []
+        self.ops: list[Op] = []
+        self.steps: list[_Step] = []
+        self.consts: list[tuple[int, Any]] = []
+        self.diagnostics: list[str] = []
+
+    def new_value(self, aval, role: str, name: str = "", source: str = "") -> int:
+        vid = len(self.values)
+        self.values.append(
+            Value(vid, _shape(aval), _dtype_name(aval), role, name or f"%{vid}", source)
+        )
+        return vid
+
+    def add_op(self, primitive: str, operands, results, params=(), **kw) -> int:
+        idx = len(self.ops)
+        self.ops.append(Op(idx, primitive, tuple(operands), tuple(results), tuple(params), **kw))
+        return idx
+
+    def read(self, env: dict, atom) -> int:
+        """Value id of a jaxpr operand; a Literal becomes a fresh `literal` value."""
+        if isinstance(atom, jex.Literal):
+            return self.new_value(atom.aval, "literal", f"lit({atom.val})")
+        return env[atom]
+
+    def walk(
+        self,
+        jaxpr: jex.Jaxpr,
+        env: dict,
+        call_path: tuple[str, ...],
+        trip_count: int,
+        depth: int,
+        top_level: bool,
+    ) -> None:
+        for eqn in jaxpr.eqns:
+            self._eqn(eqn, env, call_path, trip_count, depth, top_level)
+
+    def _bind_results(self, eqn, env, name_prefix: str, source: str) -> list[int]:
+        ids = []
+        for var in eqn.outvars:
+            vid = self.new_value(var.aval, "intermediate", "", source)
+            self.values[vid] = _renamed(self.values[vid], f"{name_prefix}#{vid}")
+            if not isinstance(var, jex.DropVar):
+                env[var] = vid
+            ids.append(vid)
+        return ids
+
+    def _eqn(self, eqn, env, call_path, trip_count, depth, top_level) -> None:
+        prim = eqn.primitive.name
+        source = _source(eqn)
+        kw = dict(source=source, name_stack=_name_stack(eqn), call_path=call_path)
+        if prim in CALL_PRIMITIVES:
+            sub = _call_body(eqn)
+            if sub is not None:
+                self._inline(eqn, sub, env, call_path, trip_count, depth, top_level)
+                return
+        if prim in REGION_PRIMITIVES:
+            operand_ids = [self.read(env, a) for a in eqn.invars]
+            getattr(self, f"_region_{prim}")(eqn, env, operand_ids, trip_count, depth, kw)
+            if top_level:
+                result_ids = [env.get(v, -1) for v in eqn.outvars]
+                self.steps.append(_Step(eqn, _step_operands(eqn, operand_ids), tuple(result_ids)))
+            return
+        operand_ids = [self.read(env, a) for a in eqn.invars]
+        result_ids = self._bind_results(eqn, env, prim, source)
+        op_index = self.add_op(
+            prim,
+            operand_ids,
+            result_ids,
+            _plain_params(eqn.params),
+            trip_count=trip_count,
+            region_depth=depth,
+            **kw,
+        )
+        if top_level:
+            self.steps.append(
+                _Step(eqn, _step_operands(eqn, operand_ids), tuple(result_ids), op_index)
+            )
+
+    def _inline(self, eqn, sub, env, call_path, trip_count, depth, top_level) -> None:
+        closed_consts = sub.consts if isinstance(sub, jex.ClosedJaxpr) else ()
+        inner = sub.jaxpr if isinstance(sub, jex.ClosedJaxpr) else sub
+        inner_env: dict = {}
+        for var, const in zip(inner.constvars, closed_consts):
+            inner_env[var] = self._constant(var, const)
+        operand_ids = [self.read(env, a) for a in eqn.invars]
+        for var, vid in zip(inner.invars, operand_ids):
+            inner_env[var] = vid
+        name = str(eqn.params.get("name", eqn.primitive.name))
+        self.walk(inner, inner_env, call_path + (name,), trip_count, depth, top_level)
+        for outer, inner_out in zip(eqn.outvars, inner.outvars):
+            if isinstance(outer, jex.DropVar):
+                continue
+            if isinstance(inner_out, jex.Literal):
+                env[outer] = self.new_value(inner_out.aval, "literal", f"lit({inner_out.val})")
+                if top_level:
+                    # Make the literal result available to the replay as a constant.
+                    self.consts.append((env[outer], np.asarray(inner_out.val)))
+            else:
+                env[outer] = inner_env[inner_out]
+
+    def _constant(self, var, const) -> int:
+        vid = self.new_value(var.aval, "constant", "")
+        self.values[vid] = _renamed(self.values[vid], f"const#{vid}")
+        self.consts.append((vid, const))
+        return vid
+
+    def _body_inputs(self, jaxpr: jex.Jaxpr, consts, prefix: str, source: str) -> tuple[dict, list]:
+        env: dict = {}
+        for var, const in zip(jaxpr.constvars, consts):
+            env[var] = self._constant(var, const)
+        ids = []
+        for var in jaxpr.invars:
+            vid = self.new_value(var.aval, "intermediate", "", source)
+            self.values[vid] = _renamed(self.values[vid], f"{prefix}#{vid}")
+            env[var] = vid
+            ids.append(vid)
+        return env, ids
+
+    def _body_outputs(self, jaxpr: jex.Jaxpr, env: dict) -> list[int]:
+        return [self.read(env, v) for v in jaxpr.outvars]
+
+    def _region_scan(self, eqn, env, operand_ids, trip_count, depth, kw) -> None:
+        closed = eqn.params["jaxpr"]
+        length = int(eqn.params["length"])
+        body_env, body_in = self._body_inputs(closed.jaxpr, closed.consts, "scan_in", kw["source"])
+        params = _plain_params(eqn.params)
+        self.add_op("scan_start", operand_ids, body_in, params, region_depth=depth, **kw)
+        self.walk(closed.jaxpr, body_env, kw["call_path"], trip_count * length, depth + 1, False)
+        body_out = self._body_outputs(closed.jaxpr, body_env)
+        n_consts, n_carry = int(eqn.params["num_consts"]), int(eqn.params["num_carry"])
+        carry_in = body_in[n_consts : n_consts + n_carry]
+        results = self._bind_results(eqn, env, "scan", kw["source"])
+        self.add_op(
+            "scan_end", list(body_out) + list(carry_in), results, params, region_depth=depth, **kw
+        )
+
+    def _region_while(self, eqn, env, operand_ids, trip_count, depth, kw) -> None:
+        cond_n, body_n = int(eqn.params["cond_nconsts"]), int(eqn.params["body_nconsts"])
+        body = eqn.params["body_jaxpr"]
+        carry_ids = operand_ids[cond_n + body_n :]
+        body_operands = operand_ids[cond_n : cond_n + body_n] + carry_ids
+        body_env, body_in = self._body_inputs(body.jaxpr, body.consts, "while_in", kw["source"])
+        params = _plain_params(eqn.params) + (("num_consts", body_n),)
+        self.add_op("while_start", body_operands, body_in, params, region_depth=depth, **kw)
+        self.diagnostics.append(
+            f"while loop at {kw['source'] or '?'}: trip count unknown, its body is costed once"
+        )
+        self.walk(body.jaxpr, body_env, kw["call_path"], trip_count, depth + 1, False)
+        body_out = self._body_outputs(body.jaxpr, body_env)
+        results = self._bind_results(eqn, env, "while", kw["source"])
+        self.add_op(
+            "while_end",
+            list(body_out) + body_in[body_n:],
+            results,
+            params,
+            region_depth=depth,
+            **kw,
+        )
+
+    def _region_cond(self, eqn, env, operand_ids, trip_count, depth, kw) -> None:
+        branch_outs: list[int] = []
+        for b, branch in enumerate(eqn.params["branches"]):
+            benv, bin_ids = self._body_inputs(
+                branch.jaxpr, branch.consts, f"cond{b}_in", kw["source"]
+            )
+            self.add_op(
+                "cond_start", operand_ids[1:], bin_ids, (("branch", b),), region_depth=depth, **kw
+            )
+            self.walk(branch.jaxpr, benv, kw["call_path"], trip_count, depth + 1, False)
+            branch_outs += self._body_outputs(branch.jaxpr, benv)
+        results = self._bind_results(eqn, env, "cond", kw["source"])
+        n_branches = len(eqn.params["branches"])
+        self.add_op(
+            "cond_end",
+            branch_outs,
+            results,
+            (("n_branches", n_branches),),
+            region_depth=depth,
+            **kw,
+        )
+
+
+def _renamed(value: Value, name: str) -> Value:
+    return Value(value.id, value.shape, value.dtype, value.role, name, value.source)
+
+
+def _step_operands(eqn, operand_ids) -> tuple:
+    return tuple(
+        ("lit", a.val) if isinstance(a, jex.Literal) else vid
+        for a, vid in zip(eqn.invars, operand_ids)
+    )
+
+
+def _call_body(eqn):
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        sub = eqn.params.get(key)
+        if isinstance(sub, jex.ClosedJaxpr | jex.Jaxpr):
+            return sub
+    return None
+
+
+def _path_names(fn: Callable, args: tuple) -> list[str]:
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        names = []
+    out = []
+    for i, arg in enumerate(args):
+        base = names[i] if i < len(names) else f"arg{i}"
+        for path, _ in jax.tree_util.tree_flatten_with_path(arg)[0]:
+            out.append(base + _keystr(path))
+    return out
+
+
+def _keystr(path) -> str:
+    parts = []
+    for key in path:
+        if isinstance(key, jax.tree_util.DictKey):
+            parts.append(f".{key.key}")
+        elif isinstance(key, jax.tree_util.SequenceKey):
+            parts.append(f"[{key.idx}]")
+        elif isinstance(key, jax.tree_util.GetAttrKey):
+            parts.append(f".{key.name}")
+        else:
+            parts.append(f".{key}")
+    return "".join(parts)
+
+
+def _arg_index_of_leaves(args: tuple) -> list[int]:
+    out = []
+    for i, arg in enumerate(args):
+        out += [i] * len(jax.tree_util.tree_leaves(arg))
+    return out
+
+
+def _check_leaves(args: tuple) -> None:
+    names = _path_names(lambda *a: None, args)
+    leaves = jax.tree_util.tree_leaves(args)
+    for name, leaf in zip(names, leaves):
+        ok = isinstance(leaf, jax.ShapeDtypeStruct | jax.Array | np.ndarray | np.generic)
+        ok = ok or isinstance(leaf, bool | int | float | complex)
+        if not ok:
+            raise TraceError(
+                bad_value(
+                    "args",
+                    f"{name.replace('arg', 'args[', 1)}... = {type(leaf).__name__}",
+                    "array or jax.ShapeDtypeStruct leaves",
+                )
+            )
+
+
+def trace(fn: Callable, *args: Any, param_argnums: tuple[int, ...] | None = None) -> Program:
+    """Traces `fn(*args)` into a `Program`.
+
+    `args` are pytrees of arrays or `jax.ShapeDtypeStruct`s. Input leaves of the positional
+    arguments in `param_argnums` are parameters (default: the first argument when there are
+    several); an input leaf that the function returns again at the same shape and dtype under a
+    matching path (an updated parameter or optimizer state) is marked `state` if it is not already
+    a parameter.
+    """
+    if not callable(fn):
+        raise TraceError(bad_value("fn", fn, "a callable JAX function"))
+    _check_leaves(args)
+    try:
+        closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's code is a trace error
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TraceError(
+            f"tracing `fn={getattr(fn, '__name__', fn)!r}` failed: {type(exc).__name__}: {first}"
+        ) from exc
+    if param_argnums is None:
+        param_argnums = (0,) if len(args) > 1 else ()
+    fn_name = getattr(fn, "__name__", "fn")
+    in_names = _path_names(fn, args)
+    arg_of_leaf = _arg_index_of_leaves(args)
+    out_leaves_with_path = jax.tree_util.tree_flatten_with_path(out_shape)[0]
+    out_names = [f"out{_keystr(p)}" for p, _ in out_leaves_with_path]
+    out_keys = {(_keystr(p[1:]), tuple(s.shape), str(s.dtype)) for p, s in out_leaves_with_path}
+
+    b = _Builder()
+    env: dict = {}
+    jaxpr = closed.jaxpr
+    for var, const in zip(jaxpr.constvars, closed.consts):
+        env[var] = b._constant(var, const)
+    input_ids = []
+    for i, var in enumerate(jaxpr.invars):
+        arg_index = arg_of_leaf[i] if i < len(arg_of_leaf) else -1
+        name = in_names[i] if i < len(in_names) else f"in{i}"
+        role = "parameter" if arg_index in param_argnums else "input"
+        if role == "input":
+            sub_path = name[name.find(".") :] if "." in name else name
+            key = (sub_path, _shape(var.aval), _dtype_name(var.aval))
+            if key in out_keys and len(_shape(var.aval)) > 0:
+                role = "state"
+        vid = b.new_value(var.aval, role, name)
+        env[var] = vid
+        input_ids.append(vid)
+    b.walk(jaxpr, env, (), 1, 0, True)
+
+    output_ids = []
+    for k, atom in enumerate(jaxpr.outvars):
+        vid = b.read(env, atom)
+        if vid in output_ids or b.values[vid].output_name is not None:
+            # The same value returned twice, or an input returned as is: copy it so each output
+            # has its own value.
+            src = vid
+            vid = b.new_value(_AvalLike(b.values[src]), "intermediate", "")
+            op_index = b.add_op("copy", [src], [vid], source="")
+            b.steps.append(_Step(None, (src,), (vid,), op_index))
+        v = b.values[vid]
+        b.values[vid] = Value(v.id, v.shape, v.dtype, v.role, v.name, v.source, out_names[k])
+        if v.role == "intermediate" and not v.name.startswith("out"):
+            b.values[vid] = Value(
+                v.id, v.shape, v.dtype, v.role, out_names[k], v.source, out_names[k]
+            )
+        output_ids.append(vid)
+    handle = TraceHandle(
+        steps=tuple(b.steps),
+        consts=tuple(b.consts),
+        in_tree=jax.tree_util.tree_structure(args),
+        out_tree=jax.tree_util.tree_structure(out_shape),
+        input_ids=tuple(input_ids),
+        output_ids=tuple(output_ids),
+        input_paths=tuple(in_names),
+        output_paths=tuple(out_names),
+    )
+    return Program(
+        name=fn_name,
+        values=tuple(b.values),
+        ops=tuple(b.ops),
+        inputs=tuple(input_ids),
+        outputs=tuple(output_ids),
+        diagnostics=tuple(b.diagnostics),
+        handle=handle,
+    )
+
+
+@dataclass(frozen=True)
+class _AvalLike:
+    shape: tuple
+    dtype: str
+
+    def __init__(self, value: Value) -> None:
+        object.__setattr__(self, "shape", value.shape)
+        object.__setattr__(self, "dtype", value.dtype)
+
+
+def run_with_constraints(
+    program: Program,
+    flat_args: list,
+    before_use: Callable[[int, int, int, Any], Any] | None = None,
+    after_value: Callable[[int, Any], Any] | None = None,
+) -> list:
+    """Replays the traced program on `flat_args` (flattened inputs, traced or concrete).
+
+    `before_use(op_index, operand_position, value_id, array) -> array` may replace an operand just
+    before an op reads it (a cut: the use is resharded; region ops report op_index -1);
+    `after_value(value_id, array) -> array` may replace a value once it is defined (constrain it to
+    its planned sharding). Returns the flattened outputs.
+    """
+    handle: TraceHandle = program.handle
+    if handle is None:
+        raise TraceError("program has no trace handle: it was not produced by `trace`")
+    env: dict[int, Any] = dict(handle.consts)
+    for vid, arr in zip(handle.input_ids, flat_args):
+        env[vid] = after_value(vid, arr) if after_value else arr
+    for step in handle.steps:
+        ins = []
+        for pos, ref in enumerate(step.operands):
+            if isinstance(ref, tuple):
+                ins.append(ref[1])
+                continue
+            arr = env[ref]
+            if before_use is not None:
+                arr = before_use(step.op_index, pos, ref, arr)
+            ins.append(arr)
+        if step.eqn is None:  # an output copy
+            outs = ins
+        else:
+            outs = step.eqn.primitive.bind(*ins, **step.eqn.params)
+            if not step.eqn.primitive.multiple_results:
+                outs = [outs]
+        for vid, arr in zip(step.results, outs):
+            if vid < 0:
+                continue
+            env[vid] = after_value(vid, arr) if after_value else arr
+    return [env[vid] for vid in handle.output_ids]
