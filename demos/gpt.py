@@ -30,6 +30,13 @@ class GPTConfig:
     lr: float = 3e-4  # Adam learning rate
     dtype: str = "float32"  # params and activations; the loss is always float32
 
+    def __post_init__(self):
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"GPTConfig: d_model must be a multiple of n_heads, "
+                f"got d_model={self.d_model}, n_heads={self.n_heads}"
+            )
+
 
 _BIG = dict(vocab=50304, seq=2048, batch=8, dtype="bfloat16")
 SIZES = {

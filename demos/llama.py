@@ -18,6 +18,16 @@ from demos.gpt import cross_entropy, decoder_workload
 from demos.workload import Workload, bind, resolve_config
 
 
+def check_heads(cfg) -> None:
+    """Heads must tile D, KV heads must tile the heads, and RoPE needs an even head dim."""
+    D, H, KV = cfg.d_model, cfg.n_heads, cfg.n_kv_heads
+    if D % H or H % KV or (D // H) % 2:
+        raise ValueError(
+            f"{type(cfg).__name__}: expected d_model % n_heads == 0, n_heads % n_kv_heads == 0 "
+            f"and an even head dim, got d_model={D}, n_heads={H}, n_kv_heads={KV}"
+        )
+
+
 @dataclass(frozen=True)
 class LlamaConfig:
     vocab: int = 256  # V
@@ -31,6 +41,9 @@ class LlamaConfig:
     rope_base: float = 10000.0  # RoPE wavelength base (Llama 3 uses 500000)
     lr: float = 3e-4  # Adam learning rate
     dtype: str = "float32"  # params and activations; the loss is always float32
+
+    def __post_init__(self):
+        check_heads(self)
 
 
 _L3 = dict(vocab=128256, seq=4096, n_kv_heads=8, batch=8, rope_base=500000.0, dtype="bfloat16")

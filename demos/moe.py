@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from demos.adam import adam_update
 from demos.gpt import cross_entropy, decoder_workload
-from demos.llama import attention, rms_norm
+from demos.llama import attention, check_heads, rms_norm
 from demos.workload import Workload, bind, resolve_config
 
 
@@ -39,6 +39,14 @@ class MoEConfig:
     rope_base: float = 10000.0
     lr: float = 3e-4
     dtype: str = "float32"
+
+    def __post_init__(self):
+        check_heads(self)
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(
+                f"MoEConfig: expected 1 <= top_k <= n_experts, "
+                f"got top_k={self.top_k}, n_experts={self.n_experts}"
+            )
 
     @property
     def capacity(self) -> int:

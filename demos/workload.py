@@ -83,9 +83,13 @@ def resolve_config(factory: str, sizes: Mapping[str, Any], size: str, overrides:
 
 
 def build(init: Callable[[jax.Array], Any], abstract: bool, seed: int = 0) -> Any:
-    """`init(PRNGKey(seed))`, or only its shapes when `abstract` (real sizes never allocate)."""
+    """`init(PRNGKey(seed))`, or only its shapes when `abstract` (real sizes never allocate).
+
+    Jitted when concrete: run eagerly, each random draw of a new shape compiles on its own,
+    which made small inits take seconds.
+    """
     key = jax.random.PRNGKey(seed)
-    return jax.eval_shape(init, key) if abstract else init(key)
+    return jax.eval_shape(init, key) if abstract else jax.jit(init)(key)
 
 
 def bind(fn: Callable, **static: Any) -> Callable:

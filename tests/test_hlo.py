@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -49,8 +51,14 @@ AXIS_NAMES = ("data", "model")
         ("mesh['axis_0'=1,'axis_1'=2,'axis_2'=4] {'axis_1'}", DATA_GROUPS),
         ("mesh['axis_0'=1,'axis_1'=8] {'axis_1'}", (tuple(range(8)),)),
         # Form 4: mesh position k holds device_ids[k]; [2,4]T(1,0) is 0,4,1,5,2,6,3,7.
-        ("mesh['axis_0'=1,'axis_1'=4,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_1'}", MODEL_GROUPS),
-        ("mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_0'}", MODEL_GROUPS),
+        (
+            "mesh['axis_0'=1,'axis_1'=4,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_1'}",
+            MODEL_GROUPS,
+        ),
+        (
+            "mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_0'}",
+            MODEL_GROUPS,
+        ),
         ("mesh['axis_0'=4,'axis_1'=2], device_ids=([2,4]T(1,0)) {'axis_1'}", DATA_GROUPS),
         ("mesh['a'=2,'b'=2], device_ids=(3,2,1,0) {'b'}", ((3, 2), (1, 0))),
         ("mesh['a'=2,'b'=2], device_ids=({{3,2},{1,0}}) {'a'}", ((3, 1), (2, 0))),
@@ -85,7 +93,7 @@ def test_unreadable_replica_groups_raise_with_text(text):
 # hand-written instruction lines
 
 AR_LINE = (
-    '  %all-reduce.5 = (f32[24,32]{1,0}, bf16[32,16]{1,0}) all-reduce(%a, %b), channel_id=21, '
+    "  %all-reduce.5 = (f32[24,32]{1,0}, bf16[32,16]{1,0}) all-reduce(%a, %b), channel_id=21, "
     "replica_groups={{0,4},{1,5},{2,6},{3,7}}, use_global_device_ids=true, to_apply=%add, "
     'metadata={op_name="jit(step)/transpose(jvp())/dot_general" stack_frame_id=3}'
 )
@@ -128,7 +136,7 @@ def test_each_group_form_in_a_line():
 def test_all_to_all_tuple_line():
     line = (
         "  %all-to-all.1 = (f32[4,1,16]{2,1,0}, f32[4,1,16]{2,1,0}) all-to-all(%x, %y), "
-        "channel_id=1, replica_groups=[2,4]<=[8], metadata={op_name=\"jit(f)/mul\"}"
+        'channel_id=1, replica_groups=[2,4]<=[8], metadata={op_name="jit(f)/mul"}'
     )
     (collective,) = parse_collectives(line)
     assert collective.kind == "all-to-all"
@@ -389,7 +397,9 @@ def test_real_train_step_every_collective_parses_and_maps_to_mesh_axes(mesh):
     params = {"w1": jnp.ones((32, 96)), "w2": jnp.ones((64, 32))}
     x = jnp.ones((4, 16, 32))
     param_specs = {"w1": P(None, "model"), "w2": P("model", None)}
-    text = _compiled_text(mesh, _train_step, (param_specs, P("data", None, None)), param_specs, params, x)
+    text = _compiled_text(
+        mesh, _train_step, (param_specs, P("data", None, None)), param_specs, params, x
+    )
     collectives = parse_collectives(text)
     kinds = {c.kind for c in collectives}
     assert {"all-reduce", "collective-permute"} <= kinds
@@ -410,3 +420,11 @@ def test_real_train_step_every_collective_parses_and_maps_to_mesh_axes(mesh):
     assert set(totals) == set(COLLECTIVE_KINDS)
     for kind in COLLECTIVE_KINDS:
         assert totals[kind] == sum(c.result_bytes for c in collectives if c.kind == kind)
+
+
+@given(st.text(alphabet="{}[]()<=,T:'0123456789 axmesh_dvic", max_size=60))
+def test_parse_never_raises_on_odd_replica_groups(groups_text):
+    line = f"  %x = f32[4]{{0}} all-reduce(%y), replica_groups={groups_text}, to_apply=%add"
+    (collective,) = parse_collectives(line)
+    assert collective.kind == "all-reduce" and collective.result_bytes == 16
+    assert collective.groups == () or all(isinstance(d, int) for g in collective.groups for d in g)

@@ -99,7 +99,9 @@ def test_unknown_slow_axis_raises():
         MeshSpec({"data": 2}, slow_axes=("dcn",))
 
 
-@pytest.mark.parametrize("text", ["", "data", "data=", "data=two", "data=2,", "data=2:medium", "=2"])
+@pytest.mark.parametrize(
+    "text", ["", "data", "data=", "data=two", "data=2,", "data=2:medium", "=2"]
+)
 def test_bad_mesh_text_raises_with_value(text):
     with pytest.raises(ToastError) as error:
         MeshSpec.parse(text)

@@ -46,6 +46,7 @@ class Analysis:
     cooccurrence: frozenset[tuple[int, int]] = field(repr=False)
     dim_groups: tuple[tuple[int, ...], ...] = ()
     conflict_groups: tuple[tuple[int, ...], ...] = ()
+    cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -89,6 +90,53 @@ class Analysis:
     @cached_property
     def group_of_conflict(self) -> dict[int, tuple[int, ...]]:
         return {c: g for g in self.conflict_groups for c in g}
+
+    # -- fine classes: the finest partition any choice of options can reach ------------------
+
+    @cached_property
+    def candidate_edges(self) -> np.ndarray:
+        """Ids of the M-edges that some conflict option may cut."""
+        ids = sorted({e for c in self.conflicts for o in c.options for e in o.cuts})
+        return np.asarray(ids, dtype=np.int64)
+
+    @cached_property
+    def fine_of_atom(self) -> np.ndarray:
+        """Atom -> fine class (components without any candidate edge); -1 for non-leaf atoms.
+
+        Every strategy's named dims are unions of fine classes, so the cost model works on fine
+        classes once and for all.
+        """
+        keep = np.ones(len(self.nda.medges), dtype=bool)
+        keep[self.candidate_edges] = False
+        edges = np.array(
+            [(e.value_atom, e.use_atom) for e, k in zip(self.nda.medges, keep) if k],
+            dtype=np.int64,
+        ).reshape(-1, 2)
+        labels = components(len(self.atom_dim), edges)
+        out = np.full(len(self.atom_dim), -1, dtype=np.int64)
+        leaf = self.atom_dim >= 0
+        _, dense = np.unique(labels[leaf], return_inverse=True)
+        out[leaf] = dense
+        return out
+
+    @cached_property
+    def n_fine(self) -> int:
+        return int(self.fine_of_atom.max()) + 1 if len(self.fine_of_atom) else 0
+
+    @cached_property
+    def fine_dim(self) -> np.ndarray:
+        """Fine class -> the named dim containing it."""
+        out = np.zeros(self.n_fine, dtype=np.int64)
+        leaf = self.atom_dim >= 0
+        out[self.fine_of_atom[leaf]] = self.atom_dim[leaf]
+        return out
+
+    @cached_property
+    def fine_size(self) -> np.ndarray:
+        out = np.zeros(self.n_fine, dtype=np.int64)
+        leaf = self.atom_dim >= 0
+        out[self.fine_of_atom[leaf]] = self.nda.atom_size[leaf]
+        return out
 
     def summary(self) -> dict:
         kinds = defaultdict(int)

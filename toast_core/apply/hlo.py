@@ -287,7 +287,11 @@ def _expand_mesh_form(text: str) -> tuple[tuple[int, ...], ...]:
     if ids.size != n_devices:
         raise ValueError("device_ids do not fill the mesh")
     refs = [
-        (m.group("name"), int(m.group("pre")) if m.group("pre") else None, m.group("size"))
+        (
+            m.group("name"),
+            int(m.group("pre")) if m.group("pre") else None,
+            int(m.group("size") or 0),
+        )
         for m in _AXIS_REF.finditer(grouped_text)
     ]
     # Split every mesh axis into factors (major to minor) at the boundaries of its sub-axes, so
@@ -297,7 +301,7 @@ def _expand_mesh_form(text: str) -> tuple[tuple[int, ...], ...]:
         if name not in boundaries:
             raise ValueError(f"unknown mesh axis {name!r}")
         if pre is not None:
-            boundaries[name] |= {pre, pre * int(size)}
+            boundaries[name] |= {pre, pre * size}
     factor_sizes: list[int] = []
     factor_index: dict[tuple[str, int], int] = {}
     for name, size in axes:
@@ -312,7 +316,7 @@ def _expand_mesh_form(text: str) -> tuple[tuple[int, ...], ...]:
             factor_sizes.append(1)
     grouped: list[int] = []
     for name, pre, size in refs:
-        low, high = (1, dict(axes)[name]) if pre is None else (pre, pre * int(size))
+        low, high = (1, dict(axes)[name]) if pre is None else (pre, pre * size)
         for (factor_name, factor_low), index in factor_index.items():
             if factor_name == name and low <= factor_low < high:
                 grouped.append(index)
@@ -357,8 +361,8 @@ def _extract_attribute(line: str, key: str) -> str | None:
     if at < 0:
         return None
     start = at + len(key) + 1
-    if line.startswith("mesh", start):
-        end = _skip_balanced(line, line.index("[", start), "[", "]")
+    if line.startswith("mesh[", start):
+        end = _skip_balanced(line, start + len("mesh"), "[", "]")
         device_ids = re.match(r",\s*device_ids=\(", line[end:])
         if device_ids is not None:
             end = _skip_balanced(line, end + device_ids.end() - 1, "(", ")")

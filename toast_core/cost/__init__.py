@@ -1,3 +1,7 @@
 """The cost model: pure functions over a `MeshSpec` and a `HardwareSpec` (DESIGN.md §4)."""
 
 from __future__ import annotations
+
+from toast_core.cost.model import Collective, CostReport, Evaluator, Score, estimate, evaluator
+
+__all__ = ["Collective", "CostReport", "Evaluator", "Score", "estimate", "evaluator"]

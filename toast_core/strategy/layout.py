@@ -1,0 +1,80 @@
+"""Sparse incidence of values and ops over fine classes, built once per analysis.
+
+The legality check and the cost model both ask, for every value and op, "which fine classes (and so
+which mesh axes) does it hold?". Precomputing that as sparse matrices turns each strategy
+evaluation into a few sparse mat-vecs, which is what lets the search evaluate thousands of
+strategies per second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from toast_core.analysis import Analysis
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    value_fine: sp.csr_matrix  # [values, fine]: atoms of each value (counts)
+    op_fine: sp.csr_matrix  # [ops, fine]: distinct atoms of each op (counts)
+    op_work_fine: sp.csr_matrix  # [ops, fine]: atoms that divide an op's work (no replicate)
+    value_dim_fine: tuple[tuple[tuple[int, ...], ...], ...]  # value -> dim -> fine classes
+    use_dim_fine: dict  # (op, position) -> dim -> fine classes
+
+
+def _csr(rows: list[list[int]], n_cols: int) -> sp.csr_matrix:
+    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum([len(r) for r in rows])
+    indices = np.fromiter((c for r in rows for c in r), dtype=np.int64, count=int(indptr[-1]))
+    data = np.ones(len(indices), dtype=np.float64)
+    m = sp.csr_matrix((data, indices, indptr), shape=(len(rows), n_cols))
+    m.sum_duplicates()
+    return m
+
+
+def layout(ana: Analysis) -> Layout:
+    """The incidence matrices of `ana` (cached on the analysis)."""
+    if "layout" in ana.cache:
+        return ana.cache["layout"]
+    fine = ana.fine_of_atom
+    nda = ana.nda
+    value_dim_fine = tuple(
+        tuple(tuple(int(fine[a]) for a in atoms) for atoms in dims) for dims in nda.value_atoms
+    )
+    use_dim_fine = {
+        key: tuple(tuple(int(fine[a]) for a in atoms) for atoms in dims)
+        for key, dims in nda.use_atoms.items()
+    }
+    value_rows = [[f for d in dims for f in d] for dims in value_dim_fine]
+    op_rows = [[int(fine[a]) for a in atoms] for atoms in nda.op_atoms]
+    work_rows = [
+        [int(fine[a]) for a in atoms if nda.atom_kind[a] != "replicate"] for atoms in nda.op_atoms
+    ]
+    out = Layout(
+        value_fine=_csr(value_rows, ana.n_fine),
+        op_fine=_csr(op_rows, ana.n_fine),
+        op_work_fine=_csr(work_rows, ana.n_fine),
+        value_dim_fine=value_dim_fine,
+        use_dim_fine=use_dim_fine,
+    )
+    ana.cache["layout"] = out
+    return out
+
+
+def axis_bits(masks: np.ndarray, n_axes: int) -> np.ndarray:
+    """[n_axes, n] 0/1 matrix: bit a of each mask."""
+    return ((masks[None, :] >> np.arange(n_axes)[:, None]) & 1).astype(np.float64)
+
+
+def double_axis_slots(matrix: sp.csr_matrix, masks: np.ndarray, n_axes: int) -> list[tuple[int, int]]:
+    """(row, axis) pairs where a row (value or op) would hold one mesh axis twice."""
+    bits = axis_bits(masks, n_axes)
+    out = []
+    for a in range(n_axes):
+        counts = matrix @ bits[a]
+        for row in np.flatnonzero(counts > 1.5).tolist():
+            out.append((row, a))
+    return out
