@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from demos.workload import Workload, bind, build, resolve_config
+from demos.workload import Init, Workload, bind, resolve_config
 
 
 @dataclass(frozen=True)
@@ -63,16 +63,13 @@ def make_equinox(size: str = "tiny", train: bool = True, **overrides) -> Workloa
         eqx.nn.MLP, in_size=cfg.d_in, out_size=cfg.d_out, width_size=cfg.width, depth=cfg.depth
     )
     tx = optax.adam(cfg.lr)
-
-    def init(key):
-        kp, kx, ky = jax.random.split(key, 3)
-        params = eqx.partition(new_model(key=kp), eqx.is_array)[0]
-        x = jax.random.normal(kx, (cfg.batch, cfg.d_in))
-        return params, tx.init(params), {"x": x, "y": jax.random.normal(ky, (cfg.batch, cfg.d_out))}
-
-    params, opt_state, batch = build(init, abstract=size != "tiny")
+    init = Init(abstract=size != "tiny")
+    key = jax.random.PRNGKey(0)
+    params = init.run(lambda k: eqx.filter(new_model(key=k), eqx.is_array), key)
+    opt_state = init.run(tx.init, params)
+    batch = {"x": init.normal((cfg.batch, cfg.d_in)), "y": init.normal((cfg.batch, cfg.d_out))}
     # The static half never depends on values, so take it from a shapes-only model.
-    shapes_only = eqx.filter_eval_shape(new_model, key=jax.random.PRNGKey(0))
+    shapes_only = eqx.filter_eval_shape(new_model, key=key)
     static = eqx.partition(shapes_only, _is_shape)[1]
     dims = f"B={cfg.batch} D={cfg.d_in} F={cfg.width} depth={cfg.depth} O={cfg.d_out}"
     if train:

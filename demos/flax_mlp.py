@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from demos.workload import Workload, bind, build, resolve_config
+from demos.workload import Init, Workload, bind, resolve_config
 
 
 @dataclass(frozen=True)
@@ -71,16 +71,11 @@ def make_flax(size: str = "tiny", train: bool = True, **overrides) -> Workload:
     cfg = resolve_config("make_flax", SIZES, size, overrides)
     model = MLP(cfg.hidden, cfg.depth, cfg.n_classes, cfg.dtype)
     tx = optax.adamw(cfg.lr, weight_decay=cfg.weight_decay)
-    dt = jnp.dtype(cfg.dtype)
-
-    def init(key):
-        kp, kx, ky = jax.random.split(key, 3)
-        x = jax.random.normal(kx, (cfg.batch, cfg.d_in), dt)
-        params = model.init(kp, x)
-        batch = {"x": x, "y": jax.random.randint(ky, (cfg.batch,), 0, cfg.n_classes, jnp.int32)}
-        return params, tx.init(params), batch
-
-    params, opt_state, batch = build(init, abstract=size != "tiny")
+    init = Init(abstract=size != "tiny", dtype=cfg.dtype)
+    x, y = init.normal((cfg.batch, cfg.d_in)), init.randint((cfg.batch,), cfg.n_classes)
+    batch = {"x": x, "y": y}
+    params = init.run(model.init, jax.random.PRNGKey(0), batch["x"])
+    opt_state = init.run(tx.init, params)
     dims = f"B={cfg.batch} D={cfg.d_in} F={cfg.hidden} depth={cfg.depth} C={cfg.n_classes}"
     bounds = {"y": cfg.n_classes}
     if train:

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from demos.adam import adam_init, adam_update
-from demos.workload import Workload, bind, build, resolve_config
+from demos.workload import Init, Workload, bind, resolve_config
 
 
 @dataclass(frozen=True)
@@ -36,15 +36,13 @@ SIZES = {
 }
 
 
-def init_params(key: jax.Array, cfg: GNSConfig) -> dict:
+def init_params(init: Init, cfg: GNSConfig) -> dict:
     """Two-layer MLPs everywhere (the paper uses LayerNorm too; omitted for brevity)."""
-    L, dt = cfg.latent, jnp.dtype(cfg.dtype)
-    keys = iter(jax.random.split(key, 6 + 4 * cfg.n_steps))
+    L = cfg.latent
 
     def mlp(d_in, d_out):
         def dense(i, o):
-            w = jax.random.normal(next(keys), (i, o)) / i**0.5
-            return {"w": w.astype(dt), "b": jnp.zeros((o,), dt)}
+            return {"w": init.normal((i, o), i**-0.5), "b": init.zeros((o,))}
 
         return [dense(d_in, L), dense(L, d_out)]
 
@@ -56,17 +54,15 @@ def init_params(key: jax.Array, cfg: GNSConfig) -> dict:
     }
 
 
-def make_batch(key: jax.Array, cfg: GNSConfig) -> dict:
+def make_batch(init: Init, cfg: GNSConfig) -> dict:
     """A random graph: features, int32 [E] endpoints, and per-node regression targets."""
-    kn, ke, ks, kr, kt = jax.random.split(key, 5)
-    dt = jnp.dtype(cfg.dtype)
     N, E = cfg.n_nodes, cfg.n_edges
     return {
-        "nodes": jax.random.normal(kn, (N, cfg.node_features), dt),
-        "edges": jax.random.normal(ke, (E, cfg.edge_features), dt),
-        "senders": jax.random.randint(ks, (E,), 0, N, jnp.int32),
-        "receivers": jax.random.randint(kr, (E,), 0, N, jnp.int32),
-        "targets": jax.random.normal(kt, (N, cfg.out_features), dt),
+        "nodes": init.normal((N, cfg.node_features)),
+        "edges": init.normal((E, cfg.edge_features)),
+        "senders": init.randint((E,), N),
+        "receivers": init.randint((E,), N),
+        "targets": init.normal((N, cfg.out_features)),
     }
 
 
@@ -105,14 +101,9 @@ def train_step(params: dict, opt_state: dict, graph: dict, *, lr: float):
 def make_gns(size: str = "tiny", train: bool = True, **overrides) -> Workload:
     """GNS as a Workload: `train_step(params, opt_state, graph)` or `forward(params, graph)`."""
     cfg = resolve_config("make_gns", SIZES, size, overrides)
-
-    def init(key):
-        params = init_params(key, cfg)
-        return params, adam_init(params)
-
-    abstract = size != "tiny"
-    params, opt_state = build(init, abstract)
-    graph = build(bind(make_batch, cfg=cfg), abstract, seed=1)
+    init = Init(abstract=size != "tiny", dtype=cfg.dtype)
+    params = init_params(init, cfg)
+    opt_state, graph = init.run(adam_init, params), make_batch(init, cfg)
     bounds = {"senders": cfg.n_nodes, "receivers": cfg.n_nodes}
     dims = f"N={cfg.n_nodes} E={cfg.n_edges} latent={cfg.latent} K={cfg.n_steps}"
     if train:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from demos.adam import adam_init, adam_update
-from demos.workload import Workload, bind, build, resolve_config
+from demos.workload import Init, Workload, bind, resolve_config
 
 
 @dataclass(frozen=True)
@@ -50,43 +50,35 @@ SIZES = {
 CONCRETE_SIZES = ("tiny", "small")
 
 
-def init_params(key: jax.Array, cfg: GPTConfig) -> dict:
+def init_params(init: Init, cfg: GPTConfig) -> dict:
     """GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2L), LayerNorm identity."""
-    D, F, dt = cfg.d_model, cfg.d_ff, jnp.dtype(cfg.dtype)
-    keys = iter(jax.random.split(key, 2 + 6 * cfg.n_layers))
-
-    def normal(shape, std=0.02):
-        return (std * jax.random.normal(next(keys), shape)).astype(dt)
+    D, F = cfg.d_model, cfg.d_ff
+    std, resid_std = 0.02, 0.02 / (2 * cfg.n_layers) ** 0.5
 
     def ln():
-        return {"scale": jnp.ones((D,), dt), "bias": jnp.zeros((D,), dt)}
+        return {"scale": init.ones((D,)), "bias": init.zeros((D,))}
 
-    resid_std = 0.02 / (2 * cfg.n_layers) ** 0.5
-    blocks = [
-        {
-            "ln1": ln(),
-            "attn": {
-                "wq": normal((D, D)), "wk": normal((D, D)), "wv": normal((D, D)),
-                "wo": normal((D, D), resid_std),
-            },
-            "ln2": ln(),
-            "mlp": {
-                "w_fc": normal((D, F)), "b_fc": jnp.zeros((F,), dt),
-                "w_proj": normal((F, D), resid_std), "b_proj": jnp.zeros((D,), dt),
-            },
+    def block():
+        attn = {w: init.normal((D, D), std) for w in ("wq", "wk", "wv")}
+        attn["wo"] = init.normal((D, D), resid_std)
+        mlp = {
+            "w_fc": init.normal((D, F), std), "b_fc": init.zeros((F,)),
+            "w_proj": init.normal((F, D), resid_std), "b_proj": init.zeros((D,)),
         }
-        for _ in range(cfg.n_layers)
-    ]
+        return {"ln1": ln(), "attn": attn, "ln2": ln(), "mlp": mlp}
+
     return {
-        "wte": normal((cfg.vocab, D)), "wpe": normal((cfg.seq, D)), "blocks": blocks, "ln_f": ln(),
+        "wte": init.normal((cfg.vocab, D), std),
+        "wpe": init.normal((cfg.seq, D), std),
+        "blocks": [block() for _ in range(cfg.n_layers)],
+        "ln_f": ln(),
     }
 
 
-def make_batch(key: jax.Array, cfg: GPTConfig) -> dict:
-    """Random next-token batch: tokens, targets int32 [B, S]."""
+def make_batch(init: Init, cfg) -> dict:
+    """Random token batch for any decoder config: tokens, targets int32 [B, S] in [0, V)."""
     shape = (cfg.batch, cfg.seq)
-    tokens = jax.random.randint(key, shape, 0, cfg.vocab, jnp.int32)
-    return {"tokens": tokens, "targets": jnp.roll(tokens, -1, axis=1)}
+    return {"tokens": init.randint(shape, cfg.vocab), "targets": init.randint(shape, cfg.vocab)}
 
 
 def layer_norm(p: dict, x: jax.Array, eps: float = 1e-5) -> jax.Array:
@@ -100,7 +92,7 @@ def attention(p: dict, x: jax.Array, n_heads: int) -> jax.Array:
     """Causal multi-head self-attention, [B, S, D] -> [B, S, D]."""
     B, S, D = x.shape
     q, k, v = (jnp.reshape(x @ p[w], (B, S, n_heads, D // n_heads)) for w in ("wq", "wk", "wv"))
-    scores = jnp.einsum("bshd,bthd->bhst", q, k) / jnp.sqrt(D // n_heads).astype(x.dtype)
+    scores = jnp.einsum("bshd,bthd->bhst", q, k) * (D // n_heads) ** -0.5
     causal = jnp.tril(jnp.ones((S, S), bool))
     scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
     out = jnp.einsum("bhst,bthd->bshd", jax.nn.softmax(scores, axis=-1), v)
@@ -156,24 +148,18 @@ def train_step(params: dict, opt_state: dict, batch: dict, *, cfg: GPTConfig):
 def make_gpt(size: str = "tiny", train: bool = True, **overrides) -> Workload:
     """GPT as a Workload: `train_step(params, opt_state, batch)` or `forward(params, tokens)`."""
     cfg = resolve_config("make_gpt", SIZES, size, overrides)
-    init = bind(init_params, cfg=cfg)
-    return decoder_workload("gpt", "GPT decoder", cfg, size, init, forward, train_step, train)
+    title = "GPT decoder"
+    return decoder_workload("gpt", title, cfg, size, init_params, forward, train_step, train)
 
 
-def decoder_workload(name, title, cfg, size, init, forward_fn, step_fn, train) -> Workload:
+def decoder_workload(name, title, cfg, size, init_params, forward_fn, step_fn, train) -> Workload:
     """A token-in, loss-out decoder as a Workload; shared by gpt, gpt-scan, llama and moe.
 
-    `init(key)` builds params; the Adam state is built with them so both stay shapes-only
-    (via `jax.eval_shape`) at real sizes.
+    `init_params(init, cfg)` builds the params, concrete at CONCRETE_SIZES, else shapes only.
     """
-
-    def init_with_adam(key):
-        params = init(key)
-        return params, adam_init(params)
-
-    abstract = size not in CONCRETE_SIZES
-    params, opt_state = build(init_with_adam, abstract)
-    batch = build(bind(make_batch, cfg=cfg), abstract, seed=1)
+    init = Init(abstract=size not in CONCRETE_SIZES, dtype=cfg.dtype)
+    params = init_params(init, cfg)
+    opt_state, batch = init.run(adam_init, params), make_batch(init, cfg)
     dims = " ".join(f"{k}={getattr(cfg, f)}" for k, f in _DIM_NAMES if hasattr(cfg, f))
     if train:
         fn, args, argnums = bind(step_fn, cfg=cfg), (params, opt_state, batch), (0, 1)
@@ -185,5 +171,7 @@ def decoder_workload(name, title, cfg, size, init, forward_fn, step_fn, train) -
     return Workload(name, f"{title}, {what}, {dims}", fn, args, argnums, cfg, bounds)
 
 
-_DIM_NAMES = (("L", "n_layers"), ("D", "d_model"), ("H", "n_heads"), ("KV", "n_kv_heads"),
-              ("E", "n_experts"), ("S", "seq"), ("V", "vocab"))
+_DIM_NAMES = (
+    ("L", "n_layers"), ("D", "d_model"), ("H", "n_heads"), ("KV", "n_kv_heads"),
+    ("E", "n_experts"), ("S", "seq"), ("V", "vocab"),
+)

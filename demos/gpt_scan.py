@@ -14,9 +14,7 @@ import jax.numpy as jnp
 from demos import gpt
 from demos.adam import adam_update
 from demos.gpt import SIZES, GPTConfig
-from demos.workload import Workload, bind, resolve_config
-
-__all__ = ["SIZES", "forward", "make_gpt_scan", "stack_blocks", "train_step"]
+from demos.workload import Init, Workload, resolve_config
 
 
 def stack_blocks(params: dict) -> dict:
@@ -24,9 +22,9 @@ def stack_blocks(params: dict) -> dict:
     return {**params, "blocks": jax.tree.map(lambda *xs: jnp.stack(xs), *params["blocks"])}
 
 
-def init_params(key: jax.Array, cfg: GPTConfig) -> dict:
+def init_params(init: Init, cfg: GPTConfig) -> dict:
     """Exactly gpt.init_params, stacked, so both layouts start from the same weights."""
-    return stack_blocks(gpt.init_params(key, cfg))
+    return init.run(stack_blocks, gpt.init_params(init, cfg))
 
 
 def forward(params: dict, tokens: jax.Array, *, cfg: GPTConfig) -> jax.Array:
@@ -53,6 +51,5 @@ def train_step(params: dict, opt_state: dict, batch: dict, *, cfg: GPTConfig):
 def make_gpt_scan(size: str = "tiny", train: bool = True, **overrides) -> Workload:
     """Scan-over-layers GPT as a Workload; same signatures as `make_gpt`."""
     cfg = resolve_config("make_gpt_scan", SIZES, size, overrides)
-    init = bind(init_params, cfg=cfg)
-    title = "GPT decoder, scan over layers"
-    return gpt.decoder_workload("gpt-scan", title, cfg, size, init, forward, train_step, train)
+    title, name = "GPT decoder, scan over layers", "gpt-scan"
+    return gpt.decoder_workload(name, title, cfg, size, init_params, forward, train_step, train)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from demos.adam import adam_update
 from demos.gpt import cross_entropy, decoder_workload
-from demos.workload import Workload, bind, resolve_config
+from demos.workload import Init, Workload, resolve_config
 
 
 def check_heads(cfg) -> None:
@@ -54,31 +54,34 @@ SIZES = {
 }
 
 
-def init_params(key: jax.Array, cfg: LlamaConfig) -> dict:
+def init_params(init: Init, cfg: LlamaConfig) -> dict:
     """N(0, 0.02) weights, unit RMSNorm scales."""
-    D, F, dt = cfg.d_model, cfg.d_ff, jnp.dtype(cfg.dtype)
+    D, F = cfg.d_model, cfg.d_ff
     kv_dim = cfg.n_kv_heads * (D // cfg.n_heads)
-    keys = iter(jax.random.split(key, 2 + 7 * cfg.n_layers))
 
-    def normal(shape):
-        return (0.02 * jax.random.normal(next(keys), shape)).astype(dt)
-
-    blocks = [
-        {
-            "attn_norm": jnp.ones((D,), dt),
-            "attn": {
-                "wq": normal((D, D)), "wk": normal((D, kv_dim)), "wv": normal((D, kv_dim)),
-                "wo": normal((D, D)),
+    def block():
+        return {
+            "attn_norm": init.ones((D,)),
+            "attn": gqa_params(init, D, kv_dim),
+            "mlp_norm": init.ones((D,)),
+            "mlp": {
+                "w_gate": init.normal((D, F), 0.02), "w_up": init.normal((D, F), 0.02),
+                "w_down": init.normal((F, D), 0.02),
             },
-            "mlp_norm": jnp.ones((D,), dt),
-            "mlp": {"w_gate": normal((D, F)), "w_up": normal((D, F)), "w_down": normal((F, D))},
         }
-        for _ in range(cfg.n_layers)
-    ]
+
     return {
-        "embed": normal((cfg.vocab, D)), "blocks": blocks, "norm": jnp.ones((D,), dt),
-        "lm_head": normal((D, cfg.vocab)),
+        "embed": init.normal((cfg.vocab, D), 0.02),
+        "blocks": [block() for _ in range(cfg.n_layers)],
+        "norm": init.ones((D,)),
+        "lm_head": init.normal((D, cfg.vocab), 0.02),
     }
+
+
+def gqa_params(init: Init, D: int, kv_dim: int) -> dict:
+    """wq, wo [D, D]; wk, wv [D, KV * Dh]."""
+    shapes = {"wq": (D, D), "wk": (D, kv_dim), "wv": (D, kv_dim), "wo": (D, D)}
+    return {w: init.normal(shape, 0.02) for w, shape in shapes.items()}
 
 
 def rms_norm(scale: jax.Array, x: jax.Array, eps: float = 1e-5) -> jax.Array:
@@ -106,7 +109,7 @@ def attention(p: dict, x: jax.Array, cfg) -> jax.Array:
     k = rope((x @ p["wk"]).reshape(B, S, KV, Dh), cfg.rope_base)
     v = (x @ p["wv"]).reshape(B, S, KV, Dh)
     k, v = jnp.repeat(k, H // KV, axis=2), jnp.repeat(v, H // KV, axis=2)
-    scores = jnp.einsum("bshd,bthd->bhst", q, k) / jnp.sqrt(Dh).astype(x.dtype)
+    scores = jnp.einsum("bshd,bthd->bhst", q, k) * Dh**-0.5
     causal = jnp.tril(jnp.ones((S, S), bool))
     scores = jnp.where(causal, scores, jnp.finfo(scores.dtype).min)
     out = jnp.einsum("bhst,bthd->bshd", jax.nn.softmax(scores, axis=-1), v)
@@ -145,5 +148,5 @@ def train_step(params: dict, opt_state: dict, batch: dict, *, cfg: LlamaConfig):
 def make_llama(size: str = "tiny", train: bool = True, **overrides) -> Workload:
     """Llama as a Workload: `train_step(params, opt_state, batch)` or `forward(params, tokens)`."""
     cfg = resolve_config("make_llama", SIZES, size, overrides)
-    init = bind(init_params, cfg=cfg)
-    return decoder_workload("llama", "Llama decoder", cfg, size, init, forward, train_step, train)
+    title = "Llama decoder"
+    return decoder_workload("llama", title, cfg, size, init_params, forward, train_step, train)

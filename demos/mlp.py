@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from demos.workload import Workload, bind, build, resolve_config
+from demos.workload import Init, Workload, bind, resolve_config
 
 
 @dataclass(frozen=True)
@@ -31,24 +31,17 @@ SIZES = {
 }
 
 
-def init_params(key: jax.Array, cfg: MLPConfig) -> dict:
+def init_params(init: Init, cfg: MLPConfig) -> dict:
     """Weights w1 [D, F], w2 [F, O], scaled by fan-in so activations start O(1)."""
-    k1, k2 = jax.random.split(key)
-    dt = jnp.dtype(cfg.dtype)
     return {
-        "w1": (jax.random.normal(k1, (cfg.d_in, cfg.hidden)) / cfg.d_in**0.5).astype(dt),
-        "w2": (jax.random.normal(k2, (cfg.hidden, cfg.d_out)) / cfg.hidden**0.5).astype(dt),
+        "w1": init.normal((cfg.d_in, cfg.hidden), cfg.d_in**-0.5),
+        "w2": init.normal((cfg.hidden, cfg.d_out), cfg.hidden**-0.5),
     }
 
 
-def make_batch(key: jax.Array, cfg: MLPConfig) -> dict:
+def make_batch(init: Init, cfg: MLPConfig) -> dict:
     """Random regression batch: x [B, D], y [B, O]."""
-    kx, ky = jax.random.split(key)
-    dt = jnp.dtype(cfg.dtype)
-    return {
-        "x": jax.random.normal(kx, (cfg.batch, cfg.d_in), dt),
-        "y": jax.random.normal(ky, (cfg.batch, cfg.d_out), dt),
-    }
+    return {"x": init.normal((cfg.batch, cfg.d_in)), "y": init.normal((cfg.batch, cfg.d_out))}
 
 
 def forward(params: dict, x: jax.Array) -> jax.Array:
@@ -72,9 +65,8 @@ def train_step(params: dict, batch: dict, *, lr: float) -> tuple[dict, jax.Array
 def make_mlp(size: str = "tiny", train: bool = False, **overrides) -> Workload:
     """The MLP as a Workload: SGD `train_step(params, batch)` or `forward(params, x)`."""
     cfg = resolve_config("make_mlp", SIZES, size, overrides)
-    abstract = size != "tiny"
-    params = build(lambda k: init_params(k, cfg), abstract)
-    batch = build(lambda k: make_batch(k, cfg), abstract, seed=1)
+    init = Init(abstract=size != "tiny", dtype=cfg.dtype)
+    params, batch = init_params(init, cfg), make_batch(init, cfg)
     if train:
         fn, args, what = bind(train_step, lr=cfg.lr), (params, batch), "SGD train step"
     else:

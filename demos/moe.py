@@ -18,8 +18,8 @@ import jax.numpy as jnp
 
 from demos.adam import adam_update
 from demos.gpt import cross_entropy, decoder_workload
-from demos.llama import attention, check_heads, rms_norm
-from demos.workload import Workload, bind, resolve_config
+from demos.llama import attention, check_heads, gqa_params, rms_norm
+from demos.workload import Init, Workload, resolve_config
 
 
 @dataclass(frozen=True)
@@ -63,33 +63,25 @@ SIZES = {
 }
 
 
-def init_params(key: jax.Array, cfg: MoEConfig) -> dict:
+def init_params(init: Init, cfg: MoEConfig) -> dict:
     """N(0, 0.02) weights; expert weights carry the leading expert dim E."""
-    D, F, E, dt = cfg.d_model, cfg.d_ff, cfg.n_experts, jnp.dtype(cfg.dtype)
+    D, F, E = cfg.d_model, cfg.d_ff, cfg.n_experts
     kv_dim = cfg.n_kv_heads * (D // cfg.n_heads)
-    keys = iter(jax.random.split(key, 2 + 8 * cfg.n_layers))
 
-    def normal(shape):
-        return (0.02 * jax.random.normal(next(keys), shape)).astype(dt)
-
-    blocks = [
-        {
-            "attn_norm": jnp.ones((D,), dt),
-            "attn": {
-                "wq": normal((D, D)), "wk": normal((D, kv_dim)), "wv": normal((D, kv_dim)),
-                "wo": normal((D, D)),
-            },
-            "moe_norm": jnp.ones((D,), dt),
-            "moe": {
-                "router": normal((D, E)),
-                "w_gate": normal((E, D, F)), "w_up": normal((E, D, F)), "w_down": normal((E, F, D)),
-            },
+    def block():
+        shapes = {"router": (D, E), "w_gate": (E, D, F), "w_up": (E, D, F), "w_down": (E, F, D)}
+        return {
+            "attn_norm": init.ones((D,)),
+            "attn": gqa_params(init, D, kv_dim),
+            "moe_norm": init.ones((D,)),
+            "moe": {w: init.normal(shape, 0.02) for w, shape in shapes.items()},
         }
-        for _ in range(cfg.n_layers)
-    ]
+
     return {
-        "embed": normal((cfg.vocab, D)), "blocks": blocks, "norm": jnp.ones((D,), dt),
-        "lm_head": normal((D, cfg.vocab)),
+        "embed": init.normal((cfg.vocab, D), 0.02),
+        "blocks": [block() for _ in range(cfg.n_layers)],
+        "norm": init.ones((D,)),
+        "lm_head": init.normal((D, cfg.vocab), 0.02),
     }
 
 
@@ -155,6 +147,5 @@ def train_step(params: dict, opt_state: dict, batch: dict, *, cfg: MoEConfig):
 def make_moe(size: str = "tiny", train: bool = True, **overrides) -> Workload:
     """MoE decoder as a Workload: `train_step(params, opt_state, batch)` or `forward`."""
     cfg = resolve_config("make_moe", SIZES, size, overrides)
-    init = bind(init_params, cfg=cfg)
     title = f"MoE decoder, top-{cfg.top_k} of E={cfg.n_experts}, capacity {cfg.capacity}"
-    return decoder_workload("moe", title, cfg, size, init, forward, train_step, train)
+    return decoder_workload("moe", title, cfg, size, init_params, forward, train_step, train)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from demos.adam import adam_init, adam_update
-from demos.workload import Workload, bind, build, resolve_config
+from demos.workload import Init, Workload, bind, resolve_config
 
 
 @dataclass(frozen=True)
@@ -34,15 +34,12 @@ SIZES = {
 }
 
 
-def init_params(key: jax.Array, cfg: UNetConfig) -> dict:
+def init_params(init: Init, cfg: UNetConfig) -> dict:
     """Two 3x3 convs per level on the way down, the bottom, and on the way up; He init."""
-    dt = jnp.dtype(cfg.dtype)
-    keys = iter(jax.random.split(key, 4 * len(cfg.channels) + 1))
 
     def conv(c_in, c_out, size=3):
         std = (2 / (size * size * c_in)) ** 0.5
-        w = std * jax.random.normal(next(keys), (size, size, c_in, c_out))
-        return {"w": w.astype(dt), "b": jnp.zeros((c_out,), dt)}
+        return {"w": init.normal((size, size, c_in, c_out), std), "b": init.zeros((c_out,))}
 
     def double(c_in, c_out):
         return {"conv1": conv(c_in, c_out), "conv2": conv(c_out, c_out)}
@@ -58,12 +55,10 @@ def init_params(key: jax.Array, cfg: UNetConfig) -> dict:
     }
 
 
-def make_batch(key: jax.Array, cfg: UNetConfig) -> dict:
-    """Clean images and the unit noise to add, both [B, H, W, C]."""
+def make_batch(init: Init, cfg: UNetConfig) -> dict:
+    """Clean images in [0, 1) and the unit noise to add, both [B, H, W, C]."""
     shape = (cfg.batch, cfg.image, cfg.image, cfg.in_channels)
-    ki, kn = jax.random.split(key)
-    dt = jnp.dtype(cfg.dtype)
-    return {"images": jax.random.uniform(ki, shape, dt), "noise": jax.random.normal(kn, shape, dt)}
+    return {"images": init.uniform(shape), "noise": init.normal(shape)}
 
 
 def conv(p: dict, x: jax.Array) -> jax.Array:
@@ -122,14 +117,9 @@ def make_unet(size: str = "tiny", train: bool = True, **overrides) -> Workload:
     cfg = resolve_config("make_unet", SIZES, size, overrides)
     if cfg.image % 2 ** (len(cfg.channels) - 1):
         raise ValueError(f"make_unet: image must divide by 2**(levels-1), got image={cfg.image}")
-
-    def init(key):
-        params = init_params(key, cfg)
-        return params, adam_init(params)
-
-    abstract = size != "tiny"
-    params, opt_state = build(init, abstract)
-    batch = build(bind(make_batch, cfg=cfg), abstract, seed=1)
+    init = Init(abstract=size != "tiny", dtype=cfg.dtype)
+    params = init_params(init, cfg)
+    opt_state, batch = init.run(adam_init, params), make_batch(init, cfg)
     dims = f"B={cfg.batch} {cfg.image}x{cfg.image}x{cfg.in_channels} channels={cfg.channels}"
     if train:
         fn, args = bind(train_step, cfg=cfg), (params, opt_state, batch)

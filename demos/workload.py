@@ -2,7 +2,7 @@
 
 Small sizes carry concrete arrays so the program can run and be checked numerically; real sizes
 carry `jax.ShapeDtypeStruct` pytrees so a 175B-parameter model can be traced without allocating.
-The helpers below let each model file build both from one init function via `jax.eval_shape`.
+`Init` lets each model file build both from one init function.
 """
 
 from __future__ import annotations
@@ -17,8 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity eq/hash: `args` holds arrays, which can't compare
 class Workload:
+    """A program to shard: `fn(*args)`, with the persistent args (params, optimizer state) named.
+
+    Train steps return their updated persistent args in `param_argnums` order and then the
+    scalar loss, e.g. `(params, opt_state, loss)`, so a sharding for an input can be reused for
+    the matching output; forwards return the model output.
+    """
+
     name: str  # zoo key, e.g. "gpt"
     description: str  # one line for the UI
     fn: Callable  # the JAX function to shard (a train step or forward), pure, jit-able
@@ -42,12 +49,9 @@ class Workload:
         if self.is_concrete:
             return self.args
         paths_leaves, treedef = jax.tree.flatten_with_path(self.args)
-        keys = jax.random.split(jax.random.PRNGKey(seed), max(len(paths_leaves), 1))
+        rng = np.random.default_rng(seed)
         bounds = self.int_bounds or {}
-        leaves = [
-            _random_leaf(k, leaf, bounds.get(_last_key(path), 2))
-            for k, (path, leaf) in zip(keys, paths_leaves)
-        ]
+        leaves = [_random_leaf(rng, x, bounds.get(_last_key(path), 2)) for path, x in paths_leaves]
         return jax.tree.unflatten(treedef, leaves)
 
 
@@ -58,12 +62,12 @@ def _last_key(path: tuple) -> str:
     return str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
 
 
-def _random_leaf(key: jax.Array, leaf: Any, int_bound: int) -> jax.Array:
+def _random_leaf(rng: np.random.Generator, leaf: Any, int_bound: int) -> jax.Array:
     dtype = jnp.dtype(leaf.dtype)
     if jnp.issubdtype(dtype, jnp.floating):
-        return (0.02 * jax.random.normal(key, leaf.shape, jnp.float32)).astype(dtype)
+        return jnp.asarray(0.02 * rng.standard_normal(leaf.shape, np.float32), dtype)
     if jnp.issubdtype(dtype, jnp.integer):
-        return jax.random.randint(key, leaf.shape, 0, int_bound, dtype)
+        return jnp.asarray(rng.integers(0, int_bound, leaf.shape), dtype)
     return jnp.zeros(leaf.shape, dtype)
 
 
@@ -82,14 +86,45 @@ def resolve_config(factory: str, sizes: Mapping[str, Any], size: str, overrides:
     return dataclasses.replace(base, **overrides)
 
 
-def build(init: Callable[[jax.Array], Any], abstract: bool, seed: int = 0) -> Any:
-    """`init(PRNGKey(seed))`, or only its shapes when `abstract` (real sizes never allocate).
+class Init:
+    """Initial arrays for a model: drawn from a seeded NumPy generator, or shapes only.
 
-    Jitted when concrete: run eagerly, each random draw of a new shape compiles on its own,
-    which made small inits take seconds.
+    With `abstract=True` every method returns a `jax.ShapeDtypeStruct`, so one init function
+    serves tiny and 175B configs and real sizes never allocate. NumPy rather than `jax.random`
+    because a jitted init spends seconds compiling threefry per draw (and an eager one compiles
+    once per shape); building a small model should be instant.
     """
-    key = jax.random.PRNGKey(seed)
-    return jax.eval_shape(init, key) if abstract else jax.jit(init)(key)
+
+    def __init__(self, abstract: bool = False, dtype: str = "float32", seed: int = 0):
+        self.abstract = abstract
+        self.dtype = jnp.dtype(dtype)
+        self._rng = np.random.default_rng(seed)
+
+    def _make(self, shape: tuple[int, ...], dtype: Any, draw: Callable) -> Any:
+        dtype = jnp.dtype(dtype or self.dtype)
+        if self.abstract:
+            return jax.ShapeDtypeStruct(tuple(shape), dtype)
+        return jnp.asarray(draw(tuple(shape)), dtype)
+
+    def normal(self, shape: tuple[int, ...], std: float = 1.0, dtype: Any = None) -> Any:
+        return self._make(shape, dtype, lambda s: std * self._rng.standard_normal(s, np.float32))
+
+    def uniform(self, shape: tuple[int, ...], dtype: Any = None) -> Any:
+        return self._make(shape, dtype, lambda s: self._rng.random(s, np.float32))
+
+    def randint(self, shape: tuple[int, ...], high: int) -> Any:
+        """int32 ids uniform in [0, high)."""
+        return self._make(shape, jnp.int32, lambda s: self._rng.integers(0, high, s, np.int32))
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any = None) -> Any:
+        return self._make(shape, dtype, np.zeros)
+
+    def ones(self, shape: tuple[int, ...], dtype: Any = None) -> Any:
+        return self._make(shape, dtype, np.ones)
+
+    def run(self, fn: Callable, *args: Any) -> Any:
+        """`fn(*args)` jitted (one compile, not one per shape), or its shapes when abstract."""
+        return jax.eval_shape(fn, *args) if self.abstract else jax.jit(fn)(*args)
 
 
 def bind(fn: Callable, **static: Any) -> Callable:

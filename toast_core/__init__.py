@@ -1,7 +1,58 @@
-"""TOAST: Named Dimension Analysis + Monte Carlo Tree Search auto-sharding for JAX."""
+"""TOAST: Named Dimension Analysis + Monte Carlo Tree Search auto-sharding for JAX.
 
-from toast_core.analysis import Analysis, Conflict, NamedDim, analyze
-from toast_core.errors import ToastError
+    import toast_core as tc
+    prog = tc.trace(fn, *example_args)
+    ana = tc.analyze(prog)
+    mesh, hw = tc.MeshSpec({"data": 2, "model": 4}), tc.hardware("tpu-v5e")
+    result = tc.search(ana, mesh, hw, budget_s=10)
+    sharded_fn = tc.shard(fn, ana, result.best, jax_mesh)
+"""
+
+from toast_core.analysis import Analysis, Conflict, ConflictOption, NamedDim, analyze
+from toast_core.apply import ValidationReport, partition_specs, shard, validate
+from toast_core.cost import CostReport, estimate
+from toast_core.errors import PinError, StrategyError, ToastError, TraceError
 from toast_core.ir import Program, trace
+from toast_core.mesh import HARDWARE_PRESETS, HardwareSpec, MeshSpec, hardware
+from toast_core.search import (
+    Pin,
+    SearchEvent,
+    SearchResult,
+    baselines,
+    parse_pin,
+    search,
+    search_iter,
+)
+from toast_core.strategy import Strategy
 
-__all__ = ["Analysis", "Conflict", "NamedDim", "Program", "ToastError", "analyze", "trace"]
+__all__ = [
+    "HARDWARE_PRESETS",
+    "Analysis",
+    "Conflict",
+    "ConflictOption",
+    "CostReport",
+    "HardwareSpec",
+    "MeshSpec",
+    "NamedDim",
+    "Pin",
+    "PinError",
+    "Program",
+    "SearchEvent",
+    "SearchResult",
+    "Strategy",
+    "StrategyError",
+    "ToastError",
+    "TraceError",
+    "ValidationReport",
+    "analyze",
+    "baselines",
+    "estimate",
+    "hardware",
+    "parse_pin",
+    "partition_specs",
+    "search",
+    "search_iter",
+    "shard",
+    "trace",
+    "validate",
+]

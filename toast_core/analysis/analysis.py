@@ -191,14 +191,16 @@ def _named_dims(program: Program, nda: NdaResult, atom_dim: np.ndarray, n: int):
         atoms[atom_dim[a]].append(a)
     members: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
     covered = [0] * n
-    for v in program.values:
+    nbytes = [v.nbytes for v in program.values]
+    dim_of = atom_dim.tolist()
+    for vid, dims in enumerate(nda.value_atoms):
         seen = set()
-        for d, leaves in enumerate(nda.value_atoms[v.id]):
+        for d, leaves in enumerate(dims):
             for sub, a in enumerate(leaves):
-                c = int(atom_dim[a])
-                members[c].append((v.id, d, sub))
+                c = dim_of[a]
+                members[c].append((vid, d, sub))
                 if c not in seen:
-                    covered[c] += v.nbytes
+                    covered[c] += nbytes[vid]
                     seen.add(c)
     has_red = [False] * n
     repl: list[set[int]] = [set() for _ in range(n)]
@@ -217,7 +219,7 @@ def _named_dims(program: Program, nda: NdaResult, atom_dim: np.ndarray, n: int):
         if ms:
             best = min(
                 range(len(ms)),
-                key=lambda i: (_ROLE_RANK.get(vals[i].role, 9), -vals[i].nbytes, ms[i]),
+                key=lambda i: (_ROLE_RANK.get(vals[i].role, 9), -nbytes[ms[i][0]], ms[i]),
             )
             v, d, sub = ms[best]
             suffix = f":{sub}" if len(nda.value_atoms[v][d]) > 1 else ""
@@ -257,16 +259,17 @@ def _class_graphs(program: Program, nda: NdaResult, atom_dim: np.ndarray):
     for e in nda.medges:
         by_class[int(atom_dim[e.value_atom])].append(e)
     capacity = {e.id: float(program.values[e.value].nbytes) for e in nda.medges}
-    return by_class, capacity
+    unit = max(max(capacity.values(), default=1.0) / (1 << 16), 1.0)
+    return by_class, capacity, unit
 
 
 def _find_conflicts(program, nda, atom_dim, named, cooc) -> tuple[Conflict, ...]:
-    by_class, capacity = _class_graphs(program, nda, atom_dim)
+    by_class, capacity, unit = _class_graphs(program, nda, atom_dim)
     graphs: dict[int, ClassGraph] = {}
 
     def graph(c: int) -> ClassGraph:
         if c not in graphs:
-            graphs[c] = ClassGraph(by_class[c], capacity)
+            graphs[c] = ClassGraph(by_class[c], capacity, unit)
         return graphs[c]
 
     conflicts: list[Conflict] = []
@@ -320,7 +323,7 @@ def _find_conflicts(program, nda, atom_dim, named, cooc) -> tuple[Conflict, ...]
         sources, sinks = set(), set()
         for v in values:
             _, a, b = clash[v]
-            flip = da.get(b, 10**9) + db.get(a, 10**9) < da.get(a, 10**9) + db.get(b, 10**9)
+            flip = da(b) + db(a) < da(a) + db(b)
             sources.add(b if flip else a)
             sinks.add(a if flip else b)
         sites = [_site(program, v) for v in values]
@@ -343,26 +346,33 @@ def _find_conflicts(program, nda, atom_dim, named, cooc) -> tuple[Conflict, ...]
             partners[x].add(y)
         if x in data_dims:
             partners[y].add(x)
+    values_of: dict[int, list[int]] = defaultdict(list)
+    for vid, classes in enumerate(value_classes):
+        for c in classes:
+            values_of[c].append(vid)
+    ops_of: dict[int, list[int]] = defaultdict(list)
+    for opi, classes in enumerate(op_classes):
+        if classes & data_dims:
+            for c in classes:
+                ops_of[c].append(opi)
     for c1 in sorted(partners):
         n1 = named[c1]
         if not n1.is_persistent or c1 in data_dims:
             continue
         sources, sinks, sites = set(), set(), []
         updated = False
-        for v in program.values:
-            atoms = [a for d in nda.value_atoms[v.id] for a in d if atom_dim[a] == c1]
-            if not atoms:
-                continue
-            if value_classes[v.id] & data_dims:
+        for vid in values_of[c1]:
+            v = program.values[vid]
+            atoms = [a for d in nda.value_atoms[vid] for a in d if atom_dim[a] == c1]
+            if value_classes[vid] & data_dims:
                 sinks.update(atoms)
                 if len(sites) < 4:
-                    sites.append(_site(program, v.id))
+                    sites.append(_site(program, vid))
             elif v.is_persistent or v.is_output:
                 sources.update(atoms)
                 updated = updated or v.is_output
-        for op in program.ops:
-            if op_classes[op.index] & data_dims:
-                sinks.update(a for a in nda.op_atoms[op.index] if atom_dim[a] == c1)
+        for opi in ops_of[c1]:
+            sinks.update(a for a in nda.op_atoms[opi] if atom_dim[a] == c1)
         # Only parameters the program updates (a train step) are worth keeping sharded apart
         # from the data; in a forward pass, replicated or tensor-parallel weights are the choice.
         if not updated or sources & sinks:

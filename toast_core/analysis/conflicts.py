@@ -22,13 +22,15 @@ named dim unsharded is always possible and needs no option.
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
 from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.sparse import csgraph
 
 from toast_core.ir.program import Program
 
-MAX_OPTIONS = 6
-INF = float("inf")
+MAX_OPTIONS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,115 +67,89 @@ class Conflict:
 
 
 class ClassGraph:
-    """The atom graph of one named dim: atoms as nodes, M-edges as cuttable edges."""
+    """The atom graph of one named dim: atoms as nodes, M-edges as cuttable edges.
 
-    def __init__(self, edges: list, capacity: dict[int, float]) -> None:
-        self.adj: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    Max-flow runs in scipy's Dinic implementation on integer capacities (bytes in units of
+    `unit_bytes`, at least 1), so option finding stays fast on the large named dims of real models.
+    """
+
+    BIG = 1 << 28
+
+    def __init__(self, edges: list, capacity: dict[int, float], unit_bytes: float) -> None:
+        nodes = sorted({e.value_atom for e in edges} | {e.use_atom for e in edges})
+        self.index = {a: i for i, a in enumerate(nodes)}
+        self.n = len(nodes)
+        self.eu = np.array([self.index[e.value_atom] for e in edges], dtype=np.int64)
+        self.ev = np.array([self.index[e.use_atom] for e in edges], dtype=np.int64)
+        self.eid = np.array([e.id for e in edges], dtype=np.int64)
+        caps = np.array([capacity[e.id] for e in edges], dtype=np.float64)
+        self.cap = np.clip(np.ceil(caps / unit_bytes), 1, 1 << 16).astype(np.int64)
         self.capacity = capacity
-        for e in edges:
-            self.adj[e.value_atom].append((e.use_atom, e.id))
-            self.adj[e.use_atom].append((e.value_atom, e.id))
 
-    def distances(self, start: int) -> dict[int, int]:
-        dist = {start: 0}
-        queue = deque([start])
-        while queue:
-            x = queue.popleft()
-            for y, _ in self.adj[x]:
-                if y not in dist:
-                    dist[y] = dist[x] + 1
-                    queue.append(y)
-        return dist
+    def distances(self, start: int):
+        """Hop distances from an atom: a function atom -> distance (large if unreachable)."""
+        graph = sp.csr_matrix(
+            (np.ones(2 * len(self.eu)), (np.r_[self.eu, self.ev], np.r_[self.ev, self.eu])),
+            shape=(self.n, self.n),
+        )
+        dist = csgraph.shortest_path(graph, unweighted=True, indices=self.index[start])
+        dist = np.where(np.isfinite(dist), dist, 1e9)
+        return lambda atom: float(dist[self.index[atom]]) if atom in self.index else 1e9
 
     def min_cuts(self, sources: set[int], sinks: set[int], blocked: frozenset[int] = frozenset()):
-        """Max-flow (Edmonds-Karp) between atom sets; returns (value, cut near sources, cut near
-        sinks) as frozensets of M-edge ids, or None when the sides cannot be separated."""
+        """Max-flow between atom sets; returns (value, cut near sources, cut near sinks) as
+        frozensets of M-edge ids, or None when the sides cannot be separated."""
         if sources & sinks or not sources or not sinks:
             return None
-        flow: dict[tuple[int, int], float] = defaultdict(float)  # (edge id, direction)
+        n = self.n + 2
+        s, t = n - 2, n - 1
+        src = np.array([self.index[a] for a in sources], dtype=np.int64)
+        snk = np.array([self.index[a] for a in sinks], dtype=np.int64)
+        cap = self.cap.copy()
+        if blocked:
+            cap[np.isin(self.eid, list(blocked))] = self.BIG
+        rows = np.r_[self.eu, self.ev, np.full(len(src), s), snk]
+        cols = np.r_[self.ev, self.eu, src, np.full(len(snk), t)]
+        data = np.r_[cap, cap, np.full(len(src), self.BIG), np.full(len(snk), self.BIG)]
+        graph = sp.csr_matrix((data.astype(np.int32), (rows, cols)), shape=(n, n))
+        result = csgraph.maximum_flow(graph, s, t, method="dinic")
+        if result.flow_value >= self.BIG:
+            return None
+        residual = (graph - result.flow).tocsr()
+        residual.data = (residual.data > 0).astype(np.int8)
+        residual.eliminate_zeros()
+        near_sources = np.zeros(n, dtype=bool)
+        near_sources[csgraph.breadth_first_order(residual, s, return_predecessors=False)] = True
+        near_sinks = np.zeros(n, dtype=bool)
+        near_sinks[
+            csgraph.breadth_first_order(residual.T.tocsr(), t, return_predecessors=False)
+        ] = True
+        return result.flow_value, self._crossing(near_sources), self._crossing(near_sinks)
 
-        def residual(x: int, y: int, eid: int) -> float:
-            cap = INF if eid in blocked else self.capacity[eid]
-            d = 0 if x < y else 1
-            return cap - flow[(eid, d)] + flow[(eid, 1 - d)]
-
-        total = 0.0
-        while True:
-            parent: dict[int, tuple[int, int] | None] = {s: None for s in sources}
-            queue = deque(sources)
-            end = None
-            while queue and end is None:
-                x = queue.popleft()
-                for y, eid in self.adj[x]:
-                    if y not in parent and residual(x, y, eid) > 0:
-                        parent[y] = (x, eid)
-                        if y in sinks:
-                            end = y
-                            break
-                        queue.append(y)
-            if end is None:
-                break
-            path = []
-            y = end
-            while parent[y] is not None:
-                x, eid = parent[y]
-                path.append((x, y, eid))
-                y = x
-            push = min(residual(x, y, eid) for x, y, eid in path)
-            if push == INF:
-                return None
-            for x, y, eid in path:
-                d = 0 if x < y else 1
-                back = flow[(eid, 1 - d)]
-                cancel = min(back, push)
-                flow[(eid, 1 - d)] = back - cancel
-                flow[(eid, d)] += push - cancel
-            total += push
-        near_sources = self._reachable(sources, residual, forward=True)
-        near_sinks = self._reachable(sinks, residual, forward=False)
-        cut_a = self._crossing(near_sources)
-        cut_b = self._crossing(near_sinks)
-        return total, cut_a, cut_b
-
-    def _reachable(self, start: set[int], residual, forward: bool) -> set[int]:
-        seen = set(start)
-        queue = deque(start)
-        while queue:
-            x = queue.popleft()
-            for y, eid in self.adj[x]:
-                cap = residual(x, y, eid) if forward else residual(y, x, eid)
-                if y not in seen and cap > 0:
-                    seen.add(y)
-                    queue.append(y)
-        return seen
-
-    def _crossing(self, side: set[int]) -> frozenset[int]:
-        return frozenset(
-            eid for x in side for y, eid in self.adj[x] if y not in side
-        )
+    def _crossing(self, side: np.ndarray) -> frozenset[int]:
+        return frozenset(self.eid[side[self.eu] != side[self.ev]].tolist())
 
 
 def cut_options(graph: ClassGraph, sources: set[int], sinks: set[int]) -> list[frozenset[int]]:
-    """Up to MAX_OPTIONS distinct small cuts separating sources from sinks, cheapest first."""
+    """Up to MAX_OPTIONS distinct small cuts separating sources from sinks, cheapest first: the
+    minimum cuts nearest each side, then those found when the first cut's most expensive edge
+    may not be cut."""
     first = graph.min_cuts(sources, sinks)
     if first is None:
         return []
     found: dict[frozenset[int], float] = {}
-    _, a, b = first
-    queue = [a, b]
-    tried: set[frozenset[int]] = set()
+    queue = [first[1], first[2]]
+    alternatives_tried = False
     while queue and len(found) < MAX_OPTIONS:
         cut = queue.pop(0)
         if not cut or cut in found:
             continue
         found[cut] = sum(graph.capacity[e] for e in cut)
-        # Alternatives: forbid cutting the most expensive edge of this cut.
-        worst = max(cut, key=lambda e: (graph.capacity[e], e))
-        blocked = frozenset({worst})
-        if blocked in tried:
+        if alternatives_tried:
             continue
-        tried.add(blocked)
-        alt = graph.min_cuts(sources, sinks, blocked)
+        alternatives_tried = True
+        worst = max(cut, key=lambda e: (graph.capacity[e], e))
+        alt = graph.min_cuts(sources, sinks, frozenset({worst}))
         if alt is not None:
             queue.extend([alt[1], alt[2]])
     return sorted(found, key=lambda c: (found[c], sorted(c)))

@@ -109,6 +109,9 @@ class _FactorForest:
         self.members[ra].extend(self.members.pop(rb))
 
     def leaves(self, seq) -> list[int]:
+        children = self.children
+        if all(children[f] is None for f in seq):
+            return list(seq)
         out: list[int] = []
         stack = list(reversed(seq))
         while stack:
@@ -137,6 +140,11 @@ class _FactorForest:
     def align(self, seq_a, seq_b) -> bool:
         """Links two factorizations of one dim leaf by leaf, refining as needed. False if the
         factorizations have no common refinement (nothing is changed then)."""
+        if len(seq_a) == 1 and len(seq_b) == 1:
+            a, b = seq_a[0], seq_b[0]
+            if self.children[a] is None and self.children[b] is None and self.size[a] == self.size[b]:
+                self.union(a, b)
+                return True
         while True:
             la, lb = self.leaves(seq_a), self.leaves(seq_b)
             if refine([self.size[f] for f in la], [self.size[f] for f in lb]) is None:
@@ -191,10 +199,14 @@ def run_nda(program: Program) -> NdaResult:
                 [forest.new(s, "pass", -1)] if s > 1 else [] for s in v.shape
             ]
     unknown: dict[str, int] = {}
+    rule_cache: dict = {}
     for op in program.ops:
-        operand_shapes = [program.values[i].shape for i in op.operands]
-        result_shapes = [program.values[i].shape for i in op.results]
-        rule = factors_of(op, operand_shapes, result_shapes)
+        operand_shapes = tuple(program.values[i].shape for i in op.operands)
+        result_shapes = tuple(program.values[i].shape for i in op.results)
+        key = (op.primitive, op.params, operand_shapes, result_shapes)
+        rule = rule_cache.get(key)
+        if rule is None:
+            rule = rule_cache[key] = factors_of(op, list(operand_shapes), list(result_shapes))
         if rule.is_fallback:
             fallback_ops.append(op.index)
             unknown[op.primitive] = unknown.get(op.primitive, 0) + 1

@@ -336,11 +336,30 @@ def _call_body(eqn):
     return None
 
 
+def _dead_code_eliminated(closed: jex.ClosedJaxpr) -> jex.ClosedJaxpr:
+    """Drops equations whose results nothing uses (make_jaxpr keeps them; they would only add
+    noise named dims). Effectful equations are kept by JAX's own DCE rules."""
+    try:
+        from jax._src.interpreters import partial_eval as pe
+
+        jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars), instantiate=True)
+    except Exception:  # noqa: BLE001 - DCE is an optimisation; fall back to the full program
+        return closed
+    if len(jaxpr.invars) != len(closed.jaxpr.invars):
+        return closed
+    return jex.ClosedJaxpr(jaxpr, closed.consts)
+
+
 def _path_names(fn: Callable, args: tuple) -> list[str]:
     try:
-        names = list(inspect.signature(fn).parameters)
+        params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        names = []
+        params = []
+    names = []
+    for p in params:
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            break
+        names.append(p.name)
     out = []
     for i, arg in enumerate(args):
         base = names[i] if i < len(names) else f"arg{i}"
@@ -407,6 +426,7 @@ def trace(fn: Callable, *args: Any, param_argnums: tuple[int, ...] | None = None
         ) from exc
     if param_argnums is None:
         param_argnums = (0,) if len(args) > 1 else ()
+    closed = _dead_code_eliminated(closed)
     fn_name = getattr(fn, "__name__", "fn")
     in_names = _path_names(fn, args)
     arg_of_leaf = _arg_index_of_leaves(args)

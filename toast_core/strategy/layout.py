@@ -23,6 +23,7 @@ class Layout:
     op_work_fine: sp.csr_matrix  # [ops, fine]: atoms that divide an op's work (no replicate)
     value_dim_fine: tuple[tuple[tuple[int, ...], ...], ...]  # value -> dim -> fine classes
     use_dim_fine: dict  # (op, position) -> dim -> fine classes
+    split_dims: tuple[tuple[int, int, tuple[int, ...]], ...]  # (value, dim, fines) with >1 fine
 
 
 def _csr(rows: list[list[int]], n_cols: int) -> sp.csr_matrix:
@@ -53,12 +54,19 @@ def layout(ana: Analysis) -> Layout:
     work_rows = [
         [int(fine[a]) for a in atoms if nda.atom_kind[a] != "replicate"] for atoms in nda.op_atoms
     ]
+    split_dims = tuple(
+        (vid, d, fines)
+        for vid, dims in enumerate(value_dim_fine)
+        for d, fines in enumerate(dims)
+        if len(fines) > 1
+    )
     out = Layout(
         value_fine=_csr(value_rows, ana.n_fine),
         op_fine=_csr(op_rows, ana.n_fine),
         op_work_fine=_csr(work_rows, ana.n_fine),
         value_dim_fine=value_dim_fine,
         use_dim_fine=use_dim_fine,
+        split_dims=split_dims,
     )
     ana.cache["layout"] = out
     return out
@@ -77,4 +85,19 @@ def double_axis_slots(matrix: sp.csr_matrix, masks: np.ndarray, n_axes: int) -> 
         counts = matrix @ bits[a]
         for row in np.flatnonzero(counts > 1.5).tolist():
             out.append((row, a))
+    return out
+
+
+def strided_dims(lay: Layout, masks: np.ndarray, fine_size: np.ndarray, ways: np.ndarray):
+    """(value, dim) pairs where a minor sub-factor is sharded while a more major one is not
+    fully split: that would be a strided layout, which no PartitionSpec expresses."""
+    out = []
+    for vid, d, fines in lay.split_dims:
+        m = masks[list(fines)]
+        if not m[1:].any():
+            continue
+        for k in range(1, len(fines)):
+            if m[k] and any(ways[m[j]] != fine_size[fines[j]] for j in range(k)):
+                out.append((vid, d))
+                break
     return out

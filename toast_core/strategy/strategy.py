@@ -20,7 +20,7 @@ import numpy as np
 from toast_core.analysis import Analysis
 from toast_core.errors import StrategyError, bad_value
 from toast_core.mesh import MeshSpec
-from toast_core.strategy.layout import double_axis_slots, layout
+from toast_core.strategy.layout import double_axis_slots, layout, strided_dims
 from toast_core.strategy.resolve import Resolution, normalize_options, resolve
 
 SCHEMA_VERSION = 1
@@ -140,6 +140,14 @@ class Strategy:
                 f"({self.notation_of(ana, mesh, row)}): resolve its conflict or choose another axis"
             )
         if not problems:
+            ways = _mask_ways(mesh)
+            for vid, d in strided_dims(lay, masks, ana.fine_size, ways)[:3]:
+                v = ana.program.values[vid]
+                problems.append(
+                    f"value {v.display()} dim {d} would shard a minor sub-factor while its major "
+                    f"one is whole ({self.notation_of(ana, mesh, vid)}): a strided layout"
+                )
+        if not problems:
             for row, a in double_axis_slots(lay.op_fine, masks, len(mesh.axis_names))[:3]:
                 op = ana.program.ops[row]
                 problems.append(
@@ -231,3 +239,14 @@ def _dim_name(ana: Analysis, res: Resolution, key) -> str:
     raise StrategyError(
         bad_value("shardings", key, "a named dim name (N3, or N3.1 after a cut), id or label")
     )
+
+
+def _mask_ways(mesh: MeshSpec) -> np.ndarray:
+    """Number of shards of every mesh-axis bitmask."""
+    n = len(mesh.axis_names)
+    out = np.ones(1 << n, dtype=np.int64)
+    for m in range(1 << n):
+        for i, size in enumerate(mesh.axis_sizes):
+            if m >> i & 1:
+                out[m] *= size
+    return out

@@ -1,0 +1,134 @@
+"""Applying a strategy to the real JAX function: PartitionSpecs, constraints, `jax.jit`.
+
+`shard(fn, ana, strategy, mesh)` returns a jitted function whose inputs and outputs carry the
+strategy's `NamedSharding`s and which replays the traced program with `with_sharding_constraint`
+on every value (its planned sharding) and at every cut use (the consumer's sharding), so XLA's SPMD
+partitioner follows the plan rather than propagating its own. The same function runs on any
+`jax.sharding.Mesh` with the strategy's axis names: simulated CPU devices here, a TPU pod or a GPU
+cluster there.
+
+A value dim split into sub-factors (`[D]` read as `[H, Dh]`) maps to a PartitionSpec entry that
+lists the mesh axes of its sub-factors major first; the strategy check guarantees that only a
+contiguous (major-first) split is sharded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from toast_core.analysis import Analysis
+from toast_core.errors import ToastError, bad_value
+from toast_core.ir.trace import run_with_constraints
+from toast_core.mesh import MeshSpec
+from toast_core.strategy import Strategy
+from toast_core.strategy.layout import layout
+
+
+def mesh_spec_of(mesh: Mesh | MeshSpec) -> MeshSpec:
+    """The MeshSpec of a jax Mesh (names and sizes), or the MeshSpec itself."""
+    if isinstance(mesh, MeshSpec):
+        return mesh
+    if isinstance(mesh, Mesh):
+        return MeshSpec(dict(zip(mesh.axis_names, mesh.devices.shape)))
+    raise ToastError(bad_value("mesh", mesh, "a jax.sharding.Mesh or a tc.MeshSpec"))
+
+
+def _entry(axes: tuple[str, ...]):
+    if not axes:
+        return None
+    return axes[0] if len(axes) == 1 else tuple(axes)
+
+
+class _Specs:
+    """PartitionSpecs of every value and every cut use of one strategy."""
+
+    def __init__(self, ana: Analysis, strategy: Strategy, mesh: MeshSpec) -> None:
+        self.masks = strategy.fine_masks(ana, mesh)
+        self.ana, self.mesh = ana, mesh
+        self.lay = layout(ana)
+
+    def _axes(self, fines) -> tuple[str, ...]:
+        out: list[str] = []
+        for f in fines:
+            m = int(self.masks[f])
+            out += [a for i, a in enumerate(self.mesh.axis_names) if m >> i & 1]
+        return tuple(out)
+
+    def value(self, vid: int) -> PartitionSpec:
+        return PartitionSpec(*(_entry(self._axes(d)) for d in self.lay.value_dim_fine[vid]))
+
+    def use(self, opi: int, pos: int) -> PartitionSpec:
+        return PartitionSpec(*(_entry(self._axes(d)) for d in self.lay.use_dim_fine[(opi, pos)]))
+
+    def cut_uses(self) -> dict[tuple[int, int], PartitionSpec]:
+        """Uses whose sharding differs from their value's (cuts and reshape conflicts)."""
+        out = {}
+        prog = self.ana.program
+        for op in prog.ops:
+            for pos, vid in enumerate(op.operands):
+                if prog.values[vid].rank == 0:
+                    continue
+                spec = self.use(op.index, pos)
+                if spec != self.value(vid):
+                    out[(op.index, pos)] = spec
+        return out
+
+
+def partition_specs(ana: Analysis, strategy: Strategy, mesh: Mesh | MeshSpec):
+    """(input specs, output specs): pytrees of PartitionSpec shaped like the args and outputs."""
+    specs = _Specs(ana, strategy, mesh_spec_of(mesh))
+    handle = ana.program.handle
+    ins = [specs.value(v) for v in handle.input_ids]
+    outs = [specs.value(v) for v in handle.output_ids]
+    return (
+        jax.tree_util.tree_unflatten(handle.in_tree, ins),
+        jax.tree_util.tree_unflatten(handle.out_tree, outs),
+    )
+
+
+def shard(fn: Callable, ana: Analysis, strategy: Strategy, mesh: Mesh) -> Callable:
+    """`jax.jit` of the traced program with the strategy's shardings and constraints."""
+    if not isinstance(mesh, Mesh):
+        raise ToastError(bad_value("mesh", mesh, "a jax.sharding.Mesh (Auto axes)"))
+    ms = mesh_spec_of(mesh)
+    specs = _Specs(ana, strategy, ms)
+    prog = ana.program
+    handle = prog.handle
+    if handle is None:
+        raise ToastError("analysis has no trace handle: trace the function with tc.trace")
+    value_sharding = {
+        v.id: NamedSharding(mesh, specs.value(v.id))
+        for v in prog.values
+        if v.rank > 0 and v.role != "literal"
+    }
+    use_sharding = {k: NamedSharding(mesh, s) for k, s in specs.cut_uses().items()}
+    in_shardings = jax.tree_util.tree_unflatten(
+        handle.in_tree, [value_sharding.get(v, NamedSharding(mesh, PartitionSpec())) for v in handle.input_ids]
+    )
+    out_shardings = jax.tree_util.tree_unflatten(
+        handle.out_tree,
+        [value_sharding.get(v, NamedSharding(mesh, PartitionSpec())) for v in handle.output_ids],
+    )
+
+    def after_value(vid, arr):
+        sharding = value_sharding.get(vid)
+        if sharding is None or getattr(arr, "ndim", 0) == 0:
+            return arr
+        return jax.lax.with_sharding_constraint(arr, sharding)
+
+    def before_use(opi, pos, vid, arr):
+        sharding = use_sharding.get((opi, pos))
+        if sharding is None:
+            return arr
+        return jax.lax.with_sharding_constraint(arr, sharding)
+
+    def sharded(*args):
+        flat = jax.tree_util.tree_leaves(args)
+        outs = run_with_constraints(prog, flat, before_use, after_value)
+        return jax.tree_util.tree_unflatten(handle.out_tree, outs)
+
+    sharded.__name__ = f"sharded_{getattr(fn, '__name__', 'fn')}"
+    return jax.jit(sharded, in_shardings=tuple(in_shardings), out_shardings=out_shardings)

@@ -1,0 +1,165 @@
+"""Validating a strategy against what XLA actually compiles (the external judge).
+
+`validate` shards the function, compiles it on a `jax.sharding.Mesh`, runs it on small inputs and
+compares with the unsharded function (rtol 1e-4, atol 1e-5 in fp32), then compares the cost
+model's predictions with the compiled program:
+
+* per-device flops vs `compiled.cost_analysis()["flops"]`;
+* collective bytes per kind vs those parsed from `compiled.as_text()` (result bytes per device);
+* per-device memory vs `memory_analysis()`: argument + output + temp - alias (the CPU's
+  `peak_memory_in_bytes` is unreliable).
+
+XLA's CPU backend lowers collectives differently from TPU/GPU, so the prediction is also given "as
+XLA CPU lowers it": a reduce-scatter becomes an all-reduce of the full buffer followed by a local
+slice, and bf16 collectives run in f32. Both views are reported; the comparison uses the CPU view.
+Wall time on simulated devices means nothing and is never measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from toast_core.analysis import Analysis
+from toast_core.apply.hlo import collective_bytes_by_kind
+from toast_core.apply.shard import mesh_spec_of, shard
+from toast_core.cost import estimate
+from toast_core.cost.collectives import COLLECTIVE_KINDS
+from toast_core.mesh import HardwareSpec
+from toast_core.strategy import Strategy
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    numerics_ok: bool
+    max_abs_error: float
+    predicted_flops: float
+    compiled_flops: float
+    predicted_collective_bytes: dict[str, float]
+    compiled_collective_bytes: dict[str, float]
+    predicted_memory_bytes: float
+    compiled_memory_bytes: float
+    predicted_collective_bytes_target: dict[str, float] = field(default_factory=dict)
+    hlo_text: str = field(default="", repr=False)
+
+    @property
+    def flops_ratio(self) -> float:
+        return self.predicted_flops / self.compiled_flops if self.compiled_flops else float("nan")
+
+    @property
+    def memory_ratio(self) -> float:
+        if not self.compiled_memory_bytes:
+            return float("nan")
+        return self.predicted_memory_bytes / self.compiled_memory_bytes
+
+    def rows(self) -> list[tuple[str, float, float]]:
+        """(quantity, predicted, compiled) rows for tables."""
+        out = [
+            ("flops per device", self.predicted_flops, self.compiled_flops),
+            ("memory per device (bytes)", self.predicted_memory_bytes, self.compiled_memory_bytes),
+        ]
+        for k in COLLECTIVE_KINDS:
+            p = self.predicted_collective_bytes.get(k, 0.0)
+            c = self.compiled_collective_bytes.get(k, 0.0)
+            if p or c:
+                out.append((f"{k} bytes per device", p, c))
+        return out
+
+    def to_dict(self) -> dict:
+        return {
+            "numerics_ok": self.numerics_ok,
+            "max_abs_error": self.max_abs_error,
+            "predicted_flops": self.predicted_flops,
+            "compiled_flops": self.compiled_flops,
+            "predicted_collective_bytes": self.predicted_collective_bytes,
+            "compiled_collective_bytes": self.compiled_collective_bytes,
+            "predicted_collective_bytes_target": self.predicted_collective_bytes_target,
+            "predicted_memory_bytes": self.predicted_memory_bytes,
+            "compiled_memory_bytes": self.compiled_memory_bytes,
+        }
+
+
+def concrete_args(args, seed: int = 0):
+    """Arrays for `args`: concrete leaves pass through; ShapeDtypeStructs get small random data
+    (floats ~ N(0, 0.02), integers in [0, 2), booleans False)."""
+    rng = np.random.default_rng(seed)
+
+    def make(leaf):
+        if not isinstance(leaf, jax.ShapeDtypeStruct):
+            return leaf
+        dtype = np.dtype(leaf.dtype)
+        if np.issubdtype(dtype, np.floating) or leaf.dtype == jax.numpy.bfloat16:
+            return jax.numpy.asarray(rng.normal(0, 0.02, leaf.shape), dtype=leaf.dtype)
+        if np.issubdtype(dtype, np.integer):
+            return jax.numpy.asarray(rng.integers(0, 2, leaf.shape), dtype=leaf.dtype)
+        return jax.numpy.zeros(leaf.shape, leaf.dtype)
+
+    return jax.tree_util.tree_map(make, args)
+
+
+def cpu_view(report, program) -> dict[str, float]:
+    """Predicted bytes per kind as XLA's CPU backend emits them (see module docstring)."""
+    out = {k: 0.0 for k in COLLECTIVE_KINDS}
+    for c in report.collectives:
+        scale = 2.0 if program.values[c.value].dtype == "bfloat16" else 1.0
+        if c.kind == "reduce-scatter":
+            out["all-reduce"] += c.bytes * c.count * scale
+        else:
+            out[c.kind] += c.result_bytes * c.count * scale
+    return out
+
+
+def validate(
+    fn: Callable,
+    example_args: tuple,
+    ana: Analysis,
+    strategy: Strategy,
+    mesh: Mesh,
+    hw: HardwareSpec,
+    *,
+    check_numerics: bool = True,
+) -> ValidationReport:
+    """Compiles the sharded function with XLA, runs it, and compares it with the prediction."""
+    ms = mesh_spec_of(mesh)
+    report = estimate(ana, strategy, ms, hw, donate_outputs=False)
+    sharded = shard(fn, ana, strategy, mesh)
+    args = concrete_args(tuple(example_args))
+    compiled = sharded.lower(*args).compile()
+    hlo = compiled.as_text()
+    cost = compiled.cost_analysis()
+    if isinstance(cost, list | tuple):
+        cost = cost[0] if cost else {}
+    mem = compiled.memory_analysis()
+    compiled_mem = float(
+        mem.argument_size_in_bytes
+        + mem.output_size_in_bytes
+        + mem.temp_size_in_bytes
+        - mem.alias_size_in_bytes
+    )
+    ok, err = True, 0.0
+    if check_numerics:
+        got = jax.tree_util.tree_leaves(compiled(*args))
+        want = jax.tree_util.tree_leaves(jax.jit(fn)(*args))
+        for g, w in zip(got, want):
+            g, w = np.asarray(g, dtype=np.float64), np.asarray(w, dtype=np.float64)
+            if g.size:
+                err = max(err, float(np.max(np.abs(g - w))))
+            ok = ok and bool(np.allclose(g, w, rtol=RTOL, atol=ATOL, equal_nan=True))
+    return ValidationReport(
+        numerics_ok=ok,
+        max_abs_error=err,
+        predicted_flops=report.flops_per_device,
+        compiled_flops=float(cost.get("flops", 0.0)),
+        predicted_collective_bytes=cpu_view(report, ana.program),
+        compiled_collective_bytes={k: float(v) for k, v in collective_bytes_by_kind(hlo).items()},
+        predicted_memory_bytes=report.peak_bytes,
+        compiled_memory_bytes=compiled_mem,
+        predicted_collective_bytes_target=report.collective_bytes_by_kind(),
+        hlo_text=hlo,
+    )

@@ -1,0 +1,213 @@
+"""Textbook strategies built from tactics, in the same framework as the search.
+
+A tactic is "shard this named dim on these mesh axes if that is legal, then let the named dims
+carry it": because a named dim already groups every tensor dim that must be sharded alike, sharding
+the batch named dim of the data input *is* data parallelism through the whole program.
+
+* `replicated`: nothing sharded.
+* `data_parallel`: the batch named dim (dim 0 of the largest data input) on every mesh axis.
+* `megatron`: on the model axis (`model`/`tensor`/`tp`/`mp`, else the last mesh axis), greedily
+  the parameter named dims other than the model (residual) dim, largest first: MLP hidden dims,
+  attention heads, vocabulary.
+* `fsdp`: data parallel, plus every parameter named dim's axis-clash conflict resolved by its
+  cheapest cut (weights gathered at use, gradients reduce-scattered) and the parameter side sharded
+  on the batch's mesh axes, largest first, one dim per parameter (ZeRO-3).
+* `dp_megatron`: batch on the data axes (all but the model axis), Megatron on the model axis.
+
+Each returns a Strategy, or None when the model's structure does not allow it; `all_baselines`
+also says why.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+from math import prod
+
+from toast_core.analysis import Analysis
+from toast_core.errors import StrategyError
+from toast_core.mesh import MeshSpec
+from toast_core.strategy import Strategy, resolve
+
+MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp", "mlp")
+
+
+def model_axis(mesh: MeshSpec) -> str:
+    for name in MODEL_AXIS_NAMES:
+        if name in mesh.axis_names:
+            return name
+    return mesh.axis_names[-1]
+
+
+def batch_dims(ana: Analysis) -> list[int]:
+    """Named dims of dim 0 of the data inputs, largest input first."""
+    prog = ana.program
+    inputs = sorted(
+        (prog.values[v] for v in prog.inputs if prog.values[v].role == "input"),
+        key=lambda v: (-v.nbytes, v.id),
+    )
+    out: list[int] = []
+    for v in inputs:
+        if v.rank == 0:
+            continue
+        for d in ana.value_named_dims(v.id)[0][:1]:
+            if d not in out:
+                out.append(d)
+    return out
+
+
+class _Builder:
+    """Accumulates tactics, keeping only legal ones."""
+
+    def __init__(self, ana: Analysis, mesh: MeshSpec, name: str) -> None:
+        self.ana, self.mesh, self.name = ana, mesh, name
+        self.shardings: dict[str, tuple[str, ...]] = {}
+        self.options: dict[int, int] = {}
+
+    def strategy(self) -> Strategy:
+        return Strategy.make(self.ana, self.shardings, self.options, self.name)
+
+    def try_shard(self, dim_name: str, axes: tuple[str, ...], options=None) -> bool:
+        shardings = dict(self.shardings)
+        shardings[dim_name] = tuple(self.shardings.get(dim_name, ())) + tuple(axes)
+        opts = dict(self.options if options is None else options)
+        try:
+            candidate = Strategy.make(self.ana, shardings, opts, self.name)
+            candidate.validate(self.ana, self.mesh)
+        except StrategyError:
+            return False
+        self.shardings, self.options = shardings, opts
+        return True
+
+    def try_axes_subsets(self, dim_name: str, axes: tuple[str, ...]) -> tuple[str, ...]:
+        """Shards on the largest legal subset of `axes` (mesh order kept)."""
+        subsets = [c for r in range(len(axes), 0, -1) for c in combinations(axes, r)]
+        subsets.sort(key=lambda c: -prod(self.mesh.size(a) for a in c))
+        for c in subsets:
+            if self.try_shard(dim_name, c):
+                return c
+        return ()
+
+
+def _data_parallel(ana, mesh, axes, name) -> tuple[Strategy | None, str]:
+    dims = batch_dims(ana)
+    if not dims:
+        return None, "no data input with a leading (batch) dim"
+    b = _Builder(ana, mesh, name)
+    for d in dims[:1]:
+        if not b.try_axes_subsets(f"N{d}", axes):
+            return None, f"batch named dim N{d} (size {ana.named_dims[d].size}) is not divisible"
+    return b.strategy(), ""
+
+
+def _megatron_into(b: _Builder, axis: str) -> int:
+    ana = b.ana
+    persistent = [nd for nd in ana.named_dims if nd.is_persistent and nd.size > 1]
+    if not persistent:
+        return 0
+    model_dim = max(persistent, key=lambda nd: (nd.bytes_covered, -nd.id))
+    batch = set(batch_dims(ana))
+    order = sorted(
+        (nd for nd in persistent if nd.id != model_dim.id and nd.id not in batch),
+        key=lambda nd: (-nd.bytes_covered, any(s > 0 for _, _, s in nd.members), nd.id),
+    )
+    count = 0
+    for nd in order:
+        if b.try_shard(nd.name, (axis,)):
+            count += 1
+    return count
+
+
+def _megatron(ana, mesh, name) -> tuple[Strategy | None, str]:
+    b = _Builder(ana, mesh, name)
+    if not _megatron_into(b, model_axis(mesh)):
+        return None, "no parameter named dim can be sharded on the model axis"
+    return b.strategy(), ""
+
+
+def _fsdp(ana, mesh, name) -> tuple[Strategy | None, str]:
+    dp, why = _data_parallel(ana, mesh, mesh.axis_names, name)
+    if dp is None:
+        return None, why
+    b = _Builder(ana, mesh, name)
+    b.shardings, b.options = dict(dp.shardings), {}
+    batch_axes = dp.shardings[0][1]
+    clashes = [c for c in ana.conflicts if c.kind == "axis_clash" and c.options]
+    clashes.sort(key=lambda c: -ana.named_dims[c.named_dims[0]].bytes_covered)
+    sharded = 0
+    for c in clashes:
+        opts = dict(b.options)
+        opts[c.id] = 0
+        res = resolve(ana, opts)
+        side = _parameter_side(ana, res, c.named_dims[0])
+        if side is None:
+            continue
+        if b.try_shard(side, batch_axes, opts):
+            sharded += 1
+    if not sharded:
+        return None, "no parameter named dim can be cut off the data and sharded (no train step?)"
+    return b.strategy(), ""
+
+
+def _parameter_side(ana: Analysis, res, parent: int) -> str | None:
+    """The part of a cut named dim that holds the persistent inputs (parameters, state)."""
+    parts = [d for d in res.dims if d.parent == parent]
+    fine = ana.fine_of_atom
+    prog = ana.program
+    for part in parts:
+        fines = set(part.fine)
+        for vid in prog.inputs:
+            v = prog.values[vid]
+            if v.is_persistent and any(
+                int(fine[a]) in fines for atoms in ana.nda.value_atoms[vid] for a in atoms
+            ):
+                return part.name
+    return None
+
+
+def _dp_megatron(ana, mesh, name) -> tuple[Strategy | None, str]:
+    axis = model_axis(mesh)
+    data_axes = tuple(a for a in mesh.axis_names if a != axis)
+    if not data_axes:
+        return None, "the mesh has a single axis: use data_parallel or megatron"
+    dp, why = _data_parallel(ana, mesh, data_axes, name)
+    if dp is None:
+        return None, why
+    b = _Builder(ana, mesh, name)
+    b.shardings = dict(dp.shardings)
+    if not _megatron_into(b, axis):
+        return None, "no parameter named dim can be sharded on the model axis"
+    return b.strategy(), ""
+
+
+def replicated(ana: Analysis, mesh: MeshSpec) -> Strategy:
+    return Strategy(name="replicated")
+
+
+def data_parallel(ana: Analysis, mesh: MeshSpec) -> Strategy | None:
+    return _data_parallel(ana, mesh, mesh.axis_names, "data_parallel")[0]
+
+
+def fsdp(ana: Analysis, mesh: MeshSpec) -> Strategy | None:
+    return _fsdp(ana, mesh, "fsdp")[0]
+
+
+def megatron(ana: Analysis, mesh: MeshSpec) -> Strategy | None:
+    return _megatron(ana, mesh, "megatron")[0]
+
+
+def dp_megatron(ana: Analysis, mesh: MeshSpec) -> Strategy | None:
+    return _dp_megatron(ana, mesh, "dp_megatron")[0]
+
+
+def all_baselines(ana: Analysis, mesh: MeshSpec) -> dict[str, tuple[Strategy | None, str]]:
+    """Every baseline with the reason it does not apply (empty when it does)."""
+    key = ("baselines", mesh)
+    if key not in ana.cache:
+        ana.cache[key] = {
+            "replicated": (replicated(ana, mesh), ""),
+            "data_parallel": _data_parallel(ana, mesh, mesh.axis_names, "data_parallel"),
+            "fsdp": _fsdp(ana, mesh, "fsdp"),
+            "megatron": _megatron(ana, mesh, "megatron"),
+            "dp_megatron": _dp_megatron(ana, mesh, "dp_megatron"),
+        }
+    return ana.cache[key]
