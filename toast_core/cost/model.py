@@ -229,28 +229,30 @@ class Evaluator:
         self.red_rs = np.array(red_rs, dtype=bool)
 
     def _reshard_sites(self) -> None:
-        """Uses that a cut may reshard: (value, op, position), with their paired atoms."""
+        """Uses that a cut or a reshape conflict may reshard: (value, op, position), with the
+        fine classes of every dim on both sides padded into arrays [site, dim, sub-factor]."""
         ana = self.ana
-        fine = ana.fine_of_atom
-        sites: dict[tuple[int, int, int], int] = {}
-        pair_site, pair_vf, pair_uf = [], [], []
-        for eid in ana.candidate_edges.tolist():
-            e = ana.medges[eid]
-            key = (e.value, e.op, e.position)
-            s = sites.setdefault(key, len(sites))
-            pair_site.append(s)
-            pair_vf.append(int(fine[e.value_atom]))
-            pair_uf.append(int(fine[e.use_atom]))
-        self.forced_sites = []
+        keys = {(ana.medges[e].value, ana.medges[e].op, ana.medges[e].position): None
+                for e in ana.candidate_edges.tolist()}
         for vid, opi, pos, _ in ana.nda.reshape_sites:
-            key = (vid, opi, pos)
-            if key not in sites:
-                sites[key] = len(sites)
-            self.forced_sites.append(sites[key])
-        self.sites = list(sites)
-        self.pair_site = np.array(pair_site, dtype=np.int64)
-        self.pair_vf = np.array(pair_vf, dtype=np.int64)
-        self.pair_uf = np.array(pair_uf, dtype=np.int64)
+            keys[(vid, opi, pos)] = None
+        self.sites = list(keys)
+        pad = ana.n_fine  # an extra fine class whose mask is always 0
+        rank = max((len(self.lay.value_dim_fine[v]) for v, _, _ in self.sites), default=1)
+        subs = 1
+        for v, o, p in self.sites:
+            for dims in (self.lay.value_dim_fine[v], self.lay.use_dim_fine[(o, p)]):
+                subs = max(subs, max((len(d) for d in dims), default=1))
+        vf = np.full((len(self.sites), max(rank, 1), subs), pad, dtype=np.int64)
+        uf = np.full_like(vf, pad)
+        for i, (v, o, p) in enumerate(self.sites):
+            for d, fines in enumerate(self.lay.value_dim_fine[v]):
+                vf[i, d, : len(fines)] = fines
+            for d, fines in enumerate(self.lay.use_dim_fine[(o, p)]):
+                uf[i, d, : len(fines)] = fines
+        self.site_vf, self.site_uf = vf, uf
+        self.site_value = np.array([v for v, _, _ in self.sites], dtype=np.int64)
+        self.site_op = np.array([o for _, o, _ in self.sites], dtype=np.int64)
 
     def _replicate_and_permute_sites(self) -> None:
         ana, prog = self.ana, self.ana.program
@@ -328,7 +330,7 @@ class Evaluator:
         _, value_local, op_logdeg = self._local(masks)
         _, _, t = self._compute(value_local, op_logdeg)
         compute_s = float(t.sum())
-        comm_s = sum(c.time_s * c.count for c in self._collectives(masks, value_local, False))
+        comm_s = self._comm_s(masks, value_local)
         persistent, timeline = self._memory(value_local)
         peak = persistent + (float(timeline.max()) if len(timeline) else 0.0)
         step = compute_s + (1.0 - self.overlap) * comm_s
@@ -340,7 +342,7 @@ class Evaluator:
             masks = strategy.fine_masks(self.ana, self.mesh)
         _, value_local, op_logdeg = self._local(masks)
         flops_local, bytes_local, t = self._compute(value_local, op_logdeg)
-        collectives = self._collectives(masks, value_local, True)
+        collectives = self._collectives(masks, value_local)
         comm_s = sum(c.time_s * c.count for c in collectives)
         compute_s = float(t.sum())
         persistent, timeline = self._memory(value_local)
@@ -373,68 +375,84 @@ class Evaluator:
 
     # -- collectives ----------------------------------------------------------------------------
 
-    def _make(self, kind, mask, v_bytes, opi, vid, cause, detailed) -> Collective:
-        k = KIND_INDEX[kind]
-        time_s = float(self.c0[k, mask] + self.c1[k, mask] * v_bytes) if v_bytes > 0 else 0.0
-        ways = self.mask_ways[mask]
-        result = v_bytes / ways if kind in ("reduce-scatter", "all-to-all") else v_bytes
-        count = int(self.trip[opi]) if opi >= 0 else 1
-        if not detailed:
-            return Collective(kind, (), v_bytes, result, time_s, opi, vid, "", "", count)
-        return Collective(
-            kind,
-            self.mask_axes(mask),
-            float(v_bytes),
-            float(result),
-            time_s,
-            opi,
-            vid,
-            self.direction[opi] if opi >= 0 else "forward",
-            cause,
-            count,
-        )
-
-    def _collectives(self, masks, value_local, detailed: bool) -> list[Collective]:
-        out: list[Collective] = []
-        prog = self.ana.program
-        # Sharded reductions -> all-reduce (or reduce-scatter into a sharded consumer).
+    def _collective_arrays(self, masks: np.ndarray, value_local: np.ndarray):
+        """Every collective as parallel arrays: (kind index, mesh-axis mask, V bytes, op, value)."""
+        parts = []
+        # Sharded reductions -> all-reduce, or reduce-scatter into consumers sharded on the axis.
         if len(self.red_fine):
-            red_masks = masks[self.red_fine]
-            for s in np.flatnonzero(red_masks).tolist():
-                m = int(red_masks[s])
-                opi, vid = int(self.red_op[s]), int(self.red_value[s])
-                scatter = self._scatter_mask(vid, m, masks) if self.red_rs[s] else 0
-                cause = ""
-                if detailed:
-                    cause = f"partial sum of {prog.values[vid].display()} from {prog.ops[opi].where()}"
-                if scatter:
-                    out.append(self._make("reduce-scatter", scatter, value_local[vid], opi, vid, cause, detailed))
-                if m & ~scatter:
-                    out.append(self._make("all-reduce", m & ~scatter, value_local[vid], opi, vid, cause, detailed))
-        # Cuts and reshape conflicts -> reshard at the use.
-        active = set(self.forced_sites)
-        if len(self.pair_site):
-            diff = masks[self.pair_vf] != masks[self.pair_uf]
-            active.update(np.unique(self.pair_site[diff]).tolist())
-        for s in sorted(active):
-            out.extend(self._reshard(self.sites[s], masks, value_local, detailed))
+            m = masks[self.red_fine]
+            act = np.flatnonzero(m)
+            if len(act):
+                m = m[act]
+                scatter = np.zeros_like(m)
+                for j in np.flatnonzero(self.red_rs[act]).tolist():
+                    scatter[j] = self._scatter_mask(int(self.red_value[act[j]]), int(m[j]), masks)
+                ops, vals = self.red_op[act], self.red_value[act]
+                v = value_local[vals]
+                parts.append((np.full(len(act), AR), m & ~scatter, v, ops, vals))
+                parts.append((np.full(len(act), RS), scatter, v, ops, vals))
+        # Cuts and reshape conflicts -> reshard at the use (all-gather, all-to-all or a free slice).
+        if len(self.sites):
+            ext = np.append(masks, 0)
+            vm = np.bitwise_or.reduce(ext[self.site_vf], axis=2)
+            um = np.bitwise_or.reduce(ext[self.site_uf], axis=2)
+            hv = np.bitwise_or.reduce(vm, axis=1)
+            hu = np.bitwise_or.reduce(um, axis=1)
+            same = np.bitwise_or.reduce(vm & um, axis=1)
+            gather = hv & ~hu
+            moved = hv & hu & ~same
+            local = value_local[self.site_value]
+            parts.append((np.full(len(gather), AG), gather, local * self.mask_ways[gather],
+                          self.site_op, self.site_value))
+            parts.append((np.full(len(moved), A2A), moved, local * self.mask_ways[moved],
+                          self.site_op, self.site_value))
         # Replicate factors on sharded dims -> all-gather of the operand.
         if len(self.rep):
-            rm = masks[self.rep[:, 2]]
-            for i in np.flatnonzero(rm).tolist():
-                opi, vid, m = int(self.rep[i, 0]), int(self.rep[i, 1]), int(rm[i])
-                cause = f"{prog.ops[opi].where()} needs {prog.values[vid].display()} whole" if detailed else ""
-                out.append(self._make("all-gather", m, value_local[vid] * self.mask_ways[m], opi, vid, cause, detailed))
-        # Permute factors on sharded dims -> halo exchange.
+            m = masks[self.rep[:, 2]]
+            vals = self.rep[:, 1]
+            parts.append((np.full(len(m), AG), m, value_local[vals] * self.mask_ways[m],
+                          self.rep[:, 0], vals))
+        # Permute factors on sharded dims -> a one-row halo exchange.
         if len(self.per):
-            pm = masks[self.per[:, 2]]
-            for i in np.flatnonzero(pm).tolist():
-                opi, vid, size = (int(x) for x in self.per[i, [0, 1, 3]])
-                m = int(pm[i])
-                local_len = max(size / self.mask_ways[m], 1.0)
-                halo = value_local[vid] / local_len
-                cause = f"halo of {prog.values[vid].display()} at {prog.ops[opi].where()}" if detailed else ""
-                out.append(self._make("collective-permute", m, halo, opi, vid, cause, detailed))
+            m = masks[self.per[:, 2]]
+            vals = self.per[:, 1]
+            local_len = np.maximum(self.per[:, 3] / self.mask_ways[m], 1.0)
+            parts.append((np.full(len(m), CP), m, value_local[vals] / local_len,
+                          self.per[:, 0], vals))
+        if not parts:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, np.zeros(0), empty, empty
+        kinds, ms, vs, ops, vals = (np.concatenate(x) for x in zip(*parts))
+        keep = (ms != 0) & (vs > 0)
+        return kinds[keep], ms[keep], vs[keep], ops[keep], vals[keep]
+
+    def _comm_s(self, masks, value_local) -> float:
+        kinds, ms, vs, ops, _ = self._collective_arrays(masks, value_local)
+        return float(((self.c0[kinds, ms] + self.c1[kinds, ms] * vs) * self.trip[ops]).sum())
+
+    def _collectives(self, masks, value_local, detailed: bool = True) -> list[Collective]:
+        prog = self.ana.program
+        kinds, ms, vs, ops, vals = self._collective_arrays(masks, value_local)
+        times = self.c0[kinds, ms] + self.c1[kinds, ms] * vs
+        out = []
+        for k, m, v, opi, vid, t in zip(kinds.tolist(), ms.tolist(), vs.tolist(), ops.tolist(),
+                                        vals.tolist(), times.tolist()):
+            kind = COLLECTIVE_KINDS[k]
+            ways = self.mask_ways[m]
+            result = v / ways if kind in ("reduce-scatter", "all-to-all") else v
+            value, op = prog.values[vid], prog.ops[opi]
+            cause = {
+                "all-reduce": f"partial sum of {value.display()} from {op.where()}",
+                "reduce-scatter": f"partial sum of {value.display()} from {op.where()}, "
+                "scattered into its sharded consumers",
+                "all-gather": f"{value.display()} gathered before {op.where()}",
+                "all-to-all": f"{value.display()} resharded (dim moved) before {op.where()}",
+                "collective-permute": f"halo of {value.display()} at {op.where()}",
+            }[kind]
+            out.append(
+                Collective(kind, self.mask_axes(m), float(v), float(result), float(t), opi, vid,
+                           self.direction[opi], cause, int(self.trip[opi]))
+            )
         return out
 
     def _scatter_mask(self, vid: int, mask: int, masks: np.ndarray) -> int:
@@ -448,43 +466,6 @@ class Evaluator:
                     held |= int(masks[f])
             common &= held
         return common
-
-    def _reshard(self, site, masks, value_local, detailed: bool) -> list[Collective]:
-        vid, opi, pos = site
-        vdims = self.lay.value_dim_fine[vid]
-        udims = self.lay.use_dim_fine[(opi, pos)]
-        held_v = [_mask_of(d, masks) for d in vdims]
-        held_u = [_mask_of(d, masks) for d in udims]
-        gather = moved = 0
-        for i, m in enumerate(held_v):
-            for a in range(self.n_axes):
-                bit = 1 << a
-                if not m & bit:
-                    continue
-                if held_u[i] & bit:
-                    continue
-                if any(hu & bit for hu in held_u):
-                    moved |= bit
-                else:
-                    gather |= bit
-        out = []
-        prog = self.ana.program
-        cause = ""
-        if detailed:
-            cause = f"cut: {prog.values[vid].display()} resharded before {prog.ops[opi].where()}"
-        local = value_local[vid]
-        if moved:
-            out.append(self._make("all-to-all", moved, local * self.mask_ways[moved], opi, vid, cause, detailed))
-        if gather:
-            out.append(self._make("all-gather", gather, local * self.mask_ways[gather], opi, vid, cause, detailed))
-        return out
-
-
-def _mask_of(fines, masks) -> int:
-    m = 0
-    for f in fines:
-        m |= int(masks[f])
-    return m
 
 
 def estimate(

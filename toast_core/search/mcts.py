@@ -207,19 +207,44 @@ class _Search:
         return best
 
     def rollout(self, state: State, max_steps: int = 24) -> Score:
+        """Random legal actions until stop; candidates are sampled (large units more often) and
+        checked one at a time, which is much cheaper than listing every legal action."""
         space = self.space
         for _ in range(max_steps):
             if self.rng.random() < STOP_PROBABILITY:
                 break
-            acts = [a for a in space.actions(state) if a[0] != "stop"]
-            if not acts:
-                break
             units = space.units(state.options)
+            resolved = {k for k, _ in state.options}
+            groups = [
+                g for g, grp in enumerate(space.conflict_groups)
+                if not any(k in resolved or k in space.fixed_conflicts for k in grp)
+            ]
+            n_shard = len(units) * space.n_axes
             weights = np.array(
-                [math.log1p(units[a[1]].bytes_covered) if a[0] == "shard" else 8.0 for a in acts]
+                [math.log1p(u.bytes_covered) for u in units for _ in range(space.n_axes)]
+                + [8.0] * len(groups)
             )
-            a = acts[int(self.rng.choice(len(acts), p=weights / weights.sum()))]
-            state = space.apply(state, a)
+            if not len(weights):
+                break
+            counts = space._axis_counts(state.masks)
+            nxt = None
+            for _ in range(12):
+                i = int(self.rng.choice(len(weights), p=weights / weights.sum()))
+                if i < n_shard:
+                    u, a = divmod(i, space.n_axes)
+                    if space.why_illegal_shard(state, units[u], a, counts) is None:
+                        nxt = space.apply(state, ("shard", u, a))
+                        break
+                else:
+                    g = groups[i - n_shard]
+                    n = min(len(space.ana.conflicts[k].options) for k in space.conflict_groups[g])
+                    o = int(self.rng.integers(n))
+                    if not any((k, o) in space.forbidden_options for k in space.conflict_groups[g]):
+                        nxt = space.apply(state, ("resolve", g, o))
+                        break
+            if nxt is None:
+                break
+            state = nxt
         return self.score(state)
 
 

@@ -76,6 +76,8 @@ class DecisionSpace:
         groups += [(c.id,) for c in ana.conflicts if c.id not in grouped and c.options]
         self.conflict_groups = sorted(groups)
         self._units_cache: dict = {}
+        self._touch_cache: dict = {}
+        self._info_cache: dict = {}
         self._apply_pins(parse_pins(pins), parse_pins(forbids))
 
     # -- signatures for grouping ---------------------------------------------------------------
@@ -115,13 +117,17 @@ class DecisionSpace:
         if options in self._units_cache:
             return self._units_cache[options]
         res = resolve(self.ana, options)
+        # Signature of each resolved dim: its size and the sorted signatures of its fine classes.
+        order = np.lexsort((self.fine_sig, res.fine_to_dim))
+        dim_sorted = res.fine_to_dim[order]
+        bounds = np.searchsorted(dim_sorted, np.arange(len(res.dims) + 1))
+        sig_sorted = self.fine_sig[order]
         by_sig: dict[tuple, list] = {}
-        for d in res.dims:
-            fines = tuple(f for f in d.fine if f not in self.pinned_fines)
-            if len(fines) != len(d.fine) or not fines or d.size == 1:
+        for i, d in enumerate(res.dims):
+            if d.size == 1 or not self.pinned_fines.isdisjoint(d.fine):
                 continue
-            sig = (d.size, tuple(sorted(int(self.fine_sig[f]) for f in d.fine)))
-            by_sig.setdefault(sig, []).append(d)
+            key = (d.size, sig_sorted[bounds[i] : bounds[i + 1]].tobytes())
+            by_sig.setdefault(key, []).append(d)
         units = []
         for (size, _), dims in by_sig.items():
             fines = tuple(f for d in dims for f in d.fine)
@@ -249,34 +255,54 @@ class DecisionSpace:
     def why_illegal_shard(self, state: State, unit: Unit, a: int, counts=None) -> str | None:
         """None if adding mesh axis `a` to `unit` is legal, else the reason."""
         bit = 1 << a
-        fines = list(unit.fines)
-        m = int(state.masks[fines[0]])
+        m = int(state.masks[unit.fines[0]])
         if m & bit:
             return "already on that mesh axis"
-        for f in fines:
-            if self.forbidden_axes.get(f, 0) & bit:
-                return "forbidden by the user"
+        forbidden, splits = self._unit_info(unit.fines)
+        if forbidden & bit:
+            return "forbidden by the user"
         if unit.size % int(self.ways[m | bit]):
             return f"size {unit.size} is not divisible by {int(self.ways[m | bit])} shards"
         if counts is None:
             counts = self._axis_counts(state.masks)
-        for cols, cnt in ((self.value_cols, counts[0][:, a]), (self.op_cols, counts[1][:, a])):
-            add = np.asarray(cols[:, fines].sum(axis=1)).ravel()
-            touched = add > 0
-            if np.any(cnt[touched] + add[touched] > 1.5):
+        for (rows, add), cnt in zip(self._touch(unit.fines), (counts[0][:, a], counts[1][:, a])):
+            if np.any(cnt[rows] + add > 1.5):
                 return "a value or op would hold that mesh axis twice"
-        for f in fines:
-            for split in self.splits_of_fine.get(f, ()):
-                masks = state.masks[list(split)].copy()
-                for k, g in enumerate(split):
-                    if g in unit.fines:
-                        masks[k] |= bit
-                for k in range(1, len(split)):
-                    if masks[k] and any(
-                        self.ways[masks[j]] != self.ana.fine_size[split[j]] for j in range(k)
-                    ):
-                        return "it would shard a minor sub-factor of a split dim (strided)"
+        fine_set = set(unit.fines)
+        for split in splits:
+            masks = state.masks[list(split)].copy()
+            for k, g in enumerate(split):
+                if g in fine_set:
+                    masks[k] |= bit
+            for k in range(1, len(split)):
+                if masks[k] and any(
+                    self.ways[masks[j]] != self.ana.fine_size[split[j]] for j in range(k)
+                ):
+                    return "it would shard a minor sub-factor of a split dim (strided)"
         return None
+
+    def _unit_info(self, fines: tuple[int, ...]):
+        """(forbidden axis bits, distinct split dims touching the unit), cached per unit."""
+        hit = self._info_cache.get(fines)
+        if hit is None:
+            forbidden = 0
+            for f in fines:
+                forbidden |= self.forbidden_axes.get(f, 0)
+            splits = {split for f in fines for split in self.splits_of_fine.get(f, ())}
+            hit = self._info_cache[fines] = (forbidden, sorted(splits))
+        return hit
+
+    def _touch(self, fines: tuple[int, ...]):
+        """Rows (values, ops) holding these fine classes, with how many atoms each holds."""
+        hit = self._touch_cache.get(fines)
+        if hit is None:
+            hit = []
+            for cols in (self.value_cols, self.op_cols):
+                add = np.asarray(cols[:, list(fines)].sum(axis=1)).ravel()
+                rows = np.flatnonzero(add)
+                hit.append((rows, add[rows]))
+            self._touch_cache[fines] = hit
+        return hit
 
     def apply(self, state: State, action: tuple) -> State:
         if action[0] == "resolve":

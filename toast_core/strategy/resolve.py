@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
+from scipy.sparse import csgraph
 
 from toast_core.analysis import Analysis
 from toast_core.errors import StrategyError, bad_value
@@ -34,7 +36,6 @@ class Resolution:
     options: tuple[tuple[int, int], ...]
     dims: tuple[ResolvedDim, ...]
     fine_to_dim: np.ndarray  # fine class -> index into dims
-    cuts: frozenset[int]
 
     def index(self, name: str) -> int:
         for i, d in enumerate(self.dims):
@@ -74,46 +75,57 @@ def normalize_options(ana: Analysis, options) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(pairs.items()))
 
 
+def _candidate_ends(ana: Analysis) -> np.ndarray:
+    """([candidate edge, 2] fine classes at both ends, rows of each option's cut edges)."""
+    if "candidate_ends" not in ana.cache:
+        fine = ana.fine_of_atom
+        ends = [
+            (int(fine[ana.nda.medges[e].value_atom]), int(fine[ana.nda.medges[e].use_atom]))
+            for e in ana.candidate_edges.tolist()
+        ]
+        row = {e: i for i, e in enumerate(ana.candidate_edges.tolist())}
+        option_rows = {
+            (c.id, o.index): np.array([row[e] for e in o.cuts], dtype=np.int64)
+            for c in ana.conflicts
+            for o in c.options
+        }
+        ana.cache["candidate_ends"] = (np.array(ends, dtype=np.int64).reshape(-1, 2), option_rows)
+    return ana.cache["candidate_ends"]
+
+
 def resolve(ana: Analysis, options=()) -> Resolution:
     """The named dims after cutting the M-edges of the chosen options (cached)."""
     opts = normalize_options(ana, options)
     key = ("resolve", opts)
     if key in ana.cache:
         return ana.cache[key]
-    cuts = frozenset(e for k, o in opts for e in ana.conflicts[k].options[o].cuts)
     n = ana.n_fine
-    parent = np.arange(n)
-
-    def find(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = int(parent[x])
-        return x
-
-    fine = ana.fine_of_atom
-    for eid in ana.candidate_edges.tolist():
-        if eid in cuts:
-            continue
-        e = ana.nda.medges[eid]
-        a, b = find(int(fine[e.value_atom])), find(int(fine[e.use_atom]))
-        if a != b:
-            parent[max(a, b)] = min(a, b)
-    roots = np.array([find(i) for i in range(n)], dtype=np.int64)
-    by_root: dict[int, list[int]] = {}
-    for f in range(n):
-        by_root.setdefault(int(roots[f]), []).append(f)
-    per_parent: dict[int, list[list[int]]] = {}
-    for members in sorted(by_root.values(), key=lambda m: m[0]):
-        per_parent.setdefault(int(ana.fine_dim[members[0]]), []).append(members)
+    ends, option_rows = _candidate_ends(ana)
+    keep = np.ones(len(ana.candidate_edges), dtype=bool)
+    for k, o in opts:
+        keep[option_rows[(k, o)]] = False
+    graph = sp.csr_matrix(
+        (np.ones(int(keep.sum())), (ends[keep, 0], ends[keep, 1])), shape=(n, n)
+    )
+    _, labels = csgraph.connected_components(graph, directed=False)
+    # Parts of each named dim, ordered by parent, then by their first fine class.
+    _, first = np.unique(labels, return_index=True)  # first fine class of each label
+    order = np.lexsort((first, ana.fine_dim[first]))
+    parents = ana.fine_dim[first][order]
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    fine_to_dim = rank[labels]
+    by_dim = np.argsort(fine_to_dim, kind="stable")
+    bounds = np.searchsorted(fine_to_dim[by_dim], np.arange(len(order) + 1))
+    n_parts = np.bincount(parents, minlength=len(ana.named_dims))
     dims: list[ResolvedDim] = []
-    fine_to_dim = np.zeros(n, dtype=np.int64)
-    for p in sorted(per_parent):
-        parts = per_parent[p]
-        for k, members in enumerate(parts):
-            name = f"N{p}" if len(parts) == 1 else f"N{p}.{k}"
-            for f in members:
-                fine_to_dim[f] = len(dims)
-            dims.append(ResolvedDim(name, p, int(ana.named_dims[p].size), tuple(members)))
-    res = Resolution(opts, tuple(dims), fine_to_dim, cuts)
+    k_of: dict[int, int] = {}
+    for i, p in enumerate(parents.tolist()):
+        k = k_of.get(p, 0)
+        k_of[p] = k + 1
+        name = f"N{p}" if n_parts[p] == 1 else f"N{p}.{k}"
+        fines = tuple(by_dim[bounds[i] : bounds[i + 1]].tolist())
+        dims.append(ResolvedDim(name, p, int(ana.named_dims[p].size), fines))
+    res = Resolution(opts, tuple(dims), fine_to_dim)
     ana.cache[key] = res
     return res
