@@ -7,6 +7,8 @@ carry `jax.ShapeDtypeStruct` pytrees so a 175B-parameter model can be traced wit
 
 from __future__ import annotations
 
+import inspect
+
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -138,5 +140,10 @@ def bind(fn: Callable, **static: Any) -> Callable:
         return fn(*args, **static)
 
     bound.__name__ = bound.__qualname__ = fn.__name__
+    # Positional parameter names (params, opt_state, batch) name the traced values in the UI.
+    sig = inspect.signature(fn)
+    bound.__signature__ = sig.replace(
+        parameters=[p for p in sig.parameters.values() if p.kind != p.KEYWORD_ONLY]
+    )
     bound.__doc__ = fn.__doc__
     return bound

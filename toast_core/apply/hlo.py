@@ -406,7 +406,12 @@ def _module_n_devices(hlo_text: str) -> int | None:
     return counts.get("num_partitions", 1) * counts.get("replica_count", 1)
 
 
+_COMMENT = re.compile(r"/\*.*?\*/")
+
+
 def _parse_line(line: str, n_devices: int | None, computation: str | None) -> HloCollective | None:
+    # Long tuple shapes carry `/*index=5*/` comments between their elements.
+    line = _COMMENT.sub("", line)
     instruction = _INSTRUCTION.match(line)
     if instruction is None:
         return None

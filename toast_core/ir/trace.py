@@ -156,7 +156,9 @@ class _Builder:
     def read(self, env: dict, atom) -> int:
         """Value id of a jaxpr operand; a Literal becomes a fresh `literal` value."""
         if isinstance(atom, jex.Literal):
-            return self.new_value(atom.aval, "literal", f"lit({atom.val})")
+            vid = self.new_value(atom.aval, "literal", f"lit({atom.val})")
+            self.consts.append((vid, atom.val))  # the replay may read it through a call boundary
+            return vid
         return env[atom]
 
     def walk(
@@ -228,10 +230,7 @@ class _Builder:
             if isinstance(outer, jex.DropVar):
                 continue
             if isinstance(inner_out, jex.Literal):
-                env[outer] = self.new_value(inner_out.aval, "literal", f"lit({inner_out.val})")
-                if top_level:
-                    # Make the literal result available to the replay as a constant.
-                    self.consts.append((env[outer], np.asarray(inner_out.val)))
+                env[outer] = self.read(env, inner_out)
             else:
                 env[outer] = inner_env[inner_out]
 

@@ -101,7 +101,10 @@ def _data_parallel(ana, mesh, axes, name) -> tuple[Strategy | None, str]:
 
 def _megatron_into(b: _Builder, axis: str) -> int:
     ana = b.ana
-    persistent = [nd for nd in ana.named_dims if nd.is_persistent and nd.size > 1]
+    # Parameter dims that never meet the data inputs directly: hidden, heads, vocab, model dim.
+    persistent = [
+        nd for nd in ana.named_dims if nd.is_persistent and not nd.is_input and nd.size > 1
+    ]
     if not persistent:
         return 0
     model_dim = max(persistent, key=lambda nd: (nd.bytes_covered, -nd.id))

@@ -1,0 +1,364 @@
+"""The `toast` command line: analyze, search, compare and validate a JAX program.
+
+    toast analyze gpt
+    toast search gpt --mesh data=2,model=4 --hardware tpu-v5e --budget 10s --out s.json
+    toast compare gpt --mesh data=2,model=4 --hardware h100-80gb
+    toast validate gpt --mesh data=2,model=4 --strategy s.json
+
+TARGET is a zoo name (`gpt`, `llama`, ... with `--size`) or `path/to/file.py:function` where the
+function returns `(fn, example_args)` (or a demos Workload). Human tables by default, `--json` for
+machines; bad input exits non-zero with a one-line error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+
+class CliError(Exception):
+    pass
+
+
+def _parse_budget(text: str) -> float:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min)?\s*", text or "")
+    if not m:
+        raise CliError(f"expected a time budget such as 10s, 500ms or 2m, got `--budget={text}`")
+    value = float(m.group(1))
+    unit = m.group(2) or "s"
+    return value / 1000 if unit == "ms" else value * 60 if unit in ("m", "min") else value
+
+
+def load_target(target: str, size: str, forward: bool):
+    """(fn, args, param_argnums, name) for a zoo name or `file.py:function`."""
+    from demos import MODEL_ZOO
+
+    if ":" in target and target.split(":", 1)[0].endswith(".py"):
+        path, func = target.rsplit(":", 1)
+        if not Path(path).is_file():
+            raise CliError(f"expected an existing Python file, got `TARGET={target}`")
+        spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:  # noqa: BLE001 - the user's file: report, never a traceback
+            line = _user_line(exc, path)
+            raise CliError(f"{path}{line}: {type(exc).__name__}: {exc}") from None
+        if not hasattr(module, func):
+            raise CliError(f"expected a function `{func}` in {path}, got `TARGET={target}`")
+        try:
+            made = getattr(module, func)()
+        except Exception as exc:  # noqa: BLE001
+            raise CliError(f"{path}{_user_line(exc, path)}: {func}() raised {type(exc).__name__}: {exc}") from None
+        if hasattr(made, "fn") and hasattr(made, "args"):
+            return made.fn, tuple(made.args), getattr(made, "param_argnums", None), func
+        if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
+            raise CliError(f"expected {func}() to return (fn, example_args), got {type(made).__name__}")
+        fn, args = made
+        return fn, tuple(args), None, func
+    if target not in MODEL_ZOO:
+        raise CliError(
+            f"expected a zoo model ({', '.join(sorted(MODEL_ZOO))}) or file.py:function, "
+            f"got `TARGET={target}`"
+        )
+    try:
+        w = MODEL_ZOO[target](size=size, train=not forward)
+    except (ValueError, TypeError) as exc:
+        raise CliError(str(exc)) from None
+    return w.fn, tuple(w.args), w.param_argnums, w.name
+
+
+def _user_line(exc: BaseException, path: str) -> str:
+    if isinstance(exc, SyntaxError) and exc.lineno:
+        return f":{exc.lineno}"
+    tb = exc.__traceback__
+    line = ""
+    while tb is not None:
+        if os.path.abspath(tb.tb_frame.f_code.co_filename) == os.path.abspath(path):
+            line = f":{tb.tb_lineno}"
+        tb = tb.tb_next
+    return line
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def _fmt_s(t: float) -> str:
+    if t >= 1:
+        return f"{t:.3f} s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.3f} ms"
+    return f"{t * 1e6:.1f} us"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(str(x).ljust(w) for x, w in zip(r, widths)) for r in rows]
+    return "\n".join(out)
+
+
+def _analyze(args):
+    import toast_core as tc
+
+    fn, ex_args, argnums, name = load_target(args.target, args.size, args.forward)
+    prog = tc.trace(fn, *ex_args, param_argnums=argnums)
+    t0 = time.perf_counter()
+    ana = tc.analyze(prog)
+    return fn, ex_args, ana, time.perf_counter() - t0
+
+
+def cmd_analyze(args) -> int:
+    _, _, ana, dt = _analyze(args)
+    summary = ana.summary() | {"analysis_s": dt}
+    if args.json:
+        doc = {
+            "summary": summary,
+            "named_dims": [
+                {
+                    "name": nd.name,
+                    "size": nd.size,
+                    "label": nd.label,
+                    "bytes_covered": nd.bytes_covered,
+                    "members": len(nd.members),
+                    "has_reduction": nd.has_reduction,
+                    "replication_ops": list(nd.replication_ops),
+                    "persistent": nd.is_persistent,
+                }
+                for nd in ana.named_dims
+            ],
+            "conflicts": [
+                {
+                    "name": c.name,
+                    "kind": c.kind,
+                    "named_dims": [f"N{d}" for d in c.named_dims],
+                    "description": c.description,
+                    "sites": [s.text for s in c.sites],
+                    "options": [{"bytes": o.bytes, "description": o.description} for o in c.options],
+                }
+                for c in ana.conflicts
+            ],
+            "dim_groups": [[f"N{d}" for d in g] for g in ana.dim_groups],
+            "conflict_groups": [[f"K{c}" for c in g] for g in ana.conflict_groups],
+            "diagnostics": list(ana.diagnostics),
+        }
+        print(json.dumps(doc, indent=2))
+        return 0
+    s = summary
+    print(
+        f"{s['program']}: {s['ops']} ops, {s['tensor_dims']} tensor dims -> {s['named_dims']} named "
+        f"dims ({s['dim_groups']} repeated-layer groups), {s['conflicts']} conflicts; "
+        f"analysis {dt:.3f} s"
+    )
+    rows = [
+        [nd.name, nd.size, nd.label, _fmt_bytes(nd.bytes_covered), len(nd.members),
+         "yes" if nd.has_reduction else "", len(nd.replication_ops) or "",
+         "param" if nd.is_persistent else ("data" if nd.is_input else "")]
+        for nd in sorted(ana.named_dims, key=lambda n: -n.bytes_covered)
+    ]
+    print("\nNamed dims")
+    print(_table(rows, ["id", "size", "label", "bytes", "members", "reduces", "replicate@", "holds"]))
+    if ana.conflicts:
+        print("\nConflicts")
+        for c in ana.conflicts:
+            print(f"  {c.name} [{c.kind}] {c.description}")
+            for site in c.sites[:2]:
+                print(f"      at {site.text}")
+            for o in c.options:
+                print(f"      option {o.index}: {o.description} ({_fmt_bytes(o.bytes)})")
+    for d in ana.diagnostics:
+        print(f"diagnostic: {d}")
+    return 0
+
+
+def _mesh_hw(args):
+    import toast_core as tc
+
+    return tc.MeshSpec.parse(args.mesh), tc.hardware(args.hardware)
+
+
+def _report_row(name, r):
+    return [name, _fmt_s(r.step_time_s), _fmt_s(r.compute_s), _fmt_s(r.comm_s),
+            _fmt_bytes(r.peak_bytes), "yes" if r.fits else "NO", f"{r.efficiency:.1%}"]
+
+
+def cmd_compare(args) -> int:
+    import toast_core as tc
+    from toast_core.search.baselines import all_baselines
+
+    _, _, ana, _ = _analyze(args)
+    mesh, hw = _mesh_hw(args)
+    rows, doc = [], {}
+    for name, (strategy, why) in all_baselines(ana, mesh).items():
+        if strategy is None:
+            rows.append([name, "n/a", "", "", "", "", why])
+            doc[name] = {"applicable": False, "reason": why}
+            continue
+        r = tc.estimate(ana, strategy, mesh, hw)
+        rows.append(_report_row(name, r))
+        doc[name] = {"applicable": True, **r.to_dict(), "shardings": dict(strategy.shardings)}
+    if args.json:
+        print(json.dumps(doc, indent=2, default=list))
+        return 0
+    print(f"{ana.program.name} on {mesh} of {hw.name} (capacity {_fmt_bytes(hw.hbm_capacity_bytes)}/device)")
+    print(_table(rows, ["strategy", "step", "compute", "comm", "peak mem", "fits", "efficiency"]))
+    return 0
+
+
+def cmd_search(args) -> int:
+    import toast_core as tc
+
+    _, _, ana, _ = _analyze(args)
+    mesh, hw = _mesh_hw(args)
+    budget = _parse_budget(args.budget) if args.simulations is None or args.budget else None
+    last = None
+    for ev in tc.search_iter(
+        ana, mesh, hw, budget_s=budget, num_simulations=args.simulations, seed=args.seed,
+        pins=args.pin or (), forbids=args.forbid or (),
+    ):
+        last = ev
+        if not args.json and sys.stderr.isatty() or os.environ.get("TOAST_PROGRESS"):
+            frac = min(ev.elapsed_s / budget, 1.0) if budget else 0.0
+            bar = "#" * int(30 * frac)
+            print(
+                f"\r[{bar:<30}] {ev.elapsed_s:5.1f}s best {_fmt_s(ev.best_step_time_s)} "
+                f"{'fits' if ev.best_fits else 'DOES NOT FIT'} | {ev.evals_per_s:.0f} evals/s "
+                f"| tree {ev.tree_size}",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+    if not args.json and (sys.stderr.isatty() or os.environ.get("TOAST_PROGRESS")):
+        print(file=sys.stderr)
+    best = last.best_strategy.with_name("search")
+    report = tc.estimate(ana, best, mesh, hw)
+    if args.out:
+        Path(args.out).write_text(best.to_json(mesh, ana.program.name))
+    if args.json:
+        print(json.dumps({"strategy": json.loads(best.to_json(mesh, ana.program.name)),
+                          "report": report.to_dict(), "iterations": last.iteration,
+                          "evaluations": last.evaluations, "evals_per_s": last.evals_per_s},
+                         indent=2))
+        return 0
+    if not report.fits:
+        print("WARNING: NO MEMORY-FEASIBLE STRATEGY FOUND; showing the least infeasible one")
+    print(f"search: {last.iteration} simulations, {last.evaluations} evaluations "
+          f"({last.evals_per_s:.0f}/s) in {last.elapsed_s:.1f} s")
+    print(_table([_report_row("search", report)],
+                 ["strategy", "step", "compute", "comm", "peak mem", "fits", "efficiency"]))
+    print("\nShardings (scaling-book notation)")
+    for line in best.describe(ana, mesh):
+        print(f"  {line}")
+    if best.options:
+        print("\nConflict resolutions")
+        for k, o in best.options:
+            c = ana.conflicts[k]
+            print(f"  {c.name} option {o}: {c.options[o].description}")
+    if args.out:
+        print(f"\nsaved {args.out}")
+    return 0
+
+
+def cmd_validate(args) -> int:
+    mesh_text = args.mesh
+    import toast_core as tc
+
+    n = tc.MeshSpec.parse(mesh_text).n_devices
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={max(n, 8)}"
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    fn, ex_args, ana, _ = _analyze(args)
+    mesh, hw = _mesh_hw(args)
+    if args.strategy:
+        path = Path(args.strategy)
+        if not path.is_file():
+            raise CliError(f"expected a strategy JSON file, got `--strategy={args.strategy}`")
+        strategy = tc.Strategy.from_json(path.read_text(), ana)
+    else:
+        from toast_core.search.baselines import all_baselines
+
+        strategy, why = all_baselines(ana, mesh)[args.baseline]
+        if strategy is None:
+            raise CliError(f"baseline {args.baseline} does not apply: {why}")
+    devices = jax.devices()
+    if len(devices) < mesh.n_devices:
+        raise CliError(f"mesh {mesh} needs {mesh.n_devices} devices, {len(devices)} available")
+    jmesh = Mesh(np.array(devices[: mesh.n_devices]).reshape(mesh.axis_sizes), mesh.axis_names)
+    rep = tc.validate(fn, ex_args, ana, strategy, jmesh, hw)
+    if args.json:
+        print(json.dumps(rep.to_dict(), indent=2))
+        return 0 if rep.numerics_ok else 1
+    rows = []
+    for q, p, c in rep.rows():
+        ratio = f"{p / c:.3f}" if c else "-"
+        rows.append([q, f"{p:,.0f}", f"{c:,.0f}", ratio])
+    print(f"{strategy.name or 'strategy'} on {mesh}: predicted vs XLA-compiled (per device)")
+    print(_table(rows, ["quantity", "predicted", "compiled", "ratio"]))
+    verdict = "OK" if rep.numerics_ok else "MISMATCH"
+    print(f"numerics vs unsharded: {verdict} (max abs error {rep.max_abs_error:.2e})")
+    return 0 if rep.numerics_ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="toast", description="TOAST auto-sharding for JAX programs")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, help_text in (
+        ("analyze", "named dims and conflicts"),
+        ("search", "MCTS search for a strategy"),
+        ("compare", "baseline strategies side by side"),
+        ("validate", "compile a strategy with XLA and compare with the prediction"),
+    ):
+        s = sub.add_parser(name, help=help_text)
+        s.add_argument("target", help="zoo model name or path/to/file.py:function")
+        s.add_argument("--size", default="tiny", help="zoo model size (default tiny)")
+        s.add_argument("--forward", action="store_true", help="zoo model forward pass, not a train step")
+        s.add_argument("--json", action="store_true", help="machine-readable output")
+        if name != "analyze":
+            s.add_argument("--mesh", default="data=2,model=4", help="mesh axes, e.g. data=2,model=4")
+            s.add_argument("--hardware", default="tpu-v5e", help="hardware preset")
+        if name == "search":
+            s.add_argument("--budget", default=None, help="time budget, e.g. 10s (default 10s)")
+            s.add_argument("--simulations", type=int, default=None, help="simulation budget")
+            s.add_argument("--seed", type=int, default=0)
+            s.add_argument("--pin", action="append", help="pin, e.g. N3@model or K2=0")
+            s.add_argument("--forbid", action="append", help="forbid, e.g. !N3@data")
+            s.add_argument("--out", help="write the strategy JSON here")
+        if name == "validate":
+            s.add_argument("--strategy", help="strategy JSON (from toast search --out)")
+            s.add_argument("--baseline", default="data_parallel",
+                           help="baseline to validate when no --strategy is given")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "search" and args.budget is None and args.simulations is None:
+        args.budget = "10s"
+    from toast_core.errors import ToastError
+
+    try:
+        return {"analyze": cmd_analyze, "search": cmd_search, "compare": cmd_compare,
+                "validate": cmd_validate}[args.command](args)
+    except (CliError, ToastError) as exc:
+        print(f"toast: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
