@@ -42,7 +42,7 @@ from toast_core.analysis import Analysis
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.flops import op_flops
 from toast_core.mesh import HardwareSpec, MeshSpec
-from toast_core.strategy.layout import axis_bits, layout
+from toast_core.strategy.layout import REGION_BOUNDARIES, axis_bits, layout
 from toast_core.strategy.strategy import Strategy
 
 KIND_INDEX = {k: i for i, k in enumerate(COLLECTIVE_KINDS)}
@@ -168,7 +168,10 @@ class Evaluator:
         self.op_flops = np.array([op_flops(op, prog) for op in prog.ops]) * self.trip
         self.total_flops = float(self.op_flops.sum())
         self.nbytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
-        rows = [list(op.operands) + list(op.results) for op in prog.ops]
+        rows = [
+            [] if op.primitive in REGION_BOUNDARIES else list(op.operands) + list(op.results)
+            for op in prog.ops
+        ]
         indptr = np.zeros(n_ops + 1, dtype=np.int64)
         indptr[1:] = np.cumsum([len(r) for r in rows])
         idx = np.fromiter((v for r in rows for v in r), dtype=np.int64, count=int(indptr[-1]))

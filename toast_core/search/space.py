@@ -66,7 +66,7 @@ class DecisionSpace:
         self.fine_sig = self._fine_signatures()
         self.fine_bytes = self._fine_bytes()
         self.value_cols = self.lay.value_fine.tocsc()
-        self.op_cols = self.lay.op_fine.tocsc()
+        self.use_cols = self.lay.use_fine.tocsc()
         self.splits_of_fine: dict[int, list[tuple[int, ...]]] = {}
         for _, _, fines in self.lay.split_dims:
             for f in fines:
@@ -250,7 +250,7 @@ class DecisionSpace:
 
     def _axis_counts(self, masks: np.ndarray):
         bits = ((masks[None, :] >> np.arange(self.n_axes)[:, None]) & 1).astype(np.float64)
-        return (self.lay.value_fine @ bits.T, self.lay.op_fine @ bits.T)
+        return (self.lay.value_fine @ bits.T, self.lay.use_fine @ bits.T)
 
     def why_illegal_shard(self, state: State, unit: Unit, a: int, counts=None) -> str | None:
         """None if adding mesh axis `a` to `unit` is legal, else the reason."""
@@ -297,7 +297,7 @@ class DecisionSpace:
         hit = self._touch_cache.get(fines)
         if hit is None:
             hit = []
-            for cols in (self.value_cols, self.op_cols):
+            for cols in (self.value_cols, self.use_cols):
                 add = np.asarray(cols[:, list(fines)].sum(axis=1)).ravel()
                 rows = np.flatnonzero(add)
                 hit.append((rows, add[rows]))

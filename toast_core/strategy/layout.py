@@ -1,7 +1,7 @@
 """Sparse incidence of values and ops over fine classes, built once per analysis.
 
-The legality check and the cost model both ask, for every value and op, "which fine classes (and so
-which mesh axes) does it hold?". Precomputing that as sparse matrices turns each strategy
+The legality check and the cost model both ask, for every value and every operand use, "which fine
+classes (and so which mesh axes) does it hold?". Precomputing that as sparse matrices turns each strategy
 evaluation into a few sparse mat-vecs, which is what lets the search evaluate thousands of
 strategies per second.
 """
@@ -15,11 +15,17 @@ import scipy.sparse as sp
 
 from toast_core.analysis import Analysis
 
+#: Pseudo-ops that only mark region boundaries: no work, no memory traffic.
+REGION_BOUNDARIES = frozenset(
+    {"scan_start", "scan_end", "while_start", "while_end", "cond_start", "cond_end"}
+)
+
 
 @dataclass(frozen=True, eq=False)
 class Layout:
     value_fine: sp.csr_matrix  # [values, fine]: atoms of each value (counts)
-    op_fine: sp.csr_matrix  # [ops, fine]: distinct atoms of each op (counts)
+    use_fine: sp.csr_matrix  # [uses, fine]: atoms of each operand use (counts)
+    use_keys: tuple[tuple[int, int], ...]  # row -> (op, position)
     op_work_fine: sp.csr_matrix  # [ops, fine]: atoms that divide an op's work (no replicate)
     value_dim_fine: tuple[tuple[tuple[int, ...], ...], ...]  # value -> dim -> fine classes
     use_dim_fine: dict  # (op, position) -> dim -> fine classes
@@ -50,9 +56,14 @@ def layout(ana: Analysis) -> Layout:
         for key, dims in nda.use_atoms.items()
     }
     value_rows = [[f for d in dims for f in d] for dims in value_dim_fine]
-    op_rows = [[int(fine[a]) for a in atoms] for atoms in nda.op_atoms]
+    use_keys = tuple(sorted(use_dim_fine))
+    use_rows = [[f for d in use_dim_fine[k] for f in d] for k in use_keys]
+    # Region boundaries (scan_start...) do no work; replicate factors do not divide it.
     work_rows = [
-        [int(fine[a]) for a in atoms if nda.atom_kind[a] != "replicate"] for atoms in nda.op_atoms
+        []
+        if op.primitive in REGION_BOUNDARIES
+        else [int(fine[a]) for a in atoms if nda.atom_kind[a] != "replicate"]
+        for op, atoms in zip(ana.program.ops, nda.op_atoms)
     ]
     split_dims = tuple(
         (vid, d, fines)
@@ -62,7 +73,8 @@ def layout(ana: Analysis) -> Layout:
     )
     out = Layout(
         value_fine=_csr(value_rows, ana.n_fine),
-        op_fine=_csr(op_rows, ana.n_fine),
+        use_fine=_csr(use_rows, ana.n_fine),
+        use_keys=use_keys,
         op_work_fine=_csr(work_rows, ana.n_fine),
         value_dim_fine=value_dim_fine,
         use_dim_fine=use_dim_fine,

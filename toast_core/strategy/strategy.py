@@ -148,11 +148,14 @@ class Strategy:
                     f"one is whole ({self.notation_of(ana, mesh, vid)}): a strided layout"
                 )
         if not problems:
-            for row, a in double_axis_slots(lay.op_fine, masks, len(mesh.axis_names))[:3]:
-                op = ana.program.ops[row]
+            for row, a in double_axis_slots(lay.use_fine, masks, len(mesh.axis_names))[:3]:
+                opi, pos = lay.use_keys[row]
+                op = ana.program.ops[opi]
+                v = ana.program.values[op.operands[pos]]
                 problems.append(
-                    f"op {op.where()} would use mesh axis {mesh.axis_names[a]!r} on two of its "
-                    "factors: resolve the conflict there or choose another axis"
+                    f"{op.where()} would read {v.display()} with mesh axis "
+                    f"{mesh.axis_names[a]!r} on two dims: resolve the conflict there or choose "
+                    "another axis"
                 )
         return problems
 
