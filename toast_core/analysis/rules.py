@@ -405,8 +405,9 @@ def gather_rule(op, operand_shapes, result_shapes) -> OpFactors:
 @rule("scatter", "scatter-add", "scatter_add", "scatter_mul", "scatter_min", "scatter_max")
 def scatter_rule(op, operand_shapes, result_shapes) -> OpFactors:
     """`operand[V, D] .at[ids].add(updates[B, S, D])`: operand and result pass everywhere (each
-    device applies the updates that land in its rows); update scatter dims link to index dims and
-    update window dims to whole operand dims.
+    device applies the updates that land in its rows); update scatter dims link to index dims as
+    reduction factors (they are summed into the operand); update window dims link to whole operand
+    dims.
     """
     dn = dict(op.param("dimension_numbers"))
     operand, indices, updates = operand_shapes[0], operand_shapes[1], operand_shapes[2]
@@ -426,7 +427,9 @@ def scatter_rule(op, operand_shapes, result_shapes) -> OpFactors:
             fb.set_operand(1, idim, f)
             fb.set_operand(2, ud, f)
         else:
-            fb.shared(updates[ud], operands=[(1, idim), (2, ud)])
+            # Updates along a scatter dim all land in the one operand: sharding that dim leaves
+            # each device with a partial result to combine, like a reduction.
+            fb.shared(updates[ud], "reduction", operands=[(1, idim), (2, ud)])
     window = [d for d in range(len(operand)) if d not in inserted and d not in set(op_batch)]
     for ud, wd in zip(window_dims, window):
         if updates[ud] == operand[wd]:

@@ -319,11 +319,19 @@ class Evaluator:
         t = np.maximum(flops_local / self.peak_flops, bytes_local / self.hw.hbm_bytes_per_s)
         return flops_local, bytes_local, t
 
-    def _memory(self, value_local):
+    def _memory(self, value_local, masks):
+        """(persistent bytes, live bytes after each op). Resharded copies made at cuts live from
+        their first to their last reader."""
         delta = np.zeros(self.n_ops + 2)
         b = value_local[self.live_ids]
         np.add.at(delta, self.born, b)
         np.add.at(delta, self.dies, -b)
+        gather, moved, first, lo, hi = self._reshards(masks)
+        if len(first):
+            vals = self.site_value[first]
+            extra = value_local[vals] * self.mask_ways[gather[first]]
+            np.add.at(delta, lo, extra)
+            np.add.at(delta, hi + 1, -extra)
         timeline = np.cumsum(delta)[: self.n_ops]
         persistent = float(value_local[self.persistent_ids].sum())
         return persistent, timeline
@@ -334,7 +342,7 @@ class Evaluator:
         _, _, t = self._compute(value_local, op_logdeg)
         compute_s = float(t.sum())
         comm_s = self._comm_s(masks, value_local)
-        persistent, timeline = self._memory(value_local)
+        persistent, timeline = self._memory(value_local, masks)
         peak = persistent + (float(timeline.max()) if len(timeline) else 0.0)
         step = compute_s + (1.0 - self.overlap) * comm_s
         return Score(step, compute_s, comm_s, peak, peak <= self.capacity_bytes)
@@ -348,7 +356,7 @@ class Evaluator:
         collectives = self._collectives(masks, value_local)
         comm_s = sum(c.time_s * c.count for c in collectives)
         compute_s = float(t.sum())
-        persistent, timeline = self._memory(value_local)
+        persistent, timeline = self._memory(value_local, masks)
         peak_i = int(np.argmax(timeline)) if len(timeline) else -1
         peak = persistent + (float(timeline[peak_i]) if len(timeline) else 0.0)
         step = compute_s + (1.0 - self.overlap) * comm_s
@@ -367,7 +375,7 @@ class Evaluator:
             fits=peak <= self.capacity_bytes,
             ideal_s=ideal,
             efficiency=ideal / step if step > 0 else 1.0,
-            flops_per_device=float(flops_local.sum()),
+            flops_per_device=float(flops_local.sum()) + self._reduction_flops(collectives),
             total_flops=self.total_flops,
             persistent_bytes=persistent,
             collectives=tuple(collectives),
@@ -395,20 +403,14 @@ class Evaluator:
                 parts.append((np.full(len(act), AR), m & ~scatter, v, ops, vals))
                 parts.append((np.full(len(act), RS), scatter, v, ops, vals))
         # Cuts and reshape conflicts -> reshard at the use (all-gather, all-to-all or a free slice).
-        if len(self.sites):
-            ext = np.append(masks, 0)
-            vm = np.bitwise_or.reduce(ext[self.site_vf], axis=2)
-            um = np.bitwise_or.reduce(ext[self.site_uf], axis=2)
-            hv = np.bitwise_or.reduce(vm, axis=1)
-            hu = np.bitwise_or.reduce(um, axis=1)
-            same = np.bitwise_or.reduce(vm & um, axis=1)
-            gather = hv & ~hu
-            moved = hv & hu & ~same
-            local = value_local[self.site_value]
-            parts.append((np.full(len(gather), AG), gather, local * self.mask_ways[gather],
-                          self.site_op, self.site_value))
-            parts.append((np.full(len(moved), A2A), moved, local * self.mask_ways[moved],
-                          self.site_op, self.site_value))
+        # XLA reshards a value once per target layout and reuses the buffer at every such use.
+        gather, moved, first, _, _ = self._reshards(masks)
+        if len(first):
+            vals, ops = self.site_value[first], self.site_op[first]
+            local = value_local[vals]
+            g, mv = gather[first], moved[first]
+            parts.append((np.full(len(first), AG), g, local * self.mask_ways[g], ops, vals))
+            parts.append((np.full(len(first), A2A), mv, local * self.mask_ways[mv], ops, vals))
         # Replicate factors on sharded dims -> all-gather of the operand.
         if len(self.rep):
             m = masks[self.rep[:, 2]]
@@ -428,6 +430,43 @@ class Evaluator:
         kinds, ms, vs, ops, vals = (np.concatenate(x) for x in zip(*parts))
         keep = (ms != 0) & (vs > 0)
         return kinds[keep], ms[keep], vs[keep], ops[keep], vals[keep]
+
+    def _reduction_flops(self, collectives) -> float:
+        """The adds of all-reduces and reduce-scatters (one per element), which XLA's
+        `cost_analysis()` counts as flops."""
+        prog = self.ana.program
+        total = 0.0
+        for c in collectives:
+            if c.kind in ("all-reduce", "reduce-scatter"):
+                total += c.bytes / prog.values[c.value].nbytes * prog.values[c.value].size * c.count
+        return total
+
+    def _reshards(self, masks: np.ndarray):
+        """Per reshard site: gathered and moved mesh axes; and, per distinct (value, gathered,
+        moved) reshard, its first site and the first and last op that read the new buffer."""
+        if not len(self.sites):
+            e = np.zeros(0, dtype=np.int64)
+            return e, e, e, e, e
+        ext = np.append(masks, 0)
+        vm = np.bitwise_or.reduce(ext[self.site_vf], axis=2)
+        um = np.bitwise_or.reduce(ext[self.site_uf], axis=2)
+        hv = np.bitwise_or.reduce(vm, axis=1)
+        hu = np.bitwise_or.reduce(um, axis=1)
+        same = np.bitwise_or.reduce(vm & um, axis=1)
+        gather = hv & ~hu
+        moved = hv & hu & ~same
+        active = np.flatnonzero(gather | moved)
+        if not len(active):
+            e = np.zeros(0, dtype=np.int64)
+            return gather, moved, e, e, e
+        key = (self.site_value[active] << 16) | (gather[active] << 8) | moved[active]
+        uniq, first_idx, inverse = np.unique(key, return_index=True, return_inverse=True)
+        ops = self.site_op[active]
+        lo = np.full(len(uniq), np.iinfo(np.int64).max)
+        hi = np.full(len(uniq), -1)
+        np.minimum.at(lo, inverse, ops)
+        np.maximum.at(hi, inverse, ops)
+        return gather, moved, active[first_idx], lo, hi
 
     def _comm_s(self, masks, value_local) -> float:
         kinds, ms, vs, ops, _ = self._collective_arrays(masks, value_local)

@@ -107,10 +107,17 @@ def _megatron_into(b: _Builder, axis: str) -> int:
     ]
     if not persistent:
         return 0
-    model_dim = max(persistent, key=lambda nd: (nd.bytes_covered, -nd.id))
+    # The model (residual) dim stays whole. When data enters through a float feature dim (an
+    # MLP's x[B, D]) that input dim *is* the model dim and is already excluded above; only token
+    # models (data enters through an embedding lookup) leave it among the parameter dims, where
+    # it is the one covering the most bytes. Excluding the largest dim unconditionally would
+    # drop the MLP's hidden dim F, the very dim Megatron shards.
+    excluded = set() if _has_float_feature_input(ana) else {
+        max(persistent, key=lambda nd: (nd.bytes_covered, -nd.id)).id
+    }
     batch = set(batch_dims(ana))
     order = sorted(
-        (nd for nd in persistent if nd.id != model_dim.id and nd.id not in batch),
+        (nd for nd in persistent if nd.id not in excluded and nd.id not in batch),
         key=lambda nd: (-nd.bytes_covered, any(s > 0 for _, _, s in nd.members), nd.id),
     )
     count = 0
@@ -118,6 +125,18 @@ def _megatron_into(b: _Builder, axis: str) -> int:
         if b.try_shard(nd.name, (axis,)):
             count += 1
     return count
+
+
+def _has_float_feature_input(ana: Analysis) -> bool:
+    """Whether some data input is a float array whose feature (last) dim meets a parameter."""
+    prog = ana.program
+    for vid in prog.inputs:
+        v = prog.values[vid]
+        if v.role != "input" or v.rank < 2 or not v.dtype.startswith(("float", "bfloat")):
+            continue
+        if any(ana.named_dims[d].is_persistent for d in ana.value_named_dims(vid)[-1]):
+            return True
+    return False
 
 
 def _megatron(ana, mesh, name) -> tuple[Strategy | None, str]:
