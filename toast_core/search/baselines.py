@@ -13,6 +13,11 @@ the batch named dim of the data input *is* data parallelism through the whole pr
   cheapest cut (weights gathered at use, gradients reduce-scattered) and the parameter side sharded
   on the batch's mesh axes, largest first, one dim per parameter (ZeRO-3).
 * `dp_megatron`: batch on the data axes (all but the model axis), Megatron on the model axis.
+* `expert_parallel` (mixture of experts): batch on the data axes, the expert dim (leading dim of
+  the 3-D expert weights) on the model axis.
+* `sequence_parallel`: batch on the data axes, the sequence dim (dim 1 of the token input) on the
+  model axis, with attention's sequence conflicts resolved by resharding one side (the gathered
+  K/V option when it is legal).
 
 Each returns a Strategy, or None when the model's structure does not allow it; `all_baselines`
 also says why.
@@ -201,6 +206,78 @@ def _dp_megatron(ana, mesh, name) -> tuple[Strategy | None, str]:
     return b.strategy(), ""
 
 
+def _split_axes(mesh: MeshSpec) -> tuple[str, tuple[str, ...]]:
+    axis = model_axis(mesh)
+    return axis, tuple(a for a in mesh.axis_names if a != axis)
+
+
+def _expert_parallel(ana, mesh, name) -> tuple[Strategy | None, str]:
+    prog = ana.program
+    experts: list[int] = []
+    for vid in prog.inputs:
+        v = prog.values[vid]
+        if v.role == "parameter" and v.rank == 3:
+            for d in ana.value_named_dims(vid)[0][:1]:
+                if d not in experts:
+                    experts.append(d)
+    if not experts:
+        return None, "no stacked expert weights (3-D parameters) in this model"
+    axis, data_axes = _split_axes(mesh)
+    b = _Builder(ana, mesh, name)
+    if data_axes:
+        dp, why = _data_parallel(ana, mesh, data_axes, name)
+        if dp is None:
+            return None, why
+        b.shardings = dict(dp.shardings)
+    placed = sum(b.try_shard(f"N{d}", (axis,)) for d in experts)
+    if not placed:
+        return None, "the expert dims cannot be sharded on the model axis"
+    return b.strategy(), ""
+
+
+def _sequence_parallel(ana, mesh, name) -> tuple[Strategy | None, str]:
+    prog = ana.program
+    tokens = [
+        prog.values[v] for v in prog.inputs
+        if prog.values[v].role == "input" and prog.values[v].rank >= 2
+    ]
+    if not tokens:
+        return None, "no data input with a sequence dim (dim 1)"
+    seq = ana.value_named_dims(max(tokens, key=lambda v: v.nbytes).id)[1][:1]
+    if not seq:
+        return None, "the sequence dim cannot be sharded (size 1)"
+    seq_dim = seq[0]
+    axis, data_axes = _split_axes(mesh)
+    base: dict[str, tuple[str, ...]] = {}
+    if data_axes:
+        dp, why = _data_parallel(ana, mesh, data_axes, name)
+        if dp is None:
+            return None, why
+        base = dict(dp.shardings)
+    selfs = [c for c in ana.conflicts if c.kind == "self" and seq_dim in c.named_dims and c.options]
+    if not selfs:
+        return None, "no attention over the sequence dim (no self-conflict on it)"
+    n_options = min((len(c.options) for c in selfs), default=1)
+    token = max(tokens, key=lambda v: v.nbytes)
+    for o in range(n_options):
+        options = {c.id: o for c in selfs}
+        res = resolve(ana, options)
+        part = next(
+            (d.name for d in res.dims
+             if d.parent == seq_dim and set(d.fine) & set(_fines_of(ana, token.id, 1))),
+            None,
+        )
+        b = _Builder(ana, mesh, name)
+        b.shardings, b.options = dict(base), dict(options)
+        if part is not None and b.try_shard(part, (axis,), options):
+            return b.strategy(), ""
+    return None, "the sequence dim cannot take the model axis even with its conflicts resolved"
+
+
+def _fines_of(ana: Analysis, vid: int, dim: int) -> tuple[int, ...]:
+    return tuple(int(ana.fine_of_atom[a]) for a in ana.nda.value_atoms[vid][dim])
+
+
 def replicated(ana: Analysis, mesh: MeshSpec) -> Strategy:
     return Strategy(name="replicated")
 
@@ -221,6 +298,14 @@ def dp_megatron(ana: Analysis, mesh: MeshSpec) -> Strategy | None:
     return _dp_megatron(ana, mesh, "dp_megatron")[0]
 
 
+def expert_parallel(ana: Analysis, mesh: MeshSpec) -> Strategy | None:
+    return _expert_parallel(ana, mesh, "expert_parallel")[0]
+
+
+def sequence_parallel(ana: Analysis, mesh: MeshSpec) -> Strategy | None:
+    return _sequence_parallel(ana, mesh, "sequence_parallel")[0]
+
+
 def all_baselines(ana: Analysis, mesh: MeshSpec) -> dict[str, tuple[Strategy | None, str]]:
     """Every baseline with the reason it does not apply (empty when it does)."""
     key = ("baselines", mesh)
@@ -231,5 +316,7 @@ def all_baselines(ana: Analysis, mesh: MeshSpec) -> dict[str, tuple[Strategy | N
             "fsdp": _fsdp(ana, mesh, "fsdp"),
             "megatron": _megatron(ana, mesh, "megatron"),
             "dp_megatron": _dp_megatron(ana, mesh, "dp_megatron"),
+            "expert_parallel": _expert_parallel(ana, mesh, "expert_parallel"),
+            "sequence_parallel": _sequence_parallel(ana, mesh, "sequence_parallel"),
         }
     return ana.cache[key]
