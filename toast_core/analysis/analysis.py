@@ -109,16 +109,19 @@ class Analysis:
         """
         keep = np.ones(len(self.nda.medges), dtype=bool)
         keep[self.candidate_edges] = False
-        edges = np.array(
-            [(e.value_atom, e.use_atom) for e, k in zip(self.nda.medges, keep) if k],
-            dtype=np.int64,
-        ).reshape(-1, 2)
-        labels = components(len(self.atom_dim), edges)
+        labels = components(len(self.atom_dim), self.medge_ends[keep])
         out = np.full(len(self.atom_dim), -1, dtype=np.int64)
         leaf = self.atom_dim >= 0
         _, dense = np.unique(labels[leaf], return_inverse=True)
         out[leaf] = dense
         return out
+
+    @cached_property
+    def medge_ends(self) -> np.ndarray:
+        """[M-edge, 2]: value atom and use atom of every M-edge."""
+        return np.array(
+            [(e.value_atom, e.use_atom) for e in self.nda.medges], dtype=np.int64
+        ).reshape(-1, 2)
 
     @cached_property
     def n_fine(self) -> int:
@@ -448,12 +451,10 @@ def _groups(program: Program, named, conflicts):
     dim_groups = tuple(tuple(g) for g in sig_dims.values() if len(g) > 1)
     sig_conf: dict[tuple, list[int]] = defaultdict(list)
     for c in conflicts:
-        sig = (
-            c.kind,
-            tuple(dim_sig[d] for d in c.named_dims),
-            tuple(o.bytes for o in c.options),
-        )
-        if any(s[0] == "single" for s in sig[1]) and c.kind != "self":
+        # An axis clash is characterised by its parameter dim; the data dims are shared by all.
+        dims = c.named_dims[:1] if c.kind == "axis_clash" else c.named_dims
+        sig = (c.kind, tuple(dim_sig[d] for d in dims), tuple(o.bytes for o in c.options))
+        if c.kind == "axis_clash" and dim_sig[dims[0]][0] == "single":
             sig = ("single", c.id)
         sig_conf[sig].append(c.id)
     conflict_groups = tuple(tuple(g) for g in sig_conf.values() if len(g) > 1)

@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.sparse as sp
+from scipy.sparse import csgraph
 
 from toast_core.analysis.factors import refine
 from toast_core.analysis.rules import factors_of
@@ -266,24 +268,12 @@ def run_nda(program: Program) -> NdaResult:
 
 
 def components(n: int, edges: np.ndarray) -> np.ndarray:
-    """Connected components of `n` nodes under `edges` ([E, 2]); labels are 0..k-1 by first node."""
-    parent = np.arange(n)
-
-    def find(x: int) -> int:
-        root = x
-        while parent[root] != root:
-            root = parent[root]
-        while parent[x] != root:
-            parent[x], x = root, parent[x]
-        return root
-
-    for a, b in edges.tolist():
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            if ra < rb:
-                parent[rb] = ra
-            else:
-                parent[ra] = rb
-    roots = np.array([find(i) for i in range(n)], dtype=np.int64)
-    _, labels = np.unique(roots, return_inverse=True)
-    return labels.astype(np.int64)
+    """Connected components of `n` nodes under `edges` ([E, 2]); labels are 0..k-1 in order of
+    each component's first (smallest) node."""
+    edges = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    graph = sp.csr_matrix((np.ones(len(edges)), (edges[:, 0], edges[:, 1])), shape=(n, n))
+    _, labels = csgraph.connected_components(graph, directed=False)
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first)] = np.arange(len(first))
+    return rank[inverse]

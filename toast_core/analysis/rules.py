@@ -183,9 +183,14 @@ def dot_general_rule(op, operand_shapes, result_shapes) -> OpFactors:
 def conv_rule(op, operand_shapes, result_shapes) -> OpFactors:
     """Batch passes; input features contract with the kernel's; output features pass.
 
-    A spatial dim whose size is unchanged (SAME padding, stride 1) stays shardable with a halo
-    exchange (permute); a resized one must be gathered (replicate). Grouped convolutions link only
-    batch dims.
+    Spatial dims, as in Shardy's rule (each input spatial dim is windows x window size):
+    * output as large as the input (SAME padding, stride 1): input ~ output, shardable with a halo
+      exchange (permute); the small kernel dim is replicated;
+    * kernel as large as the input (the weight gradient `conv(x, dy) -> dW[kh, kw, ...]`): input ~
+      kernel as a reduction (each device sums the windows of its rows, up to a halo); the small
+      output dim (the window offsets) is its own factor;
+    * otherwise (strides, VALID padding, dilations) both input and kernel dims are replicated.
+    Grouped convolutions link only batch dims.
     """
     dn = dict(op.param("dimension_numbers"))
     lhs_spec, rhs_spec, out_spec = dn["lhs_spec"], dn["rhs_spec"], dn["out_spec"]
@@ -202,9 +207,12 @@ def conv_rule(op, operand_shapes, result_shapes) -> OpFactors:
     for sl, so, sr in zip(lhs_spec[2:], out_spec[2:], rhs_spec[2:]):
         if lhs[sl] == out[so]:
             fb.shared(out[so], "permute", operands=[(0, sl)], results=[(0, so)])
+            fb.set_operand(1, sr, fb.factor(rhs[sr], "replicate"))
+        elif lhs[sl] == rhs[sr]:
+            fb.shared(lhs[sl], "reduction", operands=[(0, sl), (1, sr)])
         else:
             fb.set_operand(0, sl, fb.factor(lhs[sl], "replicate"))
-        fb.set_operand(1, sr, fb.factor(rhs[sr], "replicate"))
+            fb.set_operand(1, sr, fb.factor(rhs[sr], "replicate"))
     return fb.build()
 
 
@@ -238,13 +246,13 @@ def reduce_rule(op, operand_shapes, result_shapes) -> OpFactors:
 
 @rule("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")
 def cumulative_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """The cumulative dim must be whole at the op (replicate) and lines up with the result's:
+    `cumsum` over dim 1 is `([i, j]) -> ([i, j])` with j replicated (Shardy: j a permutation)."""
     axis = op.param("axis", 0)
     fb = FactorBuilder(operand_shapes, result_shapes)
     for d, size in enumerate(operand_shapes[0]):
-        if d == axis:
-            fb.set_operand(0, d, fb.factor(size, "replicate"))
-        else:
-            fb.shared(size, operands=[(0, d)], results=[(0, d)])
+        kind = "replicate" if d == axis else "pass"
+        fb.shared(size, kind, operands=[(0, d)], results=[(0, d)])
     return fb.build()
 
 
@@ -264,17 +272,16 @@ def reduce_window_rule(op, operand_shapes, result_shapes) -> OpFactors:
 
 @rule("sort")
 def sort_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    """The sorted dim must be whole on every device; other dims pass through all operands."""
+    """The sorted dim must be whole on every device (replicate) and lines up with the results'
+    sorted dim, as in Shardy; other dims pass through all operands and results."""
     dim = op.param("dimension", len(operand_shapes[0]) - 1)
     fb = FactorBuilder(operand_shapes, result_shapes)
     n = len(operand_shapes)
     for d, size in enumerate(operand_shapes[0]):
-        if d == dim:
-            fb.shared(size, "replicate", operands=[(i, d) for i in range(n)])
-        else:
-            fb.shared(
-                size, operands=[(i, d) for i in range(n)], results=[(i, d) for i in range(n)]
-            )
+        kind = "replicate" if d == dim else "pass"
+        fb.shared(
+            size, kind, operands=[(i, d) for i in range(n)], results=[(i, d) for i in range(n)]
+        )
     return fb.build()
 
 
@@ -406,8 +413,8 @@ def gather_rule(op, operand_shapes, result_shapes) -> OpFactors:
 def scatter_rule(op, operand_shapes, result_shapes) -> OpFactors:
     """`operand[V, D] .at[ids].add(updates[B, S, D])`: operand and result pass everywhere (each
     device applies the updates that land in its rows); update scatter dims link to index dims as
-    reduction factors (they are summed into the operand); update window dims link to whole operand
-    dims.
+    reduction factors (they are combined into the operand; for a plain overwriting `scatter`,
+    replicate); update window dims link to whole operand dims.
     """
     dn = dict(op.param("dimension_numbers"))
     operand, indices, updates = operand_shapes[0], operand_shapes[1], operand_shapes[2]
@@ -415,6 +422,7 @@ def scatter_rule(op, operand_shapes, result_shapes) -> OpFactors:
     inserted = set(dn.get("inserted_window_dims", ()))
     op_batch = tuple(dn.get("operand_batching_dims", ()))
     idx_batch = tuple(dn.get("scatter_indices_batching_dims", ()))
+    combine = "replicate" if op.primitive == "scatter" else "reduction"
     fb = FactorBuilder(operand_shapes, result_shapes)
     operand_f = []
     for d, size in enumerate(operand):
@@ -428,8 +436,9 @@ def scatter_rule(op, operand_shapes, result_shapes) -> OpFactors:
             fb.set_operand(2, ud, f)
         else:
             # Updates along a scatter dim all land in the one operand: sharding that dim leaves
-            # each device with a partial result to combine, like a reduction.
-            fb.shared(updates[ud], "reduction", operands=[(1, idim), (2, ud)])
+            # each device with a partial result to combine, like a reduction; a plain `scatter`
+            # (overwrite) has no combiner, so that dim must be whole (as in Shardy).
+            fb.shared(updates[ud], combine, operands=[(1, idim), (2, ud)])
     window = [d for d in range(len(operand)) if d not in inserted and d not in set(op_batch)]
     for ud, wd in zip(window_dims, window):
         if updates[ud] == operand[wd]:

@@ -11,7 +11,8 @@ model's predictions with the compiled program:
 
 XLA's CPU backend lowers collectives differently from TPU/GPU, so the prediction is also given "as
 XLA CPU lowers it": a reduce-scatter becomes an all-reduce of the full buffer followed by a local
-slice, and bf16 collectives run in f32. Both views are reported; the comparison uses the CPU view.
+slice (so the full reduced buffer is also live in memory), and bf16 collectives run in f32. Both
+views are reported (`*_target` is the TPU/GPU view); the comparison uses the CPU view.
 Wall time on simulated devices means nothing and is never measured.
 """
 
@@ -46,6 +47,7 @@ class ValidationReport:
     predicted_memory_bytes: float
     compiled_memory_bytes: float
     predicted_collective_bytes_target: dict[str, float] = field(default_factory=dict)
+    predicted_memory_bytes_target: float = 0.0
     hlo_text: str = field(default="", repr=False)
 
     @property
@@ -81,6 +83,7 @@ class ValidationReport:
             "compiled_collective_bytes": self.compiled_collective_bytes,
             "predicted_collective_bytes_target": self.predicted_collective_bytes_target,
             "predicted_memory_bytes": self.predicted_memory_bytes,
+            "predicted_memory_bytes_target": self.predicted_memory_bytes_target,
             "compiled_memory_bytes": self.compiled_memory_bytes,
         }
 
@@ -113,6 +116,25 @@ def cpu_view(report, program) -> dict[str, float]:
         else:
             out[c.kind] += c.result_bytes * c.count * scale
     return out
+
+
+def cpu_memory_bytes(report) -> float:
+    """Predicted peak per-device bytes as XLA's CPU backend allocates them.
+
+    A reduce-scatter runs there as an all-reduce into a new buffer of the full size V, then a
+    slice, and the all-reduce combiner merges those all-reduces into one, issued once the last of
+    them is ready: until then every unreduced partial buffer stays live, and then every full-size
+    result is live at once. Added to the target view's timeline at that op (an approximation that
+    may count a partial buffer twice when it is also read after that op).
+    """
+    timeline = np.asarray(report.memory_timeline, dtype=np.float64)
+    scattered = [c for c in report.collectives if c.kind == "reduce-scatter"]
+    if not len(timeline) or not scattered:
+        return report.peak_bytes
+    last = max(c.op for c in scattered)
+    results = sum(c.bytes for c in scattered)
+    held = sum(c.bytes for c in scattered if c.op < last)
+    return max(report.peak_bytes, float(timeline[last]) + results + held)
 
 
 def validate(
@@ -158,8 +180,9 @@ def validate(
         compiled_flops=float(cost.get("flops", 0.0)),
         predicted_collective_bytes=cpu_view(report, ana.program),
         compiled_collective_bytes={k: float(v) for k, v in collective_bytes_by_kind(hlo).items()},
-        predicted_memory_bytes=report.peak_bytes,
+        predicted_memory_bytes=cpu_memory_bytes(report),
         compiled_memory_bytes=compiled_mem,
         predicted_collective_bytes_target=report.collective_bytes_by_kind(),
+        predicted_memory_bytes_target=report.peak_bytes,
         hlo_text=hlo,
     )

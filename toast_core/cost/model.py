@@ -41,7 +41,8 @@ import scipy.sparse as sp
 from toast_core.analysis import Analysis
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.flops import op_flops
-from toast_core.mesh import HardwareSpec, MeshSpec
+from toast_core.errors import ToastError, bad_value
+from toast_core.mesh import HardwareSpec, MeshSpec, hardware
 from toast_core.strategy.layout import REGION_BOUNDARIES, axis_bits, layout
 from toast_core.strategy.strategy import Strategy
 
@@ -192,6 +193,7 @@ class Evaluator:
     def _collective_coefficients(self) -> None:
         """t(kind, axes, V) = c0 + c1 * V for V > 0, for every subset of mesh axes (a bitmask)."""
         n_masks = 1 << self.n_axes
+        self.real_axes = sum(1 << i for i, size in enumerate(self.mesh.axis_sizes) if size > 1)
         self.c0 = np.zeros((len(COLLECTIVE_KINDS), n_masks))
         self.c1 = np.zeros((len(COLLECTIVE_KINDS), n_masks))
         self.mask_ways = np.ones(n_masks)
@@ -280,8 +282,8 @@ class Evaluator:
         uses = prog.uses()
         persistent_in = {
             (v.name.split(".", 1)[-1], v.shape, v.dtype)
-            for v in prog.values
-            if v.id in set(prog.inputs) and v.is_persistent
+            for v in (prog.values[i] for i in prog.inputs)
+            if v.is_persistent
         }
         born, dies, live_ids, persistent = [], [], [], []
         for v in prog.values:
@@ -428,6 +430,7 @@ class Evaluator:
             empty = np.zeros(0, dtype=np.int64)
             return empty, empty, np.zeros(0), empty, empty
         kinds, ms, vs, ops, vals = (np.concatenate(x) for x in zip(*parts))
+        ms = ms & self.real_axes  # a collective over a size-1 mesh axis is no collective at all
         keep = (ms != 0) & (vs > 0)
         return kinds[keep], ms[keep], vs[keep], ops[keep], vals[keep]
 
@@ -453,8 +456,8 @@ class Evaluator:
         hv = np.bitwise_or.reduce(vm, axis=1)
         hu = np.bitwise_or.reduce(um, axis=1)
         same = np.bitwise_or.reduce(vm & um, axis=1)
-        gather = hv & ~hu
-        moved = hv & hu & ~same
+        gather = hv & ~hu & self.real_axes
+        moved = hv & hu & ~same & self.real_axes
         active = np.flatnonzero(gather | moved)
         if not len(active):
             e = np.zeros(0, dtype=np.int64)
@@ -521,14 +524,37 @@ def estimate(
     memory_headroom: float = 0.1,
 ) -> CostReport:
     """Prices `strategy` on `mesh` of `hw` chips: compute, collectives, memory (see module essay)."""
+    if not isinstance(strategy, Strategy):
+        raise ToastError(bad_value("strategy", strategy, "a tc.Strategy"))
     return evaluator(
         ana, mesh, hw, overlap=overlap, donate_outputs=donate_outputs, memory_headroom=memory_headroom
     ).report(strategy)
 
 
 def evaluator(ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, **kw) -> Evaluator:
-    """The compiled evaluator for (ana, mesh, hw, options), cached on the analysis."""
+    """The compiled evaluator for (ana, mesh, hw, options), cached on the analysis.
+
+    `hw` may also be a preset name or a dict of HardwareSpec fields; a bad argument raises a
+    ToastError naming it.
+    """
+    ana, mesh, hw = _checked_inputs(ana, mesh, hw, kw)
     key = ("evaluator", mesh, hw, tuple(sorted(kw.items())))
     if key not in ana.cache:
         ana.cache[key] = Evaluator(ana, mesh, hw, **kw)
     return ana.cache[key]
+
+
+def _checked_inputs(ana, mesh, hw, kw: dict):
+    """Bad arguments fail here with a ToastError, not deep inside the evaluator."""
+    if not isinstance(ana, Analysis):
+        raise ToastError(bad_value("ana", type(ana).__name__, "an Analysis from tc.analyze"))
+    if not isinstance(mesh, MeshSpec):
+        raise ToastError(bad_value("mesh", mesh, "a tc.MeshSpec such as MeshSpec({'data': 8})"))
+    hw = hardware(hw)
+    for name, low, high in (("overlap", 0.0, 1.0), ("memory_headroom", 0.0, 1.0)):
+        value = kw.get(name, low)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+            raise ToastError(bad_value(name, value, f"a number in [{low:g}, {high:g}]"))
+    if kw.get("memory_headroom", 0.0) == 1.0:
+        raise ToastError(bad_value("memory_headroom", 1.0, "a number in [0, 1)"))
+    return ana, mesh, hw

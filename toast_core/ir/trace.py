@@ -381,6 +381,14 @@ def _keystr(path) -> str:
     return "".join(parts)
 
 
+def _leaf_subpaths(args: tuple) -> list[str]:
+    """Each input leaf's path inside its own argument (`.mu.w`, `[0].mu.w`; "" for a bare array)."""
+    out = []
+    for arg in args:
+        out += [_keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(arg)[0]]
+    return out
+
+
 def _arg_index_of_leaves(args: tuple) -> list[int]:
     out = []
     for i, arg in enumerate(args):
@@ -388,8 +396,10 @@ def _arg_index_of_leaves(args: tuple) -> list[int]:
     return out
 
 
-def _check_leaves(args: tuple) -> None:
-    names = _path_names(lambda *a: None, args)
+def _check_leaves(fn: Callable, args: tuple) -> None:
+    """Every leaf must be an array, a `jax.ShapeDtypeStruct` or a Python/NumPy scalar; the error
+    names the first bad leaf by its path (`batch.mask`) and shows its value and type."""
+    names = _path_names(fn, args)
     leaves = jax.tree_util.tree_leaves(args)
     for name, leaf in zip(names, leaves):
         ok = isinstance(leaf, jax.ShapeDtypeStruct | jax.Array | np.ndarray | np.generic)
@@ -397,9 +407,7 @@ def _check_leaves(args: tuple) -> None:
         if not ok:
             raise TraceError(
                 bad_value(
-                    "args",
-                    f"{name.replace('arg', 'args[', 1)}... = {type(leaf).__name__}",
-                    "array or jax.ShapeDtypeStruct leaves",
+                    name, leaf, f"an array or jax.ShapeDtypeStruct leaf, not {type(leaf).__name__}"
                 )
             )
 
@@ -415,7 +423,7 @@ def trace(fn: Callable, *args: Any, param_argnums: tuple[int, ...] | None = None
     """
     if not callable(fn):
         raise TraceError(bad_value("fn", fn, "a callable JAX function"))
-    _check_leaves(args)
+    _check_leaves(fn, args)
     try:
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
     except Exception as exc:  # noqa: BLE001 - any failure of the user's code is a trace error
@@ -428,6 +436,7 @@ def trace(fn: Callable, *args: Any, param_argnums: tuple[int, ...] | None = None
     closed = _dead_code_eliminated(closed)
     fn_name = getattr(fn, "__name__", "fn")
     in_names = _path_names(fn, args)
+    in_subpaths = _leaf_subpaths(args)
     arg_of_leaf = _arg_index_of_leaves(args)
     out_leaves_with_path = jax.tree_util.tree_flatten_with_path(out_shape)[0]
     out_names = [f"out{_keystr(p)}" for p, _ in out_leaves_with_path]
@@ -444,9 +453,11 @@ def trace(fn: Callable, *args: Any, param_argnums: tuple[int, ...] | None = None
         name = in_names[i] if i < len(in_names) else f"in{i}"
         role = "parameter" if arg_index in param_argnums else "input"
         if role == "input":
-            sub_path = name[name.find(".") :] if "." in name else name
+            # A leaf inside a container (not a bare array argument) that comes back out under the
+            # same path within its output is updated state: `opt_state.mu.w` -> `out[1].mu.w`.
+            sub_path = in_subpaths[i] if i < len(in_subpaths) else ""
             key = (sub_path, _shape(var.aval), _dtype_name(var.aval))
-            if key in out_keys and len(_shape(var.aval)) > 0:
+            if sub_path and key in out_keys and len(_shape(var.aval)) > 0:
                 role = "state"
         vid = b.new_value(var.aval, role, name)
         env[var] = vid

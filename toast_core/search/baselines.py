@@ -71,9 +71,11 @@ class _Builder:
     def strategy(self) -> Strategy:
         return Strategy.make(self.ana, self.shardings, self.options, self.name)
 
-    def try_shard(self, dim_name: str, axes: tuple[str, ...], options=None) -> bool:
+    def try_shard(self, dim_name: str | list[str], axes: tuple[str, ...], options=None) -> bool:
+        """Adds `axes` to one named dim (or to each of a group of them) if the result is legal."""
         shardings = dict(self.shardings)
-        shardings[dim_name] = tuple(self.shardings.get(dim_name, ())) + tuple(axes)
+        for name in [dim_name] if isinstance(dim_name, str) else dim_name:
+            shardings[name] = tuple(self.shardings.get(name, ())) + tuple(axes)
         opts = dict(self.options if options is None else options)
         try:
             candidate = Strategy.make(self.ana, shardings, opts, self.name)
@@ -125,10 +127,17 @@ def _megatron_into(b: _Builder, axis: str) -> int:
         (nd for nd in persistent if nd.id not in excluded and nd.id not in batch),
         key=lambda nd: (-nd.bytes_covered, any(s > 0 for _, _, s in nd.members), nd.id),
     )
-    count = 0
+    # Decide repeated layers together (one legality check per group of named dims).
+    count, done = 0, set()
     for nd in order:
-        if b.try_shard(nd.name, (axis,)):
-            count += 1
+        if nd.id in done:
+            continue
+        group = [d for d in ana.group_of_dim.get(nd.id, (nd.id,)) if d not in done] or [nd.id]
+        done.update(group)
+        if b.try_shard([f"N{d}" for d in group], (axis,)):
+            count += len(group)
+        elif len(group) > 1:  # some member cannot take the axis: place the others one by one
+            count += sum(b.try_shard(f"N{d}", (axis,)) for d in group)
     return count
 
 
@@ -160,16 +169,19 @@ def _fsdp(ana, mesh, name) -> tuple[Strategy | None, str]:
     batch_axes = dp.shardings[0][1]
     clashes = [c for c in ana.conflicts if c.kind == "axis_clash" and c.options]
     clashes.sort(key=lambda c: -ana.named_dims[c.named_dims[0]].bytes_covered)
-    sharded = 0
+    sharded, done = 0, set()
     for c in clashes:
-        opts = dict(b.options)
-        opts[c.id] = 0
-        res = resolve(ana, opts)
-        side = _parameter_side(ana, res, c.named_dims[0])
-        if side is None:
+        if c.id in done:
             continue
-        if b.try_shard(side, batch_axes, opts):
-            sharded += 1
+        group = [k for k in ana.group_of_conflict.get(c.id, (c.id,)) if k not in done] or [c.id]
+        done.update(group)
+        opts = dict(b.options)
+        opts.update({k: 0 for k in group})
+        res = resolve(ana, opts)
+        sides = [_parameter_side(ana, res, ana.conflicts[k].named_dims[0]) for k in group]
+        sides = [x for x in sides if x is not None]
+        if sides and b.try_shard(sides, batch_axes, opts):
+            sharded += len(sides)
     if not sharded:
         return None, "no parameter named dim can be cut off the data and sharded (no train step?)"
     return b.strategy(), ""

@@ -103,13 +103,26 @@ def double_axis_slots(matrix: sp.csr_matrix, masks: np.ndarray, n_axes: int) -> 
 def strided_dims(lay: Layout, masks: np.ndarray, fine_size: np.ndarray, ways: np.ndarray):
     """(value, dim) pairs where a minor sub-factor is sharded while a more major one is not
     fully split: that would be a strided layout, which no PartitionSpec expresses."""
-    out = []
-    for vid, d, fines in lay.split_dims:
-        m = masks[list(fines)]
-        if not m[1:].any():
-            continue
-        for k in range(1, len(fines)):
-            if m[k] and any(ways[m[j]] != fine_size[fines[j]] for j in range(k)):
-                out.append((vid, d))
-                break
-    return out
+    if not lay.split_dims:
+        return []
+    fines, owners = _split_arrays(lay, len(masks))
+    m = np.append(masks, 0)[fines]  # [split dims, sub-factors]
+    sizes = np.append(fine_size, 1)[fines]
+    whole = ways[m] == sizes  # the sub-factor is completely split
+    # A sub-factor k > 0 may be sharded only if every more major one is completely split.
+    major_whole = np.logical_and.accumulate(whole, axis=1)
+    bad = (m[:, 1:] != 0) & ~major_whole[:, :-1]
+    return [owners[i] for i in np.flatnonzero(bad.any(axis=1)).tolist()]
+
+
+def _split_arrays(lay: Layout, n_fine: int):
+    """Split dims padded into [dim, sub-factor] fine-class arrays (pad = n_fine, mask 0)."""
+    cached = getattr(lay, "_split_cache", None)
+    if cached is None:
+        width = max(len(f) for _, _, f in lay.split_dims)
+        fines = np.full((len(lay.split_dims), width), n_fine, dtype=np.int64)
+        for i, (_, _, f) in enumerate(lay.split_dims):
+            fines[i, : len(f)] = f
+        cached = (fines, [(v, d) for v, d, _ in lay.split_dims])
+        object.__setattr__(lay, "_split_cache", cached)
+    return cached

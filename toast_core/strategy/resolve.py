@@ -12,13 +12,14 @@ a resolution is a small union-find over fine classes, cached per set of options.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse import csgraph
 
 from toast_core.analysis import Analysis
-from toast_core.errors import StrategyError, bad_value
+from toast_core.errors import StrategyError, ToastError, bad_value
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +38,15 @@ class Resolution:
     dims: tuple[ResolvedDim, ...]
     fine_to_dim: np.ndarray  # fine class -> index into dims
 
+    @cached_property
+    def names(self) -> dict[str, int]:
+        """Named dim name -> index into dims."""
+        return {d.name: i for i, d in enumerate(self.dims)}
+
     def index(self, name: str) -> int:
-        for i, d in enumerate(self.dims):
-            if d.name == name:
-                return i
+        i = self.names.get(name)
+        if i is not None:
+            return i
         raise StrategyError(
             bad_value("named dim", name, "a named dim of this analysis and its chosen options")
         )
@@ -58,7 +64,10 @@ def normalize_options(ana: Analysis, options) -> tuple[tuple[int, int], ...]:
             k, o = item
         except (TypeError, ValueError):
             raise StrategyError(bad_value("options", item, "(conflict id, option index) pairs")) from None
-        conflict = ana.conflict(k)
+        try:
+            conflict = ana.conflict(k)
+        except ToastError as exc:
+            raise StrategyError(str(exc)) from None
         if not isinstance(o, int | np.integer) or not 0 <= int(o) < len(conflict.options):
             raise StrategyError(
                 bad_value(

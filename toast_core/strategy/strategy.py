@@ -48,15 +48,23 @@ class Strategy:
         opts = normalize_options(ana, options)
         res = resolve(ana, opts)
         out: dict[str, tuple[str, ...]] = {}
+        problems: list[str] = []
         for key, axes in (shardings or {}).items():
-            dim_name = _dim_name(ana, res, key)
+            try:
+                dim_name = _dim_name(ana, res, key)
+            except StrategyError as exc:
+                problems.append(str(exc))
+                continue
             if isinstance(axes, str):
                 axes = (axes,)
             axes = tuple(axes or ())
             if not all(isinstance(a, str) for a in axes):
-                raise StrategyError(bad_value(f"shardings[{dim_name}]", axes, "mesh axis names"))
+                problems.append(bad_value(f"shardings[{dim_name}]", axes, "mesh axis names"))
+                continue
             if axes:
                 out[dim_name] = axes
+        if problems:
+            raise StrategyError("; ".join(problems))
         return Strategy(tuple(sorted(out.items())), opts, name)
 
     def with_name(self, name: str) -> Strategy:
@@ -101,6 +109,7 @@ class Strategy:
         except StrategyError as exc:
             raise StrategyError(f"strategy {self.name or ''}: {exc}") from None
         names = {d.name for d in res.dims}
+        well_formed = []  # entries whose own names and axes are fine, checked together below
         for dim_name, axes in self.shardings:
             if dim_name not in names:
                 problems.append(bad_value("named dim", dim_name, "a named dim after the chosen cuts"))
@@ -121,12 +130,17 @@ class Strategy:
                     f"named dim {dim_name} of size {size} is not divisible by mesh axes "
                     f"{'x'.join(axes)} ({ways} ways)"
                 )
-        if not problems:
-            problems += self._double_axis_problems(ana, mesh)
+                continue
+            well_formed.append((dim_name, axes))
+        # Clashes between entries are checked on the well-formed ones, so that one error lists
+        # every problem rather than only the first kind found.
+        partial = Strategy(tuple(well_formed), self.options, self.name)
+        problems += partial._double_axis_problems(ana, mesh)
         if problems:
             shown = "; ".join(problems[:6])
             more = f" (+{len(problems) - 6} more)" if len(problems) > 6 else ""
-            raise StrategyError(f"illegal strategy {self.name!r}: {shown}{more}")
+            which = f"illegal strategy {self.name!r}" if self.name else "illegal strategy"
+            raise StrategyError(f"{which}: {shown}{more}")
         ana.cache[key] = True
 
     def _double_axis_problems(self, ana: Analysis, mesh: MeshSpec) -> list[str]:
@@ -215,7 +229,10 @@ class Strategy:
             raise StrategyError(bad_value("schema", got, f"schema version {SCHEMA_VERSION}"))
         try:
             options = [(item["conflict"], int(item["option"])) for item in doc.get("options", [])]
-            shardings = {k: tuple(v) for k, v in doc.get("shardings", {}).items()}
+            shardings = {
+                k: (v,) if isinstance(v, str) else tuple(v)
+                for k, v in doc.get("shardings", {}).items()
+            }
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StrategyError(bad_value("text", str(exc), "options and shardings fields")) from None
         return Strategy.make(ana, shardings, options, str(doc.get("name", "")))
@@ -230,7 +247,7 @@ def _axes_of_fines(fines, masks: np.ndarray, mesh: MeshSpec) -> tuple[str, ...]:
 
 
 def _dim_name(ana: Analysis, res: Resolution, key) -> str:
-    names = {d.name for d in res.dims}
+    names = res.names
     if isinstance(key, int | np.integer):
         key = f"N{int(key)}"
     if isinstance(key, str) and key in names:
