@@ -140,7 +140,12 @@ class _Search:
             self.greedy(self.best_state)
 
     def greedy(self, state: State, max_steps: int = 64) -> State:
-        """Steepest descent by the cost model over single actions."""
+        """Steepest descent by the cost model over single actions.
+
+        Resolving a conflict changes no cost by itself (parts inherit their mesh axes); its value
+        shows only once a part is sharded differently. So a resolution is scored together with
+        the best way to shard one of the parts it creates (a two-step look-ahead).
+        """
         current, cur = state, self.score(state)
         for _ in range(max_steps):
             best_next, best_s = None, cur
@@ -148,13 +153,33 @@ class _Search:
                 if a[0] == "stop":
                     continue
                 nxt = self.space.apply(current, a)
-                s = self.score(nxt)
-                if _better(s, best_s):
-                    best_next, best_s = nxt, s
+                candidates = [nxt] if a[0] == "shard" else self._follow_ups(nxt, a)
+                for cand in candidates:
+                    s = self.score(cand)
+                    if _better(s, best_s):
+                        best_next, best_s = cand, s
             if best_next is None:
                 break
             current, cur = best_next, best_s
         return current
+
+    def _follow_ups(self, state: State, resolve_action: tuple) -> list[State]:
+        """States that shard one part of the named dims a resolution just split."""
+        space = self.space
+        parents = {
+            d for k in space.conflict_groups[resolve_action[1]]
+            for d in space.ana.conflicts[k].named_dims
+        }
+        res_dims = {d.name: d.parent for d in space.resolution(state.options).dims}
+        counts = space._axis_counts(state.masks)
+        out = []
+        for u, unit in enumerate(space.units(state.options)):
+            if not any(res_dims.get(n) in parents for n in unit.dims):
+                continue
+            for a in range(space.n_axes):
+                if space.why_illegal_shard(state, unit, a, counts) is None:
+                    out.append(space.apply(state, ("shard", u, a)))
+        return out
 
     # -- tree search ---------------------------------------------------------------------------
 

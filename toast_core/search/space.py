@@ -113,6 +113,9 @@ class DecisionSpace:
 
     # -- units ---------------------------------------------------------------------------------
 
+    def resolution(self, options: tuple[tuple[int, int], ...]):
+        return resolve(self.ana, options)
+
     def units(self, options: tuple[tuple[int, int], ...]) -> tuple[Unit, ...]:
         if options in self._units_cache:
             return self._units_cache[options]
