@@ -59,7 +59,10 @@ def load_target(target: str, size: str, forward: bool):
         if hasattr(made, "fn") and hasattr(made, "args"):
             return made.fn, tuple(made.args), getattr(made, "param_argnums", None), func
         if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
-            raise CliError(f"expected {func}() to return (fn, example_args), got {type(made).__name__}")
+            raise CliError(
+                f"expected {func}() in {path} to return (fn, example_args), "
+                f"got {type(made).__name__}"
+            )
         fn, args = made
         return fn, tuple(args), None, func
     if target not in MODEL_ZOO:
@@ -72,6 +75,13 @@ def load_target(target: str, size: str, forward: bool):
     except (ValueError, TypeError) as exc:
         raise CliError(str(exc)) from None
     return w.fn, tuple(w.args), w.param_argnums, w.name
+
+
+def _user_path(target: str) -> str | None:
+    """The file of a `file.py:function` target, None for a zoo name."""
+    if ":" in target and target.split(":", 1)[0].endswith(".py"):
+        return target.rsplit(":", 1)[0]
+    return None
 
 
 def _user_line(exc: BaseException, path: str) -> str:
@@ -114,7 +124,13 @@ def _analyze(args):
     import toast_core as tc
 
     fn, ex_args, argnums, name = load_target(args.target, args.size, args.forward)
-    prog = tc.trace(fn, *ex_args, param_argnums=argnums)
+    try:
+        prog = tc.trace(fn, *ex_args, param_argnums=argnums)
+    except tc.TraceError as exc:
+        path = _user_path(args.target)
+        if path is None:
+            raise
+        raise CliError(f"{path}{_user_line(exc.__cause__ or exc, path)}: {exc}") from None
     t0 = time.perf_counter()
     ana = tc.analyze(prog)
     return fn, ex_args, ana, time.perf_counter() - t0
@@ -293,7 +309,12 @@ def cmd_validate(args) -> int:
     else:
         from toast_core.search.baselines import all_baselines
 
-        strategy, why = all_baselines(ana, mesh)[args.baseline]
+        baselines = all_baselines(ana, mesh)
+        if args.baseline not in baselines:
+            raise CliError(
+                f"expected a baseline ({', '.join(baselines)}), got `--baseline={args.baseline}`"
+            )
+        strategy, why = baselines[args.baseline]
         if strategy is None:
             raise CliError(f"baseline {args.baseline} does not apply: {why}")
     devices = jax.devices()
@@ -315,8 +336,16 @@ def cmd_validate(args) -> int:
     return 0 if rep.numerics_ok else 1
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's one-line error format (`toast: error: ...`, exit status 2)."""
+
+    def error(self, message: str):
+        print(f"toast: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="toast", description="TOAST auto-sharding for JAX programs")
+    p = _Parser(prog="toast", description="TOAST auto-sharding for JAX programs")
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_text in (
         ("analyze", "named dims and conflicts"),
@@ -356,8 +385,22 @@ def main(argv: list[str] | None = None) -> int:
         return {"analyze": cmd_analyze, "search": cmd_search, "compare": cmd_compare,
                 "validate": cmd_validate}[args.command](args)
     except (CliError, ToastError) as exc:
-        print(f"toast: error: {exc}", file=sys.stderr)
+        print(f"toast: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    except Exception as exc:  # noqa: BLE001 - e.g. the user's function failing when run by XLA
+        if os.environ.get("TOAST_DEBUG"):
+            raise
+        print(
+            f"toast: error: {type(exc).__name__}: {_one_line(str(exc), 300)} "
+            "(set TOAST_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _one_line(text: str, limit: int = 2000) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 if __name__ == "__main__":

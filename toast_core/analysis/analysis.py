@@ -30,7 +30,14 @@ from toast_core.analysis.nda import MEdge, NamedDim, NdaResult, components, run_
 from toast_core.errors import ToastError, bad_value
 from toast_core.ir.program import Program
 
-_ROLE_RANK = {"input": 0, "parameter": 1, "state": 2, "constant": 4, "literal": 5, "intermediate": 3}
+_ROLE_RANK = {
+    "input": 0,
+    "parameter": 1,
+    "state": 2,
+    "constant": 4,
+    "literal": 5,
+    "intermediate": 3,
+}
 _LAYER_INDEX = re.compile(r"\[\d+\]")
 
 
@@ -61,14 +68,18 @@ class Analysis:
             for nd in self.named_dims:
                 if nd.label == key:
                     return nd
-        raise ToastError(bad_value("named_dim", key, f"a named dim id N0..N{len(self.named_dims) - 1}"))
+        raise ToastError(
+            bad_value("named_dim", key, f"a named dim id N0..N{len(self.named_dims) - 1}")
+        )
 
     def conflict(self, key: int | str) -> Conflict:
         if isinstance(key, str) and re.fullmatch(r"K\d+", key):
             key = int(key[1:])
         if isinstance(key, int) and 0 <= key < len(self.conflicts):
             return self.conflicts[key]
-        raise ToastError(bad_value("conflict", key, f"a conflict id K0..K{len(self.conflicts) - 1}"))
+        raise ToastError(
+            bad_value("conflict", key, f"a conflict id K0..K{len(self.conflicts) - 1}")
+        )
 
     def value_named_dims(self, value_id: int) -> tuple[tuple[int, ...], ...]:
         """Named dim ids of each dim of a value (major to minor sub-factors)."""
@@ -178,7 +189,9 @@ def analyze(program: Program) -> Analysis:
 def _analyze(program: Program) -> Analysis:
     nda = run_nda(program)
     n_atoms = len(nda.atom_size)
-    edges = np.array([(e.value_atom, e.use_atom) for e in nda.medges], dtype=np.int64).reshape(-1, 2)
+    edges = np.array([(e.value_atom, e.use_atom) for e in nda.medges], dtype=np.int64).reshape(
+        -1, 2
+    )
     labels = components(n_atoms, edges)
     is_leaf = np.zeros(n_atoms, dtype=bool)
     for dims in nda.value_atoms:
@@ -428,7 +441,9 @@ def _site(program: Program, vid: int) -> Site:
     producers = program.producers()
     opi = producers[vid]
     where = program.ops[opi].where() if opi is not None else "input"
-    return Site(opi if opi is not None else -1, vid, f"{program.values[vid].display()} from {where}")
+    return Site(
+        opi if opi is not None else -1, vid, f"{program.values[vid].display()} from {where}"
+    )
 
 
 def _groups(program: Program, named, conflicts):

@@ -156,7 +156,7 @@ def cut_options(graph: ClassGraph, sources: set[int], sinks: set[int]) -> list[f
 
 
 def describe_cut(program: Program, medges, cut: frozenset[int], limit: int = 3) -> str:
-    """"reshard k[8, 32, 64] at dot_general at model.py:42; ..." (one phrase per cut use)."""
+    """ "reshard k[8, 32, 64] at dot_general at model.py:42; ..." (one phrase per cut use)."""
     uses: dict[tuple[int, int], int] = {}
     for eid in sorted(cut):
         e = medges[eid]

@@ -144,7 +144,11 @@ class _FactorForest:
         factorizations have no common refinement (nothing is changed then)."""
         if len(seq_a) == 1 and len(seq_b) == 1:
             a, b = seq_a[0], seq_b[0]
-            if self.children[a] is None and self.children[b] is None and self.size[a] == self.size[b]:
+            if (
+                self.children[a] is None
+                and self.children[b] is None
+                and self.size[a] == self.size[b]
+            ):
                 self.union(a, b)
                 return True
         while True:
@@ -197,9 +201,7 @@ def run_nda(program: Program) -> NdaResult:
     produced = {vid for op in program.ops for vid in op.results}
     for v in program.values:
         if v.id not in produced:
-            value_dims[v.id] = [
-                [forest.new(s, "pass", -1)] if s > 1 else [] for s in v.shape
-            ]
+            value_dims[v.id] = [[forest.new(s, "pass", -1)] if s > 1 else [] for s in v.shape]
     unknown: dict[str, int] = {}
     rule_cache: dict = {}
     for op in program.ops:
@@ -236,7 +238,8 @@ def run_nda(program: Program) -> NdaResult:
                     failed.add((vid, op.index, pos, d))
 
     value_atoms = tuple(
-        tuple(tuple(forest.leaves(d)) for d in dims) for dims in value_dims  # type: ignore[union-attr]
+        tuple(tuple(forest.leaves(d)) for d in dims)
+        for dims in value_dims  # type: ignore[union-attr]
     )
     use_atoms = {
         key: tuple(tuple(forest.leaves(d)) for d in dims) for key, dims in use_dims.items()

@@ -67,7 +67,9 @@ def elementwise_rule(op, operand_shapes, result_shapes) -> OpFactors:
         return fb.build()
     out = result_shapes[0]
     for d, size in enumerate(out):
-        slots = [(i, d) for i, s in enumerate(operand_shapes) if len(s) == len(out) and s[d] == size]
+        slots = [
+            (i, d) for i, s in enumerate(operand_shapes) if len(s) == len(out) and s[d] == size
+        ]
         fb.shared(size, operands=slots, results=[(0, d)])
     return fb.build()
 
@@ -200,9 +202,7 @@ def conv_rule(op, operand_shapes, result_shapes) -> OpFactors:
     if op.param("batch_group_count", 1) == 1:
         fb.shared(lhs[lhs_spec[0]], operands=[(0, lhs_spec[0])], results=[(0, out_spec[0])])
     if not grouped:
-        fb.shared(
-            lhs[lhs_spec[1]], "reduction", operands=[(0, lhs_spec[1]), (1, rhs_spec[1])]
-        )
+        fb.shared(lhs[lhs_spec[1]], "reduction", operands=[(0, lhs_spec[1]), (1, rhs_spec[1])])
         fb.shared(rhs[rhs_spec[0]], operands=[(1, rhs_spec[0])], results=[(0, out_spec[1])])
     for sl, so, sr in zip(lhs_spec[2:], out_spec[2:], rhs_spec[2:]):
         if lhs[sl] == out[so]:
@@ -395,9 +395,7 @@ def gather_rule(op, operand_shapes, result_shapes) -> OpFactors:
         if idim in idx_batch:
             slots.append((0, op_batch[idx_batch.index(idim)]))
         fb.shared(out[od], operands=slots, results=[(0, od)])
-    window = [
-        d for d in range(len(operand)) if d not in collapsed and d not in set(op_batch)
-    ]
+    window = [d for d in range(len(operand)) if d not in collapsed and d not in set(op_batch)]
     for od, wd in zip(offset_dims, window):
         if slice_sizes[wd] == operand[wd] and wd not in start_index_map:
             fb.shared(out[od], operands=[(0, wd)], results=[(0, od)])
@@ -556,5 +554,7 @@ def cond_end_rule(op, operand_shapes, result_shapes) -> OpFactors:
     n_branches = len(operand_shapes) // max(n_out, 1)
     for i, shape in enumerate(result_shapes):
         for d, size in enumerate(shape):
-            fb.shared(size, operands=[(b * n_out + i, d) for b in range(n_branches)], results=[(i, d)])
+            fb.shared(
+                size, operands=[(b * n_out + i, d) for b in range(n_branches)], results=[(i, d)]
+            )
     return fb.build()

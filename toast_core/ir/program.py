@@ -14,7 +14,7 @@ output (`params.blocks[3].attn.wq`), otherwise from its defining primitive (`dot
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cache, cached_property
 from math import prod
 
 import numpy as np
@@ -23,7 +23,7 @@ import numpy as np
 ROLES = ("input", "parameter", "state", "constant", "literal", "intermediate")
 
 
-@lru_cache(maxsize=None)
+@cache
 def dtype_itemsize(dtype: str) -> int:
     """Bytes per element of a dtype name (`float32`, `bfloat16`, `int32`, `bool`, ...)."""
     if dtype in ("bool", "pred"):

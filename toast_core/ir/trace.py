@@ -381,6 +381,13 @@ def _keystr(path) -> str:
     return "".join(parts)
 
 
+def _fn_name(fn: Callable) -> str:
+    """`fn.__name__`, looking through `functools.partial`; "fn" for nameless callables."""
+    while not hasattr(fn, "__name__") and hasattr(fn, "func"):
+        fn = fn.func
+    return str(getattr(fn, "__name__", "fn"))
+
+
 def _leaf_subpaths(args: tuple) -> list[str]:
     """Each input leaf's path inside its own argument (`.mu.w`, `[0].mu.w`; "" for a bare array)."""
     out = []
@@ -429,12 +436,12 @@ def trace(fn: Callable, *args: Any, param_argnums: tuple[int, ...] | None = None
     except Exception as exc:  # noqa: BLE001 - any failure of the user's code is a trace error
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TraceError(
-            f"tracing `fn={getattr(fn, '__name__', fn)!r}` failed: {type(exc).__name__}: {first}"
+            f"tracing `fn={_fn_name(fn)!r}` failed: {type(exc).__name__}: {first}"
         ) from exc
     if param_argnums is None:
         param_argnums = (0,) if len(args) > 1 else ()
     closed = _dead_code_eliminated(closed)
-    fn_name = getattr(fn, "__name__", "fn")
+    fn_name = _fn_name(fn)
     in_names = _path_names(fn, args)
     in_subpaths = _leaf_subpaths(args)
     arg_of_leaf = _arg_index_of_leaves(args)

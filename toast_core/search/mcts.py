@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings as _warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -398,9 +399,11 @@ def search(
     warnings = ()
     if not report.fits:
         warnings = (
-            f"NO MEMORY-FEASIBLE STRATEGY FOUND: the best one needs {report.peak_bytes / 2**30:.2f} "
-            f"GiB per device, over the {report.capacity_bytes / 2**30:.2f} GiB allowed",
+            "NO MEMORY-FEASIBLE STRATEGY FOUND: the least infeasible one needs "
+            f"{_fmt_bytes(report.peak_bytes)} per device, over the "
+            f"{_fmt_bytes(report.capacity_bytes)} allowed",
         )
+        _warnings.warn(warnings[0], RuntimeWarning, stacklevel=2)
     return SearchResult(
         best=last.best_strategy,
         report=report,
@@ -413,3 +416,11 @@ def search(
         warnings=warnings,
         time_to_best_baseline_s=t_reach,
     )
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"

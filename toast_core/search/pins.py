@@ -25,7 +25,7 @@ from toast_core.analysis import Analysis
 from toast_core.errors import PinError, StrategyError, bad_value
 
 _OPTION = re.compile(r"^(!?)K(\d+)=(\d+|none)$")
-_DIM = re.compile(r"^(!?)(.+)@([A-Za-z_][\w+]*|-)$")
+_DIM = re.compile(r"^(!?)([^@]+)@([A-Za-z_]\w*(?:\+[A-Za-z_]\w*)*|-)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,13 +97,27 @@ def reference_fines(ana: Analysis, ref: str, options, pin_text: str) -> tuple[in
     m = re.fullmatch(r"(.+)\.(\d+)(?::(\d+))?", ref)
     if m:
         name, dim, sub = m.group(1), int(m.group(2)), int(m.group(3) or 0)
-        for v in ana.program.values:
-            if v.name == name or (v.output_name == name):
-                atoms = ana.nda.value_atoms[v.id]
-                if dim >= len(atoms) or sub >= len(atoms[dim]):
-                    raise PinError(bad_value("pin", pin_text, f"a dim of {v.display()} that can be sharded"))
-                fine = int(ana.fine_of_atom[atoms[dim][sub]])
-                return res.dims[int(res.fine_to_dim[fine])].fine
+        for v in _values_named(ana, name, pin_text):
+            atoms = ana.nda.value_atoms[v.id]
+            if dim >= len(atoms) or sub >= len(atoms[dim]):
+                raise PinError(bad_value("pin", pin_text, f"a dim of {v.display()} that can be sharded"))
+            fine = int(ana.fine_of_atom[atoms[dim][sub]])
+            return res.dims[int(res.fine_to_dim[fine])].fine
     raise PinError(
         bad_value("pin", pin_text, "a named dim (N3), a label, or a value dim such as tokens.1")
     )
+
+
+def _values_named(ana: Analysis, name: str, pin_text: str) -> list:
+    """The value a pin names: by its full name or output name, else by a unique trailing part of
+    an input's pytree path (`tokens` for `batch.tokens`, `w_fc` is ambiguous across layers)."""
+    values = ana.program.values
+    exact = [v for v in values if v.name == name or v.output_name == name]
+    if exact:
+        return exact[:1]
+    inputs = [values[i] for i in ana.program.inputs]
+    tail = [v for v in inputs if v.name.endswith("." + name) or v.name.endswith("]" + name)]
+    if len(tail) > 1:
+        shown = ", ".join(v.name for v in tail[:4]) + (", ..." if len(tail) > 4 else "")
+        raise PinError(bad_value("pin", pin_text, f"a unique value name (`{name}` matches {shown})"))
+    return tail

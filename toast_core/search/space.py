@@ -173,6 +173,13 @@ class DecisionSpace:
         self.forbidden_options = set()
         for f in forbids:
             if f.kind == "option":
+                if f.conflict >= len(ana.conflicts):
+                    raise PinError(
+                        f"forbid `{f.text}` names conflict K{f.conflict}, which does not exist"
+                    )
+                if f.option >= len(ana.conflicts[f.conflict].options):
+                    n = len(ana.conflicts[f.conflict].options)
+                    raise PinError(f"forbid `{f.text}`: conflict K{f.conflict} has {n} options")
                 if f.conflict in chosen and chosen[f.conflict][0] == f.option:
                     raise PinError(f"pin `{chosen[f.conflict][1].text}` contradicts forbid `{f.text}`")
                 self.forbidden_options.add((f.conflict, f.option))

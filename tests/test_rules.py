@@ -1,0 +1,440 @@
+"""Factor rules, one hand case per family, built by tracing tiny JAX functions.
+
+A rule is shown as a set of factors `(kind, size, slots)`, where a slot names an operand or result
+dim: `o1.0` is operand 1 dim 0, `r0.2` result 0 dim 2, and `o0.1:0` the major sub-factor of a dim
+split by a reshape. Factors shared by several slots are the op's identities (I-edges).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from math import prod
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.extend.core import Primitive
+
+import toast_core as tc
+from toast_core.analysis.factors import OpFactors
+from toast_core.analysis.rules import RULES, factors_of
+
+
+def sds(*shape, dtype=jnp.float32) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def F(kind: str, size: int, *slots: str) -> tuple[str, int, frozenset[str]]:
+    return (kind, size, frozenset(slots))
+
+
+def rule_of(fn, *args, primitive: str, index: int = 0):
+    """(program, op, factors) of the index-th `primitive` op of `fn(*args)`."""
+    prog = tc.trace(fn, *args, param_argnums=())
+    ops = [op for op in prog.ops if op.primitive == primitive]
+    assert ops, f"no {primitive} in {[op.primitive for op in prog.ops]}"
+    op = ops[index]
+    operand_shapes = [prog.values[i].shape for i in op.operands]
+    result_shapes = [prog.values[i].shape for i in op.results]
+    factors = factors_of(op, operand_shapes, result_shapes)
+    assert_well_formed(factors, operand_shapes, result_shapes)
+    return prog, op, factors
+
+
+def table(f: OpFactors) -> set[tuple[str, int, frozenset[str]]]:
+    slots: dict[int, set[str]] = defaultdict(set)
+    for side, tensors in (("o", f.operands), ("r", f.results)):
+        for t, dims in enumerate(tensors):
+            for d, factors in enumerate(dims):
+                for k, factor in enumerate(factors):
+                    suffix = f":{k}" if len(factors) > 1 else ""
+                    slots[factor].add(f"{side}{t}.{d}{suffix}")
+    return {(f.kinds[x], f.sizes[x], frozenset(s)) for x, s in slots.items()}
+
+
+def rule_table(fn, *args, primitive: str, index: int = 0) -> set:
+    return table(rule_of(fn, *args, primitive=primitive, index=index)[2])
+
+
+def assert_well_formed(f: OpFactors, operand_shapes, result_shapes) -> None:
+    """Every dim's factors multiply to its size (size-1 dims have none); every factor is used."""
+    assert len(f.operands) == len(operand_shapes) and len(f.results) == len(result_shapes)
+    for dims, shapes in ((f.operands, operand_shapes), (f.results, result_shapes)):
+        for tensor, shape in zip(dims, shapes):
+            assert len(tensor) == len(shape)
+            for factors, size in zip(tensor, shape):
+                assert prod(f.sizes[x] for x in factors) == size, (factors, size)
+    used = {x for tensors in (f.operands, f.results) for t in tensors for d in t for x in d}
+    assert used == set(range(len(f.sizes)))
+    assert all(size > 1 for size in f.sizes)
+    assert set(f.kinds) <= {"pass", "reduction", "replicate", "permute"}
+
+
+X = sds(4, 6)
+
+
+# --- elementwise -------------------------------------------------------------------------------
+
+
+def test_elementwise_links_every_operand_dim_to_the_result():
+    got = rule_table(lambda x, y: x + y, X, X, primitive="add")
+    assert got == {F("pass", 4, "o0.0", "o1.0", "r0.0"), F("pass", 6, "o0.1", "o1.1", "r0.1")}
+
+
+def test_elementwise_rank0_operands_broadcast_and_size1_dims_have_no_factor():
+    got = rule_table(lambda x: x * 2.0, X, primitive="mul")
+    assert got == {F("pass", 4, "o0.0", "r0.0"), F("pass", 6, "o0.1", "r0.1")}
+    prog, op, _ = rule_of(lambda x: x * 2.0, X, primitive="mul")
+    assert prog.values[op.operands[1]].role == "literal"
+    got = rule_table(lambda x, y: jnp.maximum(x, y), sds(4, 1), sds(4, 1), primitive="max")
+    assert got == {F("pass", 4, "o0.0", "o1.0", "r0.0")}
+
+
+def test_select_n_links_predicate_and_both_cases():
+    got = rule_table(lambda p, a, b: jnp.where(p, a, b), sds(4, 6, dtype=jnp.bool_), X, X,
+                     primitive="select_n")  # fmt: skip
+    assert got == {
+        F("pass", 4, "o0.0", "o1.0", "o2.0", "r0.0"),
+        F("pass", 6, "o0.1", "o1.1", "o2.1", "r0.1"),
+    }
+
+
+# --- layout ------------------------------------------------------------------------------------
+
+
+def test_broadcast_in_dim_new_dims_are_fresh_and_kept_dims_link():
+    got = rule_table(lambda v: jnp.broadcast_to(v, (4, 6)), sds(6), primitive="broadcast_in_dim")
+    assert got == {F("pass", 4, "r0.0"), F("pass", 6, "o0.0", "r0.1")}
+    # An expanded size-1 dim gets no factor; the result dim is fresh.
+    got = rule_table(lambda v: jnp.broadcast_to(v, (4, 6)), sds(1, 6), primitive="broadcast_in_dim")
+    assert got == {F("pass", 4, "r0.0"), F("pass", 6, "o0.1", "r0.1")}
+
+
+def test_reshape_split_and_merge_use_sub_factors():
+    got = rule_table(lambda x: x.reshape(8, 4, 8), sds(8, 32), primitive="reshape")
+    assert got == {
+        F("pass", 8, "o0.0", "r0.0"),
+        F("pass", 4, "o0.1:0", "r0.1"),
+        F("pass", 8, "o0.1:1", "r0.2"),
+    }
+    got = rule_table(lambda x: x.reshape(8, 32), sds(8, 4, 8), primitive="reshape")
+    assert got == {
+        F("pass", 8, "o0.0", "r0.0"),
+        F("pass", 4, "o0.1", "r0.1:0"),
+        F("pass", 8, "o0.2", "r0.1:1"),
+    }
+
+
+def test_reshape_partial_nesting_refines_both_sides():
+    """[6, 4] -> [2, 12]: 6 = (2, 3) and 12 = (3, 4) share the factor 3."""
+    got = rule_table(lambda x: x.reshape(2, 12), sds(6, 4), primitive="reshape")
+    assert got == {
+        F("pass", 2, "o0.0:0", "r0.0"),
+        F("pass", 3, "o0.0:1", "r0.1:0"),
+        F("pass", 4, "o0.1", "r0.1:1"),
+    }
+
+
+def test_reshape_that_does_not_nest_links_nothing():
+    """[4, 6] -> [6, 4]: no common ordered factorization, so the operand dims must be whole."""
+    got = rule_table(lambda x: x.reshape(6, 4), X, primitive="reshape")
+    assert got == {
+        F("replicate", 4, "o0.0"),
+        F("replicate", 6, "o0.1"),
+        F("pass", 6, "r0.0"),
+        F("pass", 4, "r0.1"),
+    }
+
+
+def test_transpose_permutes():
+    got = rule_table(lambda x: jnp.transpose(x, (2, 0, 1)), sds(2, 3, 4), primitive="transpose")
+    assert got == {F("pass", 4, "o0.2", "r0.0"), F("pass", 2, "o0.0", "r0.1"),
+                   F("pass", 3, "o0.1", "r0.2")}  # fmt: skip
+
+
+def test_squeeze_and_expand_dims():
+    got = rule_table(lambda x: jnp.squeeze(x, 1), sds(4, 1, 6), primitive="squeeze")
+    assert got == {F("pass", 4, "o0.0", "r0.0"), F("pass", 6, "o0.2", "r0.1")}
+
+
+def test_rev_keeps_the_link_as_a_permutation():
+    got = rule_table(lambda x: jnp.flip(x, 1), X, primitive="rev")
+    assert got == {F("pass", 4, "o0.0", "r0.0"), F("permute", 6, "o0.1", "r0.1")}
+
+
+# --- contractions ------------------------------------------------------------------------------
+
+
+def test_dot_general_with_batch_dims():
+    got = rule_table(lambda a, b: jnp.einsum("bmk,bkn->bmn", a, b), sds(2, 3, 5), sds(2, 5, 7),
+                     primitive="dot_general")  # fmt: skip
+    assert got == {
+        F("pass", 2, "o0.0", "o1.0", "r0.0"),
+        F("pass", 3, "o0.1", "r0.1"),
+        F("pass", 7, "o1.2", "r0.2"),
+        F("reduction", 5, "o0.2", "o1.1"),
+    }
+
+
+def test_dot_general_of_x_with_its_transpose():
+    """`x @ x.T` reads x twice (once through the transpose): two result dims of one size."""
+    got = rule_table(lambda x: x @ x.T, X, primitive="dot_general")
+    assert got == {
+        F("pass", 4, "o0.0", "r0.0"),
+        F("pass", 4, "o1.1", "r0.1"),
+        F("reduction", 6, "o0.1", "o1.0"),
+    }
+
+
+def test_conv_same_padding_spatial_dims_permute_and_features_contract():
+    def conv(x, k):
+        return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME")  # NCHW, OIHW
+
+    got = rule_table(conv, sds(2, 3, 8, 8), sds(5, 3, 3, 3), primitive="conv_general_dilated")
+    assert got == {
+        F("pass", 2, "o0.0", "r0.0"),
+        F("reduction", 3, "o0.1", "o1.1"),
+        F("pass", 5, "o1.0", "r0.1"),
+        F("permute", 8, "o0.2", "r0.2"),
+        F("permute", 8, "o0.3", "r0.3"),
+        F("replicate", 3, "o1.2"),
+        F("replicate", 3, "o1.3"),
+    }
+
+
+def test_conv_valid_spatial_dims_replicate():
+    def conv(x, k):
+        return jax.lax.conv_general_dilated(x, k, (1, 1), "VALID")
+
+    got = rule_table(conv, sds(2, 3, 8, 8), sds(5, 3, 3, 3), primitive="conv_general_dilated")
+    assert F("replicate", 8, "o0.2") in got and F("pass", 6, "r0.2") in got
+    assert F("replicate", 3, "o1.2") in got
+
+
+def test_conv_weight_gradient_reduces_over_spatial_dims():
+    """dW = conv(x, dy): the kernel is as large as the input, so spatial dims contract."""
+
+    def loss(k, x):
+        return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME").sum()
+
+    prog = tc.trace(jax.grad(loss), sds(5, 3, 3, 3), sds(2, 3, 8, 8), param_argnums=())
+    convs = [op for op in prog.ops if op.primitive == "conv_general_dilated"]
+    (grad_conv,) = [op for op in convs if prog.values[op.results[0]].shape[-1] == 3]
+    shapes = [prog.values[i].shape for i in grad_conv.operands]
+    got = table(factors_of(grad_conv, shapes, [prog.values[grad_conv.results[0]].shape]))
+    reductions = {(size, slots) for kind, size, slots in got if kind == "reduction"}
+    # Batch (2) contracts like a feature dim; both spatial dims (8) contract input with kernel.
+    assert sorted(size for size, _ in reductions) == [2, 8, 8]
+    assert all(any(s.startswith("o0") for s in slots) for _, slots in reductions)
+    assert all(any(s.startswith("o1") for s in slots) for _, slots in reductions)
+
+
+# --- reductions and scans ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fn, primitive",
+    [
+        (lambda x: x.sum(1), "reduce_sum"),
+        (lambda x: x.max(1), "reduce_max"),
+        (lambda x: jnp.argmax(x, axis=1), "argmax"),
+    ],
+)
+def test_reductions_mark_the_reduced_dim(fn, primitive):
+    assert rule_table(fn, X, primitive=primitive) == {
+        F("pass", 4, "o0.0", "r0.0"),
+        F("reduction", 6, "o0.1"),
+    }
+
+
+def test_cumsum_needs_its_dim_whole():
+    got = rule_table(lambda x: jnp.cumsum(x, axis=1), X, primitive="cumsum")
+    assert got == {F("pass", 4, "o0.0", "r0.0"), F("replicate", 6, "o0.1", "r0.1")}
+
+
+def test_sort_needs_its_dim_whole_in_every_operand():
+    got = rule_table(lambda x: jnp.sort(x, axis=0), X, primitive="sort")
+    assert got == {F("replicate", 4, "o0.0", "r0.0"), F("pass", 6, "o0.1", "r0.1")}
+    got = rule_table(lambda k, v: jax.lax.sort((k, v), dimension=1, num_keys=1), X, X,
+                     primitive="sort")  # fmt: skip
+    assert got == {
+        F("pass", 4, "o0.0", "o1.0", "r0.0", "r1.0"),
+        F("replicate", 6, "o0.1", "o1.1", "r0.1", "r1.1"),
+    }
+
+
+# --- slicing, concatenation, padding -----------------------------------------------------------
+
+
+def test_concatenate_needs_the_joined_dim_whole():
+    got = rule_table(lambda a, b: jnp.concatenate([a, b], 0), X, sds(2, 6),
+                     primitive="concatenate")  # fmt: skip
+    assert got == {
+        F("replicate", 4, "o0.0"),
+        F("replicate", 2, "o1.0"),
+        F("pass", 6, "r0.0"),
+        F("pass", 6, "o0.1", "o1.1", "r0.1"),
+    }
+
+
+def test_split_needs_the_split_dim_whole():
+    got = rule_table(lambda x: jnp.split(x, 2, axis=1), X, primitive="split")
+    assert got == {
+        F("pass", 4, "o0.0", "r0.0", "r1.0"),
+        F("replicate", 6, "o0.1"),
+        F("pass", 3, "r0.1"),
+        F("pass", 3, "r1.1"),
+    }
+
+
+def test_slice_and_dynamic_slice_resize_a_dim():
+    want = {F("replicate", 4, "o0.0"), F("pass", 2, "r0.0"), F("pass", 6, "o0.1", "r0.1")}
+    assert rule_table(lambda x: x[1:3], X, primitive="slice") == want
+    got = rule_table(lambda x, i: jax.lax.dynamic_slice(x, (i, 0), (2, 6)), X, sds(dtype=jnp.int32),
+                     primitive="dynamic_slice")  # fmt: skip
+    assert got == want
+
+
+def test_dynamic_update_slice_links_operand_and_result():
+    got = rule_table(lambda x, u, i: jax.lax.dynamic_update_slice(x, u, (i, 0)), X, sds(2, 6),
+                     sds(dtype=jnp.int32), primitive="dynamic_update_slice")  # fmt: skip
+    assert got == {
+        F("pass", 4, "o0.0", "r0.0"),
+        F("replicate", 2, "o1.0"),
+        F("pass", 6, "o0.1", "o1.1", "r0.1"),
+    }
+
+
+def test_pad_exchanges_halos_on_the_padded_dim():
+    got = rule_table(lambda x: jnp.pad(x, ((1, 1), (0, 0))), X, primitive="pad")
+    assert got == {F("permute", 4, "o0.0"), F("pass", 6, "r0.0"), F("pass", 6, "o0.1", "r0.1")}
+
+
+# --- gather and scatter ------------------------------------------------------------------------
+
+
+def test_embedding_lookup_uses_the_masked_rule_on_the_vocab_dim():
+    got = rule_table(lambda t, i: jnp.take(t, i, axis=0), sds(10, 8), sds(4, 5, dtype=jnp.int32),
+                     primitive="gather")  # fmt: skip
+    assert got == {
+        F("reduction", 10, "o0.0"),  # each device looks up its own rows, then partial sums
+        F("pass", 8, "o0.1", "r0.2"),
+        F("pass", 4, "o1.0", "r0.0"),
+        F("pass", 5, "o1.1", "r0.1"),
+    }
+
+
+def test_gather_with_batching_dims_links_operand_indices_and_result():
+    got = rule_table(lambda x, i: jnp.take_along_axis(x, i, axis=2), sds(4, 5, 6),
+                     sds(4, 5, 1, dtype=jnp.int32), primitive="gather")  # fmt: skip
+    assert F("pass", 4, "o0.0", "o1.0", "r0.0") in got
+    assert F("pass", 5, "o0.1", "o1.1", "r0.1") in got
+    assert F("reduction", 6, "o0.2") in got
+
+
+def test_scatter_add_sums_partial_updates():
+    got = rule_table(lambda t, i, u: t.at[i].add(u), sds(10, 8), sds(4, dtype=jnp.int32),
+                     sds(4, 8), primitive="scatter-add")  # fmt: skip
+    assert got == {
+        F("pass", 10, "o0.0", "r0.0"),
+        F("pass", 8, "o0.1", "o2.1", "r0.1"),
+        F("reduction", 4, "o1.0", "o2.0"),
+    }
+
+
+def test_scatter_overwrite_needs_its_updates_whole():
+    got = rule_table(lambda t, i, u: t.at[i].set(u), sds(10, 8), sds(4, dtype=jnp.int32),
+                     sds(4, 8), primitive="scatter")  # fmt: skip
+    assert F("replicate", 4, "o1.0", "o2.0") in got
+
+
+# --- creation and regions ----------------------------------------------------------------------
+
+
+def test_iota_creates_fresh_dims():
+    got = rule_table(lambda: jax.lax.broadcasted_iota(jnp.int32, (4, 6), 1), primitive="iota")
+    assert got == {F("pass", 4, "r0.0"), F("pass", 6, "r0.1")}
+
+
+def scan_program(c, xs):
+    return jax.lax.scan(lambda carry, x: (carry * x, jnp.sin(x)), c, xs)
+
+
+def test_scan_start_links_carry_and_slices_and_keeps_the_stacked_dim_whole():
+    got = rule_table(scan_program, sds(3), sds(5, 3), primitive="scan_start")
+    assert got == {
+        F("pass", 3, "o0.0", "r0.0"),  # carry -> body carry
+        F("replicate", 5, "o1.0"),  # the stacked dim of xs: iterations are sequential
+        F("pass", 3, "o1.1", "r1.0"),  # xs[:, j] -> x[j]
+    }
+
+
+def test_scan_end_links_carry_in_and_out_and_stacks_ys():
+    prog, op, factors = rule_of(scan_program, sds(3), sds(5, 3), primitive="scan_end")
+    # Operands: body outputs (carry', y) then the body's carry input; results: (carry, ys).
+    assert [prog.values[i].shape for i in op.operands] == [(3,), (3,), (3,)]
+    assert table(factors) == {
+        F("pass", 3, "o0.0", "o2.0", "r0.0"),
+        F("pass", 3, "o1.0", "r1.1"),
+        F("pass", 5, "r1.0"),
+    }
+
+
+def test_cond_end_links_every_branch_output_to_the_result():
+    def branch(p, x):
+        return jax.lax.cond(p, lambda x: x * 2.0, lambda x: x + 1.0, x)
+
+    got = rule_table(branch, sds(dtype=jnp.bool_), X, primitive="cond_end")
+    assert got == {F("pass", 4, "o0.0", "o1.0", "r0.0"), F("pass", 6, "o0.1", "o1.1", "r0.1")}
+
+
+# --- every zoo primitive has a real rule -------------------------------------------------------
+
+
+PURE_JAX_ZOO = ["gns", "gpt", "gpt-scan", "llama", "mlp", "moe", "unet"]
+SLOW_ZOO = ["equinox", "flax"]  # building these workloads imports and initialises the libraries
+
+
+@pytest.mark.parametrize(
+    "name", PURE_JAX_ZOO + [pytest.param(n, marks=pytest.mark.slow) for n in SLOW_ZOO]
+)
+def test_every_zoo_primitive_has_a_real_well_formed_rule(name):
+    from demos import MODEL_ZOO
+
+    w = MODEL_ZOO[name](size="tiny", train=True)
+    prog = tc.trace(w.fn, *w.args, param_argnums=w.param_argnums)
+    for op in prog.ops:
+        assert op.primitive in RULES, f"{name}: no rule for {op.primitive}"
+        operand_shapes = [prog.values[i].shape for i in op.operands]
+        result_shapes = [prog.values[i].shape for i in op.results]
+        factors = factors_of(op, operand_shapes, result_shapes)
+        assert not factors.is_fallback
+        assert_well_formed(factors, operand_shapes, result_shapes)
+    assert not tc.analyze(prog).nda.fallback_ops
+
+
+# --- unknown primitives ------------------------------------------------------------------------
+
+mystery_p = Primitive("toast_test_mystery")
+mystery_p.def_abstract_eval(lambda x: jax.core.ShapedArray(x.shape, x.dtype))
+mystery_p.def_impl(lambda x: x * 2)
+
+
+def test_unknown_primitive_gets_the_fallback_and_a_diagnostic():
+    def fn(params, x):
+        h = x @ params["w1"]
+        return mystery_p.bind(h) @ params["w2"]
+
+    prog = tc.trace(fn, {"w1": sds(4, 8), "w2": sds(8, 2)}, sds(3, 4))
+    (op,) = [op for op in prog.ops if op.primitive == "toast_test_mystery"]
+    shapes = [prog.values[op.operands[0]].shape]
+    assert factors_of(op, shapes, shapes).is_fallback
+    ana = tc.analyze(prog)
+    assert any("toast_test_mystery" in d for d in ana.diagnostics)
+    before = {c for dim in ana.value_named_dims(op.operands[0]) for c in dim}
+    after = {c for dim in ana.value_named_dims(op.results[0]) for c in dim}
+    assert len(before) == 2 and len(after) == 2
+    assert not before & after, "a named dim crosses the unknown op"
+    assert not ana.conflicts
+    # The batch dim of x and of the output are different named dims now (the op cut them).
+    assert len(ana.named_dims) == 6

@@ -1,0 +1,91 @@
+"""Every zoo model end to end: trace, analyze (no unknown primitives), search, validate on XLA.
+
+Also the repeated-layer grouping and the scan-over-layers variant: the scanned and unrolled GPT
+price the same strategy (data parallel) at the same step time.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+import toast_core as tc
+from demos import MODEL_ZOO
+from toast_core.apply.hlo import parse_collectives
+from toast_core.search.baselines import all_baselines
+
+MESH = tc.MeshSpec({"data": 2, "model": 4})
+HW = tc.hardware("tpu-v5e")
+
+
+def _analysis(name: str, **kw):
+    w = MODEL_ZOO[name](size="tiny", **kw)
+    return w, tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
+
+
+@pytest.fixture(scope="module")
+def jax_mesh():
+    return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MODEL_ZOO))
+def test_zoo_model_end_to_end(name, jax_mesh):
+    w, ana = _analysis(name, train=True)
+    assert not ana.diagnostics, ana.diagnostics
+    assert len(ana.named_dims) < ana.n_tensor_dims / 4
+    result = tc.search(ana, MESH, HW, budget_s=None, num_simulations=40, seed=0)
+    feasible = [t for t in result.baselines.values() if t is not None]
+    assert result.report.step_time_s <= min(feasible) * (1 + 1e-9)
+    check = tc.validate(w.fn, w.args, ana, result.best, jax_mesh, HW)
+    assert check.numerics_ok, (name, check.max_abs_error)
+    # A sharded strategy too, so the comparison exercises collectives.
+    strategy = all_baselines(ana, MESH)["data_parallel"][0]
+    check = tc.validate(w.fn, w.args, ana, strategy, jax_mesh, HW)
+    assert check.numerics_ok, (name, check.max_abs_error)
+    compiled = dict.fromkeys(check.compiled_collective_bytes, 0.0)
+    for c in parse_collectives(check.hlo_text):
+        # XLA's CPU partitioner gathers the batch of a top_k (a custom call it does not split);
+        # top_k's batch dims are pass-through, as on TPU/GPU, so that gather is XLA's choice.
+        if not (c.op_name or "").endswith("top_k"):
+            compiled[c.kind] += c.result_bytes
+    for kind, nbytes in compiled.items():
+        predicted = check.predicted_collective_bytes[kind]
+        assert predicted == pytest.approx(nbytes, rel=0.25, abs=64), (name, kind)
+
+
+def test_scan_and_unrolled_gpt_price_data_parallel_alike():
+    times = {}
+    for name in ("gpt", "gpt-scan"):
+        _, ana = _analysis(name)
+        strategy = all_baselines(ana, MESH)["data_parallel"][0]
+        report = tc.estimate(ana, strategy, MESH, HW)
+        times[name] = (report.step_time_s, report.comm_s, report.flops_per_device)
+    unrolled, scanned = times["gpt"], times["gpt-scan"]
+    assert scanned[0] == pytest.approx(unrolled[0], rel=0.01)
+    assert scanned[1] == pytest.approx(unrolled[1], rel=0.01)
+    assert scanned[2] == pytest.approx(unrolled[2], rel=0.01)
+
+
+def test_repeated_layers_form_decision_groups():
+    from toast_core.search.space import DecisionSpace
+    from toast_core.cost import evaluator
+
+    w = MODEL_ZOO["gpt"](size="gpt2", n_layers=6)
+    ana = tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
+    # Per-layer named dims (heads, head dim, MLP hidden) come in groups of 6.
+    assert ana.dim_groups and all(len(g) == 6 for g in ana.dim_groups)
+    self_groups = [g for g in ana.conflict_groups if ana.conflicts[g[0]].kind == "self"]
+    assert [len(g) for g in self_groups] == [6]
+    space = DecisionSpace(ana, MESH, evaluator(ana, MESH, HW))
+    units = space.units(())
+    # The search decides each kind of per-layer dim once, not once per layer.
+    assert len(units) <= len(ana.named_dims) - 5 * len(ana.dim_groups)
+    # A pin still singles out one layer: its named dim leaves its group.
+    layer0 = ana.named_dims[ana.dim_groups[0][0]]
+    pinned = DecisionSpace(ana, MESH, evaluator(ana, MESH, HW), pins=[f"{layer0.name}@model"])
+    grouped = [u for u in pinned.units(pinned.root.options) if len(u.dims) == 5]
+    assert grouped, "the other five layers stay grouped"
+    assert all(layer0.name not in u.dims for u in pinned.units(pinned.root.options))
