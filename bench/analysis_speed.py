@@ -28,7 +28,7 @@ def main() -> None:
     rows = []
     for n_layers in [int(x) for x in args.layers.split(",")]:
         _, prog, _, trace_s, _ = load("gpt", "gpt2", n_layers=n_layers)
-        nda_s = min(_timed(lambda: run_nda(prog)) for _ in range(args.repeats))
+        nda_s = min(_timed(run_nda, prog) for _ in range(args.repeats))
         best, ana = float("inf"), None
         for _ in range(args.repeats):
             t0 = time.perf_counter()
@@ -58,9 +58,9 @@ def main() -> None:
     print(f"results: {save('analysis_speed', rows)}")
 
 
-def _timed(fn) -> float:
+def _timed(fn, *args) -> float:
     t0 = time.perf_counter()
-    fn()
+    fn(*args)
     return time.perf_counter() - t0
 
 

@@ -70,8 +70,8 @@ def test_scan_and_unrolled_gpt_price_data_parallel_alike():
 
 
 def test_repeated_layers_form_decision_groups():
-    from toast_core.search.space import DecisionSpace
     from toast_core.cost import evaluator
+    from toast_core.search.space import DecisionSpace
 
     w = MODEL_ZOO["gpt"](size="gpt2", n_layers=6)
     ana = tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
