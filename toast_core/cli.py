@@ -186,6 +186,15 @@ def cmd_analyze(args) -> int:
     ]
     print("\nNamed dims")
     print(_table(rows, ["id", "size", "label", "bytes", "members", "reduces", "replicate@", "holds"]))
+    if ana.dim_groups or ana.conflict_groups:
+        print("\nRepeated-layer decision groups (the search decides each group at once; a pin on")
+        print("one member singles that layer out)")
+        for g in ana.dim_groups:
+            nd = ana.named_dims[g[0]]
+            print(f"  {len(g)} x {nd.label}: {' '.join(f'N{d}' for d in g)}")
+        for g in ana.conflict_groups:
+            c = ana.conflicts[g[0]]
+            print(f"  {len(g)} x {c.kind} conflict: {' '.join(f'K{k}' for k in g)}")
     if ana.conflicts:
         print("\nConflicts")
         for c in ana.conflicts:
