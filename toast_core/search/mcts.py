@@ -120,7 +120,7 @@ class _Search:
 
     # -- seeding -------------------------------------------------------------------------------
 
-    def seed(self) -> None:
+    def seed(self, deadline: float | None = None) -> None:
         space = self.space
         self.score(space.root)
         for name, (strategy, _) in all_baselines(space.ana, space.mesh).items():
@@ -136,11 +136,11 @@ class _Search:
         feasible = [t for t in self.baseline_times.values() if t is not None]
         self.best_baseline_time = min(feasible) if feasible else None
         self.ref = self.best_baseline_time or self.best_score.step_time_s or 1.0
-        self.greedy(space.root)
+        self.greedy(space.root, deadline=deadline)
         if self.best_state is not None and self.best_state.key != space.root.key:
-            self.greedy(self.best_state)
+            self.greedy(self.best_state, deadline=deadline)
 
-    def greedy(self, state: State, max_steps: int = 64) -> State:
+    def greedy(self, state: State, max_steps: int = 64, deadline: float | None = None) -> State:
         """Steepest descent by the cost model over single actions.
 
         Resolving a conflict changes no cost by itself (parts inherit their mesh axes); its value
@@ -149,6 +149,8 @@ class _Search:
         """
         current, cur = state, self.score(state)
         for _ in range(max_steps):
+            if deadline is not None and time.perf_counter() > deadline:
+                break
             best_next, best_s = None, cur
             for a in self.space.actions(current):
                 if a[0] == "stop":
@@ -312,7 +314,12 @@ def search_iter(
         ana, mesh, hw, seed=seed, pins=pins, forbids=forbids,
         memory_headroom=memory_headroom, overlap=overlap,
     )
-    s.seed()
+    # Time budgets: half for seeding (baselines, greedy descents), the rest for the tree, and a
+    # final polish allowed to overrun by a tenth of the budget. No deadlines in simulation mode,
+    # so that a seeded run is deterministic.
+    seed_deadline = start + 0.5 * budget_s if budget_s is not None else None
+    polish_deadline = start + 1.1 * budget_s if budget_s is not None else None
+    s.seed(seed_deadline)
 
     def event(i: int, done: bool) -> SearchEvent:
         elapsed = time.perf_counter() - start
@@ -346,7 +353,7 @@ def search_iter(
             last = time.perf_counter()
             yield event(i, False)
     # Polish the best state found with a greedy descent.
-    s.greedy(s.best_state)
+    s.greedy(s.best_state, deadline=polish_deadline)
     yield event(i, True)
 
 
