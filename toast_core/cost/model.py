@@ -40,6 +40,7 @@ import scipy.sparse as sp
 
 from toast_core.analysis import Analysis
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
+from toast_core.analysis.rules import ELEMENTWISE
 from toast_core.cost.flops import op_flops
 from toast_core.errors import ToastError, bad_value
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
@@ -169,8 +170,11 @@ class Evaluator:
         self.op_flops = np.array([op_flops(op, prog) for op in prog.ops]) * self.trip
         self.total_flops = float(self.op_flops.sum())
         self.nbytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
+        materialized = _materialized(prog)
         rows = [
-            [] if op.primitive in REGION_BOUNDARIES else list(op.operands) + list(op.results)
+            []
+            if op.primitive in REGION_BOUNDARIES
+            else [v for v in list(op.operands) + list(op.results) if materialized[v]]
             for op in prog.ops
         ]
         indptr = np.zeros(n_ops + 1, dtype=np.int64)
@@ -558,3 +562,29 @@ def _checked_inputs(ana, mesh, hw, kw: dict):
     if kw.get("memory_headroom", 0.0) == 1.0:
         raise ToastError(bad_value("memory_headroom", 1.0, "a number in [0, 1)"))
     return ana, mesh, hw
+
+
+#: Ops XLA fuses into loops: elementwise maps, layout changes, and reductions (as fusion roots).
+FUSIBLE = frozenset(ELEMENTWISE) | {
+    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "iota", "slice",
+    "concatenate", "pad", "dynamic_slice", "rev", "reduce_sum", "reduce_max", "reduce_min",
+    "reduce_prod", "argmax", "argmin",
+}
+
+
+def _materialized(prog) -> list[bool]:
+    """Whether each value is written to and read from HBM, under XLA-style loop fusion: a value
+    made by a fusible op and read only by fusible ops stays in registers (never materialized).
+    Program inputs and outputs, and values a non-fusible op makes or reads, are materialized."""
+    producers = prog.producers()
+    uses = prog.uses()
+    out = []
+    for v in prog.values:
+        p = producers[v.id]
+        if p is None or v.is_output or prog.ops[p].primitive not in FUSIBLE:
+            out.append(True)
+            continue
+        out.append(
+            not uses[v.id] or any(prog.ops[o].primitive not in FUSIBLE for o, _ in uses[v.id])
+        )
+    return out

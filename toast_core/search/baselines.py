@@ -117,10 +117,11 @@ def _megatron_into(b: _Builder, axis: str) -> int:
     # The model (residual) dim stays whole. When data enters through a float feature dim (an
     # MLP's x[B, D]) that input dim *is* the model dim and is already excluded above; only token
     # models (data enters through an embedding lookup) leave it among the parameter dims, where
-    # it is the one covering the most bytes. Excluding the largest dim unconditionally would
-    # drop the MLP's hidden dim F, the very dim Megatron shards.
+    # it is the one held by the most parameters (every weight of every layer has it; the vocab
+    # dim, whose logits may cover more bytes, is in the embedding only). Excluding it
+    # unconditionally would drop the MLP's hidden dim F, the very dim Megatron shards.
     excluded = set() if _has_float_feature_input(ana) else {
-        max(persistent, key=lambda nd: (nd.bytes_covered, -nd.id)).id
+        max(persistent, key=lambda nd: (_parameter_count(ana, nd), nd.bytes_covered, -nd.id)).id
     }
     batch = set(batch_dims(ana))
     order = sorted(
@@ -332,3 +333,9 @@ def all_baselines(ana: Analysis, mesh: MeshSpec) -> dict[str, tuple[Strategy | N
             "sequence_parallel": _sequence_parallel(ana, mesh, "sequence_parallel"),
         }
     return ana.cache[key]
+
+
+def _parameter_count(ana: Analysis, nd) -> int:
+    """How many parameter inputs hold a dim of this named dim."""
+    prog = ana.program
+    return len({v for v, _, _ in nd.members if prog.values[v].role == "parameter"})
