@@ -170,7 +170,7 @@ class Evaluator:
         self.op_flops = np.array([op_flops(op, prog) for op in prog.ops]) * self.trip
         self.total_flops = float(self.op_flops.sum())
         self.nbytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
-        materialized = _materialized(prog)
+        self.materialized = materialized = _materialized(prog)
         rows = [
             []
             if op.primitive in REGION_BOUNDARIES
