@@ -1,0 +1,429 @@
+"""The explorer's pages under Streamlit's AppTest (no browser, no server).
+
+Every page runs on the default demo (GPT tiny train step, mesh data=2,model=4, tpu-v5e); bad input
+(a user file with a syntax error, a user function that raises, bad mesh text, bad pins, bad
+strategy JSON) must show a one-line message and keep the previous state, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import toast_core as tc
+from app import charts, reports
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = str(ROOT / "app" / "streamlit_app.py")
+RED = charts.CONFLICT_LINE
+
+
+def start() -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def goto(at: AppTest, page: str) -> AppTest:
+    at.switch_page(f"app_pages/{page}.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def markdown(at: AppTest) -> str:
+    return "\n".join(m.value for m in at.markdown)
+
+
+def pins(at: AppTest) -> list[str]:
+    return list(at.session_state["workspaces"][at.session_state["model_spec"].key]["pins"])
+
+
+def run_slot(at: AppTest) -> dict:
+    return at.session_state["runs"][
+        (at.session_state["model_spec"].key, at.session_state["mesh_text"], "tpu-v5e")
+    ]
+
+
+@pytest.fixture(scope="module")
+def gpt_tiny():
+    from demos import MODEL_ZOO
+
+    w = MODEL_ZOO["gpt"](size="tiny", train=True)
+    return tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
+
+
+# -- Model page ---------------------------------------------------------------------------------
+
+
+def test_model_page_loads_default_demo(gpt_tiny):
+    at = start()
+    assert at.title[0].value == "Model"
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Named dims"] == str(len(gpt_tiny.named_dims))
+    assert metrics["Conflicts"] == str(len(gpt_tiny.conflicts))
+    assert metrics["Tensor dims"] == str(gpt_tiny.n_tensor_dims)
+    assert "gpt tiny (train step)" in [s.value for s in at.subheader]
+    assert not errors(at)
+
+
+def test_model_page_loads_another_zoo_model_and_keeps_it_across_pages():
+    at = start()
+    at.selectbox(key="w.zoo_model").set_value("mlp").run()
+    assert at.selectbox(key="w.zoo_size").options[0] == "tiny"
+    at.button(key="load_zoo").click().run()
+    assert not at.exception
+    assert at.session_state["model_spec"].model == "mlp"
+    assert any("Loaded mlp tiny" in s.value for s in at.success)
+    goto(at, "named_dims")
+    goto(at, "model")
+    # The widget came back with the committed choice, not the default.
+    assert at.selectbox(key="w.zoo_model").value == "mlp"
+    assert "mlp tiny (train step)" in [s.value for s in at.subheader]
+
+
+def test_bad_mesh_text_shows_error_and_keeps_previous_mesh():
+    at = start()
+    at.text_input(key="w.mesh_input").input("data=two,model=4").run()
+    assert not at.exception
+    msgs = errors(at)
+    assert msgs and "mesh" in msgs[0] and "data=two" in msgs[0]
+    assert at.session_state["mesh_text"] == "data=2,model=4"
+    at.text_input(key="w.mesh_input").input("data=4, model=2").run()
+    assert not errors(at)
+    assert at.session_state["mesh_text"] == "data=4,model=2"
+
+
+def _write(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def _load_file(at: AppTest, target: str) -> AppTest:
+    at.radio(key="w.source").set_value("Python file").run()
+    at.text_input(key="w.file_target").input(target).run()
+    at.button(key="load_file").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_user_file_with_syntax_error_shows_file_and_line(tmp_path):
+    path = _write(tmp_path, "broken.py", "import jax\n\ndef make(:\n    return 1\n")
+    at = _load_file(start(), f"{path}:make")
+    msgs = errors(at)
+    assert len(msgs) == 1 and msgs[0].startswith("broken.py:3: SyntaxError")
+    assert "Traceback" not in msgs[0]
+    assert at.session_state["model_spec"].model == "gpt"  # the previous model stays loaded
+    assert "gpt tiny (train step)" in [s.value for s in at.subheader]
+
+
+def test_user_function_that_raises_shows_file_and_line(tmp_path):
+    path = _write(
+        tmp_path,
+        "raises.py",
+        """\
+        import jax.numpy as jnp
+
+
+        def make():
+            raise ValueError("no weights here")
+        """,
+    )
+    at = _load_file(start(), f"{path}:make")
+    msgs = errors(at)
+    assert msgs == ["raises.py:5: make() raised ValueError: no weights here"]
+    assert at.session_state["model_spec"].model == "gpt"
+
+
+def test_user_fn_failing_in_trace_and_missing_function(tmp_path):
+    path = _write(
+        tmp_path,
+        "shapes.py",
+        """\
+        import jax.numpy as jnp
+
+
+        def step(x):
+            return x @ jnp.ones((3, 3))
+
+
+        def make():
+            return step, (jnp.ones((4, 5)),)
+        """,
+    )
+    at = _load_file(start(), f"{path}:make")
+    msgs = errors(at)
+    assert msgs and msgs[0].startswith("shapes.py:5:") and "TypeError" in msgs[0]
+    at.text_input(key="w.file_target").input(f"{path}:nothing").run()
+    at.button(key="load_file").click().run()
+    assert "expected a function `nothing` in shapes.py" in errors(at)[0]
+    at.text_input(key="w.file_target").input("no_such_file.py:make").run()
+    at.button(key="load_file").click().run()
+    assert "expected an existing Python file" in errors(at)[0]
+
+
+def test_user_file_loads_and_analyzes(tmp_path):
+    path = _write(
+        tmp_path,
+        "good.py",
+        """\
+        import jax.numpy as jnp
+
+
+        def make():
+            def layer(x, w):
+                return jnp.tanh(x @ w)
+
+            return layer, (jnp.ones((8, 16)), jnp.ones((16, 4)))
+        """,
+    )
+    at = _load_file(start(), f"{path}:make")
+    assert not errors(at)
+    assert at.session_state["model_spec"].source == "file"
+    assert "good.py:make" in [s.value for s in at.subheader]
+    assert {m.label: m.value for m in at.metric}["Named dims"] == "3"
+
+
+# -- Named dims page ----------------------------------------------------------------------------
+
+
+def test_named_dims_graph_table_and_filters(gpt_tiny):
+    at = goto(start(), "named_dims")
+    dot = at.get("graphviz_chart")[0].proto.spec
+    assert "digraph" in dot and RED in dot and "K0" in dot
+    assert "self" in dot and "option 0" in dot  # conflicts in red with their options
+    tables = at.dataframe
+    assert len(tables) >= 2  # conflicts, named dims
+    n_nodes = dot.count("\tnd")
+    assert n_nodes >= 2
+
+    at.number_input(key="w.nd_top_n").set_value(2).run()
+    dot2 = at.get("graphviz_chart")[0].proto.spec
+    assert len({line.split()[0] for line in dot2.splitlines() if line.startswith("\tnd")}) <= 3
+    assert any("Showing 2 of" in c.value for c in at.caption)
+
+    at.checkbox(key="w.nd_collapse").uncheck().run()
+    at.number_input(key="w.nd_top_n").set_value(100).run()
+    dot3 = at.get("graphviz_chart")[0].proto.spec
+    shown = {line.split()[0] for line in dot3.splitlines() if line.startswith("\tnd")}
+    assert len(shown) == len(gpt_tiny.named_dims)
+
+    at.checkbox(key="w.nd_show_conflicts").uncheck().run()
+    assert RED not in at.get("graphviz_chart")[0].proto.spec
+    at.selectbox(key="conflict_detail").set_value("K1").run()
+    assert "**K1**" in markdown(at)
+    # Filters survive a page switch.
+    goto(goto(at, "model"), "named_dims")
+    assert at.checkbox(key="w.nd_show_conflicts").value is False
+
+
+# -- Search page --------------------------------------------------------------------------------
+
+
+def test_search_runs_pins_and_re_search_keeps_pins(gpt_tiny):
+    at = goto(start(), "search")
+    at.number_input(key="w.budget_s").set_value(1.0).run()
+    at.button(key="run_search").click().run()
+    assert not at.exception and not errors(at)
+    slot = run_slot(at)
+    assert slot["status"] == "done" and slot["best"] is not None
+    assert len(slot["history"]) >= 2
+    fig = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert fig["data"][0]["name"] == "best found" and len(fig["data"][0]["x"]) >= 2
+    assert {m.label for m in at.metric} >= {"Best step time", "Peak memory / device"}
+
+    # Bad pins: a message, and the pin list is untouched.
+    at.text_input(key="pin_text").input("N999@model").run()
+    at.button(key="add_typed_pin").click().run()
+    assert not at.exception
+    assert "N999" in errors(at)[0] and pins(at) == []
+    at.text_input(key="pin_text").input("shard everything").run()
+    at.button(key="add_typed_pin").click().run()
+    assert "expected N3@model" in errors(at)[0] and pins(at) == []
+
+    # A pin built from the selectboxes: the batch named dim on `data`.
+    batch = next(nd.name for nd in gpt_tiny.named_dims if nd.is_input and not nd.is_persistent)
+    at.selectbox(key="pin_dim").set_value(batch).run()
+    at.selectbox(key="pin_axes").set_value("data").run()
+    at.button(key="add_dim_pin").click().run()
+    assert not errors(at) and pins(at) == [f"{batch}@data"]
+    # A contradictory pin names both pins.
+    at.selectbox(key="pin_axes").set_value("model").run()
+    at.button(key="add_dim_pin").click().run()
+    assert "contradictory" in errors(at)[0] and pins(at) == [f"{batch}@data"]
+
+    first_best = run_slot(at)["best"]
+    at.button(key="run_search").click().run()
+    assert not at.exception and not errors(at)
+    slot = run_slot(at)
+    assert slot["pins"] == [f"{batch}@data"] and pins(at) == [f"{batch}@data"]
+    assert dict(slot["best"].shardings)[batch] == ("data",)
+    assert slot["previous"]["strategy"] == first_best
+    assert "Versus the previous best" in [s.value for s in at.subheader]
+    assert f"`{batch}@data`" in markdown(at)
+
+    # Conflict pins from the selectboxes, and removal.
+    at.selectbox(key="pin_conflict").set_value("K0").run()
+    at.selectbox(key="pin_option").set_value("1").run()
+    at.radio(key="pin_k_mode").set_value("forbid").run()
+    at.button(key="add_conflict_pin").click().run()
+    assert pins(at) == [f"{batch}@data", "!K0=1"]
+    at.button(key="rm_pin_0").click().run()
+    assert pins(at) == ["!K0=1"]
+    # Pins and results survive a page switch.
+    goto(goto(at, "strategy"), "search")
+    assert pins(at) == ["!K0=1"] and run_slot(at)["best"] is not None
+    assert at.get("plotly_chart")
+
+
+# -- Strategy page ------------------------------------------------------------------------------
+
+
+def test_strategy_page_shows_costs_memory_collectives_and_baselines():
+    at = goto(start(), "strategy")
+    labels = {m.label for m in at.metric}
+    assert {"Step time", "Compute", "Communication", "Peak memory / device"} <= labels
+    at.selectbox(key="w.strategy_choice").set_value("baseline: data_parallel").run()
+    assert not at.exception
+    figs = [json.loads(p.proto.spec) for p in at.get("plotly_chart")]
+    assert len(figs) == 3  # cost breakdown, memory timeline, baselines side by side
+    names = {t.get("name") for f in figs for t in f["data"]}
+    assert "live bytes per device" in names and "communication" in names
+    assert any("all-reduce" in (n or "") for n in names)
+    assert "Collectives" in [s.value for s in at.subheader]
+    assert any("collectives per step" in c.value for c in at.caption)
+    assert at.session_state["strategy_choice"] == "baseline: data_parallel"
+    # The choice is shared with the Export page.
+    goto(at, "export")
+    assert at.selectbox(key="w.strategy_choice").value == "baseline: data_parallel"
+
+
+# -- Validate page ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_validate_page_compiles_and_compares():
+    at = goto(start(), "validate")
+    at.selectbox(key="w.strategy_choice").set_value("baseline: data_parallel").run()
+    at.button(key="run_validate").click().run()
+    assert not at.exception and not errors(at)
+    assert any("Numerics match" in s.value for s in at.success)
+    quantities = at.dataframe[0].value["quantity"].tolist()
+    assert quantities[:2] == ["flops per device", "memory per device (bytes)"]
+
+
+def test_validate_page_explains_shape_only_workloads_and_too_many_devices():
+    at = start()
+    at.selectbox(key="w.zoo_model").set_value("mlp").run()
+    at.selectbox(key="w.zoo_size").set_value("large").run()
+    at.button(key="load_zoo").click().run()
+    goto(at, "validate")
+    assert any("shapes only" in i.value for i in at.info)
+    goto(at, "model")
+    at.selectbox(key="w.zoo_size").set_value("tiny").run()
+    at.button(key="load_zoo").click().run()
+    at.text_input(key="w.mesh_input").input("data=4,model=4").run()
+    goto(at, "validate")
+    assert any("needs 16 devices" in e for e in errors(at))
+
+
+# -- Learn page ---------------------------------------------------------------------------------
+
+
+def test_learn_lessons_compute_numbers_and_load():
+    at = goto(start(), "learn")
+    for i in range(5):
+        at.radio(key="w.lesson").set_value(i).run()
+        assert not at.exception and not errors(at)
+        text = markdown(at)
+        assert "step time" in text or "self-conflict" in text
+        assert any(ch.isdigit() for ch in text)
+    at.radio(key="w.lesson").set_value(3).run()  # attention's sequence conflict
+    text = markdown(at)
+    assert "self-conflict" in text and "would hold mesh axis 'model' twice" in text
+    at.button(key="load_lesson").click().run()
+    assert not at.exception and not errors(at)
+    loaded_pins = pins(at)
+    assert any(p.endswith("@model") for p in loaded_pins)
+    assert any(p.startswith("K") and p.endswith("=0") for p in loaded_pins)
+    assert at.session_state["mesh_text"] == "data=2,model=4"
+    at.radio(key="w.lesson").set_value(1).run()  # Megatron on the MLP
+    at.button(key="load_lesson").click().run()
+    assert at.session_state["model_spec"].model == "mlp"
+    assert pins(at) == ["params.w1.1@model"]
+    goto(at, "search")
+    assert "params.w1.1@model" in markdown(at)
+
+
+# -- Export page --------------------------------------------------------------------------------
+
+
+def test_export_json_snippet_report_and_import(gpt_tiny):
+    at = goto(start(), "export")
+    at.selectbox(key="w.strategy_choice").set_value("baseline: fsdp").run()
+    codes = {c.language: c.value for c in at.code}
+    doc = json.loads(codes["json"])
+    assert doc["name"] == "fsdp" and doc["shardings"] and doc["options"]
+    strategy = tc.Strategy.from_json(codes["json"], gpt_tiny)
+    assert strategy.shardings
+
+    snippet = codes["python"]
+    namespace: dict = {}
+    exec(compile(snippet.split("def shardings")[0], "snippet", "exec"), namespace)
+    mesh = tc.MeshSpec.parse("data=2,model=4")
+    in_specs, out_specs = tc.partition_specs(gpt_tiny, strategy, mesh)
+    assert namespace["in_specs"] == tuple(in_specs) and namespace["out_specs"] == out_specs
+
+    assert any(d.label == "Download report (Markdown)" for d in at.get("download_button"))
+    assert "# TOAST sharding report" in markdown(at)
+
+    # Import it back under a new name; then a broken JSON is refused with a message.
+    doc["name"] = "mine"
+    at.text_area(key="import_text").input(json.dumps(doc)).run()
+    at.button(key="import_text_button").click().run()
+    assert not errors(at)
+    assert at.session_state["strategy_choice"] == "imported: mine"
+    assert json.loads({c.language: c.value for c in at.code}["json"])["name"] == "mine"
+    at.text_area(key="import_text").input('{"schema": 1, "shardings": {"N999": ["data"]}}').run()
+    at.button(key="import_text_button").click().run()
+    assert "N999" in errors(at)[0]
+    assert at.session_state["strategy_choice"] == "imported: mine"
+
+
+def test_reports_diff_and_pins_are_consistent(gpt_tiny):
+    mesh = tc.MeshSpec.parse("data=2,model=4")
+    from toast_core.search.baselines import all_baselines
+
+    base = all_baselines(gpt_tiny, mesh)
+    dp, fsdp = base["data_parallel"][0], base["fsdp"][0]
+    rows = reports.strategy_diff(dp, fsdp)
+    assert {r["decision"] for r in rows} >= {f"K{k}" for k, _ in fsdp.options}
+    assert reports.strategy_diff(dp, dp) == []
+    assert set(reports.decisions_as_pins(fsdp)) == {
+        *(f"K{k}={o}" for k, o in fsdp.options),
+        *(f"{n}@{'+'.join(a)}" for n, a in fsdp.shardings),
+    }
+    events = list(
+        tc.search_iter(
+            gpt_tiny,
+            mesh,
+            tc.hardware("tpu-v5e"),
+            budget_s=None,
+            num_simulations=0,
+            pins=[p for p in reports.decisions_as_pins(fsdp) if not p.startswith("!")],
+        )
+    )
+    found = events[-1].best_strategy
+    # Pinned decisions are kept; the search may add decisions on top of them.
+    assert dict(fsdp.shardings).items() <= dict(found.shardings).items()
+    assert dict(fsdp.options).items() <= dict(found.options).items()

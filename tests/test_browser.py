@@ -1,0 +1,271 @@
+"""The explorer's main flow in a real browser: Playwright driving Debian's Chromium against a
+`streamlit run` server started by the test.
+
+Flow: load the GPT demo; the named dims graph renders as SVG with a conflict in red; a search
+streams into the plotly progress chart; a pin made from the selectboxes survives a re-search,
+which Stop ends with its best kept; the found strategy compiles with XLA (Validate); the exported
+strategy JSON parses (from the download and from the code block) and holds the pin.
+A full-page screenshot of every page goes to artifacts/screenshots/<page>.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ROOT = Path(__file__).resolve().parents[1]
+SHOTS = ROOT / "artifacts" / "screenshots"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
+RED = "#d62728"  # app.charts.CONFLICT_LINE
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.browser,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="needs /usr/bin/chromium"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = _free_port()
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    log = open(ROOT / "artifacts" / "streamlit_test_server.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "streamlit", "run", "app/streamlit_app.py",
+            "--server.headless", "true",
+            "--server.address", "127.0.0.1",
+            "--server.port", str(port),
+            "--browser.gatherUsageStats", "false",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.read() == b"ok":
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                pytest.fail(f"streamlit did not start (exit {proc.poll()})")
+            time.sleep(0.25)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        context = browser.new_context(
+            viewport={"width": 1400, "height": 1000}, accept_downloads=True
+        )
+        pg = context.new_page()
+        pg.set_default_timeout(60_000)
+        yield pg
+        context.close()
+        browser.close()
+
+
+def idle(pg) -> None:
+    """Waits until the script run finished (the running indicator is gone)."""
+    pg.wait_for_timeout(300)
+    pg.wait_for_selector("[data-testid='stStatusWidget']", state="detached", timeout=90_000)
+    pg.wait_for_timeout(200)
+
+
+def screenshot(pg, name: str) -> Path:
+    print(f"[{time.time():.1f}] shot {name}")
+    """A full-page screenshot: Streamlit scrolls inside its main block, so the viewport is grown
+    to the content's height first."""
+    js = (
+        "() => { const m = document.querySelector('[data-testid=\"stMain\"]');"
+        " const b = m && m.querySelector('[data-testid=\"stMainBlockContainer\"]');"
+        " return Math.max(b ? b.scrollHeight + 100 : 0, m ? m.scrollHeight : 0); }"
+    )
+    height = 0
+    for _ in range(4):
+        h = int(pg.evaluate(js))
+        if h <= height:
+            break
+        height = h
+        pg.set_viewport_size({"width": 1400, "height": min(height + 40, 16000)})
+        pg.wait_for_timeout(500)
+    path = SHOTS / f"{name}.png"
+    pg.screenshot(path=str(path), full_page=True)
+    pg.set_viewport_size({"width": 1400, "height": 1000})
+    return path
+
+
+def nav(pg, label: str) -> None:
+    pg.locator("[data-testid='stSidebarNav']").get_by_text(label, exact=True).click()
+    idle(pg)
+
+
+def choose(pg, key: str, text: str) -> None:
+    """Picks the option containing `text` in the selectbox with widget key `key`."""
+    pg.locator(f".st-key-{key} [role='combobox']").click()
+    pg.get_by_role("option").filter(has_text=text).first.click()
+    idle(pg)
+
+
+def progress_points(pg) -> int:
+    return int(
+        pg.evaluate(
+            "() => { const p = document.querySelector('.js-plotly-plot');"
+            " return p && p.data && p.data[0] ? p.data[0].x.length : 0; }"
+        )
+    )
+
+
+def run_search(pg, budget_s: str) -> list[int]:
+    """Runs a search and samples the live progress chart's number of points while it runs."""
+    budget = pg.locator(".st-key-w-budget_s input")
+    budget.fill(budget_s)
+    budget.press("Enter")
+    idle(pg)
+    pg.locator(".st-key-run_search button").click()
+    samples, seen_running = [], False
+    deadline = time.time() + float(budget_s) + 30
+    while time.time() < deadline:
+        samples.append(progress_points(pg))
+        running = pg.locator("[data-testid='stStatusWidget']").count() > 0
+        seen_running = seen_running or running
+        if seen_running and not running:
+            break
+        pg.wait_for_timeout(150)
+    idle(pg)
+    samples.append(progress_points(pg))
+    return samples
+
+
+def test_main_flow(page, server):
+    from playwright.sync_api import expect
+
+    pg = page
+    start = time.time()
+    pg.goto(server)
+    idle(pg)
+    pg.get_by_text("Named dims", exact=True).first.wait_for()
+
+    # Model: pick the GPT demo explicitly and load it.
+    choose(pg, "w-zoo_model", "gpt")
+    choose(pg, "w-zoo_size", "tiny")
+    pg.locator(".st-key-load_zoo button").click()
+    idle(pg)
+    pg.get_by_text("Loaded gpt tiny (train step).").wait_for()
+    assert pg.get_by_text("NDA turns").count() == 1
+    screenshot(pg, "model")
+
+    # Named dims: the graph is an SVG, with a conflict drawn in red.
+    nav(pg, "Named dims")
+    svg = pg.locator("[data-testid='stGraphVizChart'] svg")
+    svg.wait_for()
+    assert svg.locator("g.node").count() >= 5
+    red = svg.locator(f"g.node polygon[stroke='{RED}'], g.node path[stroke='{RED}']")
+    assert red.count() >= 1
+    text = svg.text_content()
+    assert "K0" in text and "self" in text
+    screenshot(pg, "named_dims")
+
+    # Search: the progress chart updates while the search runs.
+    nav(pg, "Search")
+    samples = run_search(pg, "4")
+    assert max(samples) >= 3, samples
+    assert len({s for s in samples if s}) >= 2, f"chart did not update live: {samples}"
+    pg.get_by_text("Best strategy so far").wait_for()
+
+    # Pin the batch named dim on `data` from the selectboxes, and search again.
+    choose(pg, "pin_dim", "targets.0")
+    choose(pg, "pin_axes", "data")
+    pg.locator(".st-key-add_dim_pin button").click()
+    idle(pg)
+    pin = pg.locator("[data-testid='stMain'] code").filter(has_text="@data").first.inner_text()
+    assert pin.startswith("N") and pin.endswith("@data")
+    # Re-search with a long budget, and stop it: the best so far is kept, with the pin.
+    budget = pg.locator(".st-key-w-budget_s input")
+    budget.fill("60")
+    budget.press("Enter")
+    idle(pg)
+    pg.locator(".st-key-run_search button").click()
+    pg.locator("[data-testid='stMetricValue']").filter(has_text="running").wait_for()
+    pg.wait_for_timeout(1500)
+    pg.locator(".st-key-stop_search button").click()
+    idle(pg)
+    pg.get_by_text("Stopped at iteration").wait_for()
+    pg.get_by_text("Versus the previous best").wait_for()
+    assert pg.get_by_text(f"now: {pin}").count() == 1  # the pin was kept for the re-search
+    assert pg.locator(".st-key-rm_pin_0").count() == 1
+    screenshot(pg, "search")
+
+    # Strategy: the search's best, with costs, memory and baselines.
+    nav(pg, "Strategy")
+    pg.get_by_text("Baselines side by side").wait_for()
+    pg.get_by_text("Baselines side by side").scroll_into_view_if_needed()
+    expect(pg.locator(".js-plotly-plot")).to_have_count(3, timeout=20_000)
+    screenshot(pg, "strategy")
+
+    # Validate: compile the found strategy with XLA.
+    nav(pg, "Validate")
+    pg.locator(".st-key-run_validate button").click()
+    idle(pg)
+    pg.get_by_text("Numerics match the unsharded function").wait_for()
+    screenshot(pg, "validate")
+
+    nav(pg, "Learn")
+    pg.get_by_text("What to look at").wait_for()
+    screenshot(pg, "learn")
+
+    # Export: the JSON holds the pinned decision, in the download and in the code block.
+    nav(pg, "Export")
+    with pg.expect_download() as download:
+        pg.locator(".st-key-dl_json button").click()
+    doc = json.loads(Path(download.value.path()).read_text())
+    shown = json.loads(pg.locator("[data-testid='stCode'] code").first.inner_text())
+    assert doc == shown
+    dim, axis = pin.split("@")
+    assert doc["shardings"][dim] == [axis]
+    assert doc["mesh"] == {"data": 2, "model": 4}
+    screenshot(pg, "export")
+    assert time.time() - start < 120

@@ -1,0 +1,272 @@
+"""Strategies: construction, legality errors collected in one message, JSON, notation, specs."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.sharding import PartitionSpec as P
+
+import toast_core as tc
+from demos import MODEL_ZOO
+from toast_core.cost import evaluator
+from toast_core.search.space import DecisionSpace
+from toast_core.strategy.strategy import SCHEMA_VERSION
+
+MESH = tc.MeshSpec({"data": 2, "model": 4})
+HW = tc.hardware("tpu-v5e")
+
+
+@functools.cache
+def _analysis(name: str, train: bool) -> tc.Analysis:
+    w = MODEL_ZOO[name](size="tiny", train=train)
+    return tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
+
+
+@pytest.fixture(scope="module")
+def mlp_fwd() -> tc.Analysis:
+    return _analysis("mlp", train=False)
+
+
+@pytest.fixture(scope="module")
+def mlp_train() -> tc.Analysis:
+    return _analysis("mlp", train=True)
+
+
+def value_id(ana: tc.Analysis, name: str) -> int:
+    for v in ana.program.values:
+        if v.name == name or v.output_name == name:
+            return v.id
+    raise AssertionError(f"no value {name}")
+
+
+def dim_name(ana: tc.Analysis, value: str, dim: int) -> str:
+    """Name of the (uncut) named dim holding dim `dim` of `value`."""
+    (d,) = ana.value_named_dims(value_id(ana, value))[dim]
+    return f"N{d}"
+
+
+def raised(fn) -> str:
+    with pytest.raises(tc.StrategyError) as info:
+        fn()
+    return str(info.value)
+
+
+# -- construction -----------------------------------------------------------------------------
+
+
+def test_make_accepts_names_ids_labels_and_axis_strings(mlp_fwd):
+    batch, hidden = dim_name(mlp_fwd, "x", 0), dim_name(mlp_fwd, "params.w1", 1)
+    by_name = tc.Strategy.make(mlp_fwd, {batch: "data", hidden: ("model",)})
+    by_id = tc.Strategy.make(mlp_fwd, {int(batch[1:]): ["data"], int(hidden[1:]): "model"})
+    label = mlp_fwd.named_dim(hidden).label
+    by_label = tc.Strategy.make(mlp_fwd, {batch: "data", label: "model"})
+    assert by_name == by_id == by_label
+    assert by_name.shardings == tuple(sorted({batch: ("data",), hidden: ("model",)}.items()))
+    assert by_name.axes_of(batch) == ("data",) and by_name.axes_of("N999") == ()
+    # Replicated entries are dropped, so strategies compare by what they shard.
+    assert tc.Strategy.make(mlp_fwd, {batch: "data", hidden: ()}) == tc.Strategy.make(
+        mlp_fwd, {batch: "data"}
+    )
+    hash(by_name)  # frozen and hashable
+
+
+def test_make_collects_every_unknown_named_dim(mlp_fwd):
+    message = raised(lambda: tc.Strategy.make(mlp_fwd, {"N99": "data", "N98": "model"}))
+    assert "N99" in message and "N98" in message
+
+
+def test_make_rejects_bad_options(mlp_train):
+    assert "options[K0]=7" in raised(lambda: tc.Strategy.make(mlp_train, {}, options={0: 7}))
+    assert "conflict=9" in raised(lambda: tc.Strategy.make(mlp_train, {}, options={9: 0}))
+    assert "K0" in raised(lambda: tc.Strategy.make(mlp_train, {}, options=[(0, 0), (0, 1)]))
+    # After a cut the named dim is split: its old name no longer exists.
+    conflict = mlp_train.conflicts[0]
+    whole = f"N{conflict.named_dims[0]}"
+    message = raised(lambda: tc.Strategy.make(mlp_train, {whole: "data"}, options={0: 0}))
+    assert repr(whole) in message
+
+
+# -- validate ---------------------------------------------------------------------------------
+
+
+def test_validate_collects_all_problems_in_one_error(mlp_train):
+    batch = dim_name(mlp_train, "batch.x", 0)
+    feature = dim_name(mlp_train, "batch.x", 1)
+    hidden = dim_name(mlp_train, "params.w1", 1)
+    out = dim_name(mlp_train, "batch.y", 1)
+    strategy = tc.Strategy(
+        shardings=(
+            ("N99", ("data",)),  # unknown named dim
+            (hidden, ("bogus",)),  # unknown mesh axis
+            (out, ("model", "model")),  # repeated mesh axis in one entry
+            (batch, ("data",)),
+            (feature, ("data",)),  # x[B_data, D_data]: data twice in one value
+        ),
+        name="bad",
+    )
+    message = raised(lambda: strategy.validate(mlp_train, MESH))
+    assert message.startswith("illegal strategy 'bad'")
+    assert "named dim='N99'" in message
+    assert f"shardings[{hidden}]='bogus'" in message and "data=2,model=4" in message
+    assert f"shardings[{out}]=('model', 'model')" in message
+    assert "batch.x[16, 64] would hold mesh axis 'data' twice" in message
+    assert f"batch.x[{batch}_data, {feature}_data]" in message
+
+
+def test_validate_names_dim_size_and_axis_when_not_divisible(mlp_fwd):
+    mesh = tc.MeshSpec({"data": 3, "model": 5})
+    batch, hidden = dim_name(mlp_fwd, "x", 0), dim_name(mlp_fwd, "params.w1", 1)
+    strategy = tc.Strategy.make(mlp_fwd, {batch: "data", hidden: ("data", "model")})
+    message = raised(lambda: strategy.validate(mlp_fwd, mesh))
+    assert f"named dim {batch} of size 16 is not divisible by mesh axes data (3 ways)" in message
+    assert f"named dim {hidden} of size 128 is not divisible by mesh axes dataxmodel (15 ways)" in (
+        message
+    )
+
+
+def test_validate_reports_double_axis_on_an_op(mlp_fwd):
+    # x[B, D] @ w1[D, F]: B and F never share a value... but D and F share w1.
+    feature, hidden = dim_name(mlp_fwd, "x", 1), dim_name(mlp_fwd, "params.w1", 1)
+    message = raised(
+        lambda: tc.Strategy.make(mlp_fwd, {feature: "model", hidden: "model"}).validate(
+            mlp_fwd, MESH
+        )
+    )
+    assert "params.w1[64, 128] would hold mesh axis 'model' twice" in message
+
+
+def test_legal_strategies_validate_and_fine_masks(mlp_fwd):
+    batch, hidden = dim_name(mlp_fwd, "x", 0), dim_name(mlp_fwd, "params.w1", 1)
+    strategy = tc.Strategy.make(mlp_fwd, {batch: "data", hidden: "model"})
+    strategy.validate(mlp_fwd, MESH)
+    masks = strategy.fine_masks(mlp_fwd, MESH)
+    res = strategy.resolution(mlp_fwd)
+    assert {int(masks[f]) for f in res.by_name(batch).fine} == {0b01}
+    assert {int(masks[f]) for f in res.by_name(hidden).fine} == {0b10}
+
+
+# -- JSON -------------------------------------------------------------------------------------
+
+
+def test_json_document_has_schema_version_mesh_and_program(mlp_train):
+    batch = dim_name(mlp_train, "batch.x", 0)
+    strategy = tc.Strategy.make(mlp_train, {batch: ("data", "model")}, options={0: 1}, name="s")
+    doc = json.loads(strategy.to_json(MESH, program="train_step"))
+    assert doc["schema"] == SCHEMA_VERSION
+    assert doc["name"] == "s" and doc["program"] == "train_step"
+    assert doc["mesh"] == {"data": 2, "model": 4}
+    assert doc["options"] == [{"conflict": "K0", "option": 1}]
+    assert doc["shardings"] == {batch: ["data", "model"]}
+    assert tc.Strategy.from_json(strategy.to_json(), mlp_train) == strategy
+
+
+def test_json_accepts_one_mesh_axis_as_a_string(mlp_fwd):
+    batch = dim_name(mlp_fwd, "x", 0)
+    text = json.dumps({"schema": SCHEMA_VERSION, "shardings": {batch: "data"}})
+    assert tc.Strategy.from_json(text, mlp_fwd).axes_of(batch) == ("data",)
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("{not json", "text='{not json'"),
+        (None, "text='None'"),
+        ("[1, 2]", "schema=[1, 2]"),
+        ('{"schema": 99}', "schema=99"),
+        ('{"shardings": {}}', "schema=None"),
+        ('{"schema": 1, "shardings": ["N0"]}', "options and shardings"),
+        ('{"schema": 1, "options": [{"option": 0}]}', "options and shardings"),
+        ('{"schema": 1, "options": [{"conflict": "K9", "option": 0}]}', "conflict=9"),
+        ('{"schema": 1, "options": [{"conflict": "K0", "option": 5}]}', "options[K0]=5"),
+        ('{"schema": 1, "shardings": {"N77": ["data"]}}', "shardings='N77'"),
+    ],
+)
+def test_bad_json_raises_strategy_error(mlp_train, text, shown):
+    message = raised(lambda: tc.Strategy.from_json(text, mlp_train))
+    assert shown in message
+
+
+def random_legal_strategy(data, ana: tc.Analysis, mesh: tc.MeshSpec) -> tc.Strategy:
+    """A legal strategy drawn by walking the search's own legal actions from the root."""
+    space = DecisionSpace(ana, mesh, evaluator(ana, mesh, HW))
+    state = space.root
+    for _ in range(data.draw(st.integers(0, 8), label="steps")):
+        actions = [a for a in space.actions(state) if a[0] != "stop"]
+        if not actions:
+            break
+        state = space.apply(state, data.draw(st.sampled_from(actions), label="action"))
+    return space.to_strategy(state, name="random")
+
+
+@settings(max_examples=30)
+@given(data=st.data())
+def test_json_round_trip_of_random_legal_strategies(data):
+    mlp_train = _analysis("mlp", train=True)
+    mesh = data.draw(
+        st.sampled_from(
+            [MESH, tc.MeshSpec({"data": 8}), tc.MeshSpec({"data": 2, "fsdp": 2, "model": 2})]
+        )
+    )
+    strategy = random_legal_strategy(data, mlp_train, mesh)
+    strategy.validate(mlp_train, mesh)
+    back = tc.Strategy.from_json(strategy.to_json(mesh, "train_step"), mlp_train)
+    assert back == strategy
+    back.validate(mlp_train, mesh)
+    assert back.describe(mlp_train, mesh) == strategy.describe(mlp_train, mesh)
+
+
+# -- presentation -----------------------------------------------------------------------------
+
+
+def test_describe_in_scaling_book_notation(mlp_fwd):
+    b, d = dim_name(mlp_fwd, "x", 0), dim_name(mlp_fwd, "x", 1)
+    f, o = dim_name(mlp_fwd, "params.w1", 1), dim_name(mlp_fwd, "params.w2", 1)
+    strategy = tc.Strategy.make(mlp_fwd, {b: "data", f: "model"})
+    assert strategy.describe(mlp_fwd, MESH) == [
+        f"params.w1[{d}, {f}_model]",
+        f"params.w2[{f}_model, {o}]",
+        f"x[{b}_data, {d}]",
+        f"out[{b}_data, {o}]",
+    ]
+    both = tc.Strategy.make(mlp_fwd, {b: ("data", "model")})
+    assert both.notation_of(mlp_fwd, MESH, value_id(mlp_fwd, "x")) == f"x[{b}_data_model, {d}]"
+
+
+def test_describe_after_a_cut_names_the_parts(mlp_train):
+    """FSDP on w1: cutting the axis clash splits the hidden named dim into parts N<k>.<i>."""
+    mesh = tc.MeshSpec({"data": 8})
+    fsdp = tc.baselines.fsdp(mlp_train, mesh)
+    assert fsdp is not None and fsdp.options
+    lines = fsdp.describe(mlp_train, mesh)
+    w1 = next(line for line in lines if line.startswith("params.w1["))
+    x = next(line for line in lines if line.startswith("batch.x["))
+    assert "_data" in w1 and "." in w1.split("[")[1]  # a part of a cut named dim, on data
+    assert (
+        x
+        == f"batch.x[{dim_name(mlp_train, 'batch.x', 0)}_data, {dim_name(mlp_train, 'batch.x', 1)}]"
+    )
+
+
+def test_partition_specs_mirror_the_pytrees(mlp_train):
+    b = dim_name(mlp_train, "batch.x", 0)
+    f = dim_name(mlp_train, "params.w1", 1)
+    strategy = tc.Strategy.make(mlp_train, {b: "data", f: "model"})
+    ins, outs = tc.partition_specs(mlp_train, strategy, MESH)
+    assert ins == (
+        {"w1": P(None, "model"), "w2": P("model", None)},
+        {"x": P("data", None), "y": P("data", None)},
+    )
+    assert outs == ({"w1": P(None, "model"), "w2": P("model", None)}, P())
+    dp = tc.Strategy.make(mlp_train, {b: ("data", "model")})
+    ins, _ = tc.partition_specs(mlp_train, dp, MESH)
+    assert ins[1] == {"x": P(("data", "model"), None), "y": P(("data", "model"), None)}
+
+
+def test_partition_specs_reject_illegal_strategies(mlp_train):
+    strategy = tc.Strategy.make(mlp_train, {dim_name(mlp_train, "batch.x", 0): "nope"})
+    with pytest.raises(tc.StrategyError, match="nope"):
+        tc.partition_specs(mlp_train, strategy, MESH)
