@@ -136,9 +136,10 @@ class _Search:
         feasible = [t for t in self.baseline_times.values() if t is not None]
         self.best_baseline_time = min(feasible) if feasible else None
         self.ref = self.best_baseline_time or self.best_score.step_time_s or 1.0
-        self.greedy(space.root, deadline=deadline)
-        if self.best_state is not None and self.best_state.key != space.root.key:
-            self.greedy(self.best_state, deadline=deadline)
+        # Descend first from the best baseline (usually close to a good plan), then from scratch.
+        starts = [self.best_state, space.root] if self.best_state.key != space.root.key else [space.root]
+        for start in starts:
+            self.greedy(start, deadline=deadline)
 
     def greedy(self, state: State, max_steps: int = 64, deadline: float | None = None) -> State:
         """Steepest descent by the cost model over single actions.
