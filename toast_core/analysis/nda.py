@@ -81,7 +81,8 @@ class _FactorForest:
         self.owner: list[int] = []
         self.children: list[tuple[int, ...] | None] = []
         self.parent: list[int] = []
-        self.members: dict[int, list[int]] = {}
+        self.weight: list[int] = []  # class size, valid at roots (union by size)
+        self.next: list[int] = []  # circular list of each class's members: O(1) union
 
     def new(self, size: int, kind: str, owner: int) -> int:
         f = len(self.size)
@@ -90,25 +91,36 @@ class _FactorForest:
         self.owner.append(owner)
         self.children.append(None)
         self.parent.append(f)
-        self.members[f] = [f]
+        self.weight.append(1)
+        self.next.append(f)
         return f
 
     def find(self, f: int) -> int:
+        parent = self.parent
         root = f
-        while self.parent[root] != root:
-            root = self.parent[root]
-        while self.parent[f] != root:
-            self.parent[f], f = root, self.parent[f]
+        while parent[root] != root:
+            root = parent[root]
+        while parent[f] != root:
+            parent[f], f = root, parent[f]
         return root
 
     def union(self, a: int, b: int) -> None:
         ra, rb = self.find(a), self.find(b)
         if ra == rb:
             return
-        if len(self.members[ra]) < len(self.members[rb]):
+        if self.weight[ra] < self.weight[rb]:
             ra, rb = rb, ra
         self.parent[rb] = ra
-        self.members[ra].extend(self.members.pop(rb))
+        self.weight[ra] += self.weight[rb]
+        self.next[ra], self.next[rb] = self.next[rb], self.next[ra]  # splice the two cycles
+
+    def members(self, f: int) -> list[int]:
+        out = [f]
+        g = self.next[f]
+        while g != f:
+            out.append(g)
+            g = self.next[g]
+        return out
 
     def leaves(self, seq) -> list[int]:
         children = self.children
@@ -129,7 +141,7 @@ class _FactorForest:
         """Splits every factor of f's class into (major, size // major) sub-factors."""
         minor = self.size[f] // major
         firsts, seconds = [], []
-        for m in list(self.members[self.find(f)]):
+        for m in self.members(f):
             a = self.new(major, self.kind[m], self.owner[m])
             b = self.new(minor, self.kind[m], self.owner[m])
             self.children[m] = (a, b)
