@@ -157,6 +157,7 @@ class Evaluator:
         self.ana, self.mesh, self.hw = ana, mesh, hw
         self.overlap = float(overlap)
         self._donate = bool(donate_outputs)
+        self._last_reshards = None
         self.capacity_bytes = hw.hbm_capacity_bytes * (1.0 - memory_headroom)
         prog = ana.program
         lay = layout(ana)
@@ -449,6 +450,13 @@ class Evaluator:
         return total
 
     def _reshards(self, masks: np.ndarray):
+        """Cached for the last mask vector: communication and memory both need it."""
+        key = masks.tobytes()
+        if self._last_reshards is None or self._last_reshards[0] != key:
+            self._last_reshards = (key, self._compute_reshards(masks))
+        return self._last_reshards[1]
+
+    def _compute_reshards(self, masks: np.ndarray):
         """Per reshard site: gathered and moved mesh axes; and, per distinct (value, gathered,
         moved) reshard, its first site and the first and last op that read the new buffer."""
         if not len(self.sites):

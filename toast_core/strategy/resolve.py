@@ -11,6 +11,7 @@ a resolution is a small union-find over fine classes, cached per set of options.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -20,6 +21,9 @@ from scipy.sparse import csgraph
 
 from toast_core.analysis import Analysis
 from toast_core.errors import StrategyError, ToastError, bad_value
+
+
+RESOLUTION_CACHE_SIZE = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +109,10 @@ def _candidate_ends(ana: Analysis) -> np.ndarray:
 def resolve(ana: Analysis, options=()) -> Resolution:
     """The named dims after cutting the M-edges of the chosen options (cached)."""
     opts = normalize_options(ana, options)
-    key = ("resolve", opts)
-    if key in ana.cache:
-        return ana.cache[key]
+    cache = ana.cache.setdefault("resolutions", OrderedDict())
+    if opts in cache:
+        cache.move_to_end(opts)
+        return cache[opts]
     n = ana.n_fine
     ends, option_rows = _candidate_ends(ana)
     keep = np.ones(len(ana.candidate_edges), dtype=bool)
@@ -136,5 +141,7 @@ def resolve(ana: Analysis, options=()) -> Resolution:
         fines = tuple(by_dim[bounds[i] : bounds[i + 1]].tolist())
         dims.append(ResolvedDim(name, p, int(ana.named_dims[p].size), fines))
     res = Resolution(opts, tuple(dims), fine_to_dim)
-    ana.cache[key] = res
+    cache[opts] = res
+    if len(cache) > RESOLUTION_CACHE_SIZE:  # a long search visits many option sets
+        cache.popitem(last=False)
     return res
