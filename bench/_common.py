@@ -26,7 +26,9 @@ def load(name: str, size: str, train: bool = True, **overrides):
 
 def table(rows: list[dict], columns: list[str]) -> str:
     cells = [[_fmt(r.get(c, "")) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(x[i]) for x in cells)) if cells else len(c) for i, c in enumerate(columns)]
+    widths = [
+        max(len(c), *(len(x[i]) for x in cells)) if cells else len(c) for i, c in enumerate(columns)
+    ]
     out = ["  ".join(c.rjust(w) for c, w in zip(columns, widths))]
     out.append("  ".join("-" * w for w in widths))
     out += ["  ".join(x.rjust(w) for x, w in zip(row, widths)) for row in cells]

@@ -52,14 +52,19 @@ def main() -> None:
         ana = tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
         for mesh_name, axes in MESHES.items():
             mesh = tc.MeshSpec(axes)
-            jm = Mesh(np.array(jax.devices()[: mesh.n_devices]).reshape(mesh.axis_sizes), mesh.axis_names)
+            jm = Mesh(
+                np.array(jax.devices()[: mesh.n_devices]).reshape(mesh.axis_sizes), mesh.axis_names
+            )
             pred_total, comp_total = {}, {}
             for name, (strategy, _why) in all_baselines(ana, mesh).items():
                 if strategy is None or name == "replicated":
                     continue
                 rep = tc.validate(w.fn, w.args, ana, strategy, jm, hw)
-                kinds = sorted(k for k in rep.compiled_collective_bytes
-                               if rep.compiled_collective_bytes[k] or rep.predicted_collective_bytes.get(k))
+                kinds = sorted(
+                    k
+                    for k in rep.compiled_collective_bytes
+                    if rep.compiled_collective_bytes[k] or rep.predicted_collective_bytes.get(k)
+                )
                 pred_total[name] = sum(rep.predicted_collective_bytes.values())
                 comp_total[name] = sum(rep.compiled_collective_bytes.values())
                 row = {
@@ -72,17 +77,40 @@ def main() -> None:
                     "comm_total": _ratio(pred_total[name], comp_total[name]),
                 }
                 for k in kinds:
-                    row[k] = _ratio(rep.predicted_collective_bytes.get(k, 0.0), rep.compiled_collective_bytes[k])
+                    row[k] = _ratio(
+                        rep.predicted_collective_bytes.get(k, 0.0), rep.compiled_collective_bytes[k]
+                    )
                 row["pred_bytes"] = int(pred_total[name])
                 row["xla_bytes"] = int(comp_total[name])
                 rows.append(row)
                 print(table([row], list(row)), flush=True)
             order_p = sorted(pred_total, key=lambda n: (pred_total[n], n))
             order_c = sorted(comp_total, key=lambda n: (comp_total[n], n))
-            rankings.append({"model": model, "mesh": mesh_name, "predicted": " < ".join(order_p),
-                             "xla": " < ".join(order_c), "same": order_p == order_c})
-    cols = ["model", "mesh", "strategy", "numerics", "flops", "memory", "comm_total", "all-gather",
-            "all-reduce", "all-to-all", "collective-permute", "reduce-scatter", "pred_bytes", "xla_bytes"]
+            rankings.append(
+                {
+                    "model": model,
+                    "mesh": mesh_name,
+                    "predicted": " < ".join(order_p),
+                    "xla": " < ".join(order_c),
+                    "same": order_p == order_c,
+                }
+            )
+    cols = [
+        "model",
+        "mesh",
+        "strategy",
+        "numerics",
+        "flops",
+        "memory",
+        "comm_total",
+        "all-gather",
+        "all-reduce",
+        "all-to-all",
+        "collective-permute",
+        "reduce-scatter",
+        "pred_bytes",
+        "xla_bytes",
+    ]
     print("\nPredicted / compiled (1.0 = exact)")
     print(table(rows, cols))
     print("\nRanking of baselines by communication bytes")

@@ -68,7 +68,9 @@ def run_case(key: str, budget_s: float, hardware: str) -> dict:
         "peak_gib": round(r.peak_bytes / 2**30, 1),
         "step_s": round(r.step_time_s, 3),
         "efficiency": round(r.efficiency, 3),
-        "vs_best_baseline": round(r.step_time_s / best_base, 3) if best_base else "no feasible baseline",
+        "vs_best_baseline": round(r.step_time_s / best_base, 3)
+        if best_base
+        else "no feasible baseline",
     }
 
 
@@ -88,9 +90,19 @@ def main() -> None:
             continue
         # A fresh process per case, so peak RSS is that case's alone.
         out = subprocess.run(
-            [sys.executable, __file__, "--case", key, "--budget", str(args.budget),
-             "--hardware", args.hardware],
-            capture_output=True, text=True, check=True,
+            [
+                sys.executable,
+                __file__,
+                "--case",
+                key,
+                "--budget",
+                str(args.budget),
+                "--hardware",
+                args.hardware,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
         )
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(table(rows[-1:], list(rows[-1])), flush=True)

@@ -38,8 +38,14 @@ GAP_CASES = (
     ("mlp forward, 1-D mesh", "mlp", "large", False, {}, "data=8"),
     ("gpt forward, 1 layer", "gpt", "small", False, {"n_layers": 1}, "data=2,model=4"),
     ("gpt2-shaped forward, 1 layer", "gpt", "gpt2", False, {"n_layers": 1}, "data=2,model=4"),
-    ("gpt2-shaped forward, 1 layer, 3-D mesh", "gpt", "gpt2", False, {"n_layers": 1},
-     "data=2,fsdp=2,model=2"),
+    (
+        "gpt2-shaped forward, 1 layer, 3-D mesh",
+        "gpt",
+        "gpt2",
+        False,
+        {"n_layers": 1},
+        "data=2,fsdp=2,model=2",
+    ),
     ("mlp train step", "mlp", "large", True, {}, "data=8"),
     ("mlp train step, 2-D mesh", "mlp", "large", True, {}, "data=2,model=4"),
 )
@@ -69,7 +75,8 @@ def quality(budget_s: float, models: list[str]) -> list[dict]:
                     "found_s": res.report.step_time_s,
                     "ratio": round(res.report.step_time_s / best, 3) if best else "",
                     "t_reach_s": round(res.time_to_best_baseline_s, 2)
-                    if res.time_to_best_baseline_s is not None else "",
+                    if res.time_to_best_baseline_s is not None
+                    else "",
                     "evals_per_s": round(res.evaluations / max(res.elapsed_s, 1e-9)),
                     "fits": res.feasible,
                     "efficiency": round(res.report.efficiency, 3),

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 def adam_init(params: Any) -> dict:
     """Zero moments shaped like `params` plus an int32 step counter."""
+
     def zeros():
         return jax.tree.map(jnp.zeros_like, params)
 

@@ -62,8 +62,10 @@ def init_params(init: Init, cfg: GPTConfig) -> dict:
         attn = {w: init.normal((D, D), std) for w in ("wq", "wk", "wv")}
         attn["wo"] = init.normal((D, D), resid_std)
         mlp = {
-            "w_fc": init.normal((D, F), std), "b_fc": init.zeros((F,)),
-            "w_proj": init.normal((F, D), resid_std), "b_proj": init.zeros((D,)),
+            "w_fc": init.normal((D, F), std),
+            "b_fc": init.zeros((F,)),
+            "w_proj": init.normal((F, D), resid_std),
+            "b_proj": init.zeros((D,)),
         }
         return {"ln1": ln(), "attn": attn, "ln2": ln(), "mlp": mlp}
 
@@ -172,6 +174,11 @@ def decoder_workload(name, title, cfg, size, init_params, forward_fn, step_fn, t
 
 
 _DIM_NAMES = (
-    ("L", "n_layers"), ("D", "d_model"), ("H", "n_heads"), ("KV", "n_kv_heads"),
-    ("E", "n_experts"), ("S", "seq"), ("V", "vocab"),
+    ("L", "n_layers"),
+    ("D", "d_model"),
+    ("H", "n_heads"),
+    ("KV", "n_kv_heads"),
+    ("E", "n_experts"),
+    ("S", "seq"),
+    ("V", "vocab"),
 )

@@ -65,7 +65,8 @@ def init_params(init: Init, cfg: LlamaConfig) -> dict:
             "attn": gqa_params(init, D, kv_dim),
             "mlp_norm": init.ones((D,)),
             "mlp": {
-                "w_gate": init.normal((D, F), 0.02), "w_up": init.normal((D, F), 0.02),
+                "w_gate": init.normal((D, F), 0.02),
+                "w_up": init.normal((D, F), 0.02),
                 "w_down": init.normal((F, D), 0.02),
             },
         }

@@ -57,8 +57,18 @@ class MoEConfig:
 SIZES = {
     "tiny": MoEConfig(),
     "mixtral-8x7b": MoEConfig(
-        vocab=32000, seq=4096, d_model=4096, n_heads=32, n_kv_heads=8, n_layers=32,
-        d_ff=14336, n_experts=8, top_k=2, batch=8, rope_base=1e6, dtype="bfloat16",
+        vocab=32000,
+        seq=4096,
+        d_model=4096,
+        n_heads=32,
+        n_kv_heads=8,
+        n_layers=32,
+        d_ff=14336,
+        n_experts=8,
+        top_k=2,
+        batch=8,
+        rope_base=1e6,
+        dtype="bfloat16",
     ),
 }
 

@@ -7,9 +7,8 @@ carry `jax.ShapeDtypeStruct` pytrees so a 175B-parameter model can be traced wit
 
 from __future__ import annotations
 
-import inspect
-
 import dataclasses
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any

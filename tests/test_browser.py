@@ -116,7 +116,6 @@ def idle(pg) -> None:
 
 
 def screenshot(pg, name: str) -> Path:
-    print(f"[{time.time():.1f}] shot {name}")
     """A full-page screenshot: Streamlit scrolls inside its main block, so the viewport is grown
     to the content's height first."""
     js = (

@@ -1,11 +1,11 @@
 """TOAST: Named Dimension Analysis + Monte Carlo Tree Search auto-sharding for JAX.
 
-    import toast_core as tc
-    prog = tc.trace(fn, *example_args)
-    ana = tc.analyze(prog)
-    mesh, hw = tc.MeshSpec({"data": 2, "model": 4}), tc.hardware("tpu-v5e")
-    result = tc.search(ana, mesh, hw, budget_s=10)
-    sharded_fn = tc.shard(fn, ana, result.best, jax_mesh)
+import toast_core as tc
+prog = tc.trace(fn, *example_args)
+ana = tc.analyze(prog)
+mesh, hw = tc.MeshSpec({"data": 2, "model": 4}), tc.hardware("tpu-v5e")
+result = tc.search(ana, mesh, hw, budget_s=10)
+sharded_fn = tc.shard(fn, ana, result.best, jax_mesh)
 """
 
 from toast_core.analysis import Analysis, Conflict, ConflictOption, NamedDim, analyze

@@ -55,7 +55,9 @@ def load_target(target: str, size: str, forward: bool):
         try:
             made = getattr(module, func)()
         except Exception as exc:  # noqa: BLE001
-            raise CliError(f"{path}{_user_line(exc, path)}: {func}() raised {type(exc).__name__}: {exc}") from None
+            raise CliError(
+                f"{path}{_user_line(exc, path)}: {func}() raised {type(exc).__name__}: {exc}"
+            ) from None
         if hasattr(made, "fn") and hasattr(made, "args"):
             return made.fn, tuple(made.args), getattr(made, "param_argnums", None), func
         if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
@@ -162,7 +164,9 @@ def cmd_analyze(args) -> int:
                     "named_dims": [f"N{d}" for d in c.named_dims],
                     "description": c.description,
                     "sites": [s.text for s in c.sites],
-                    "options": [{"bytes": o.bytes, "description": o.description} for o in c.options],
+                    "options": [
+                        {"bytes": o.bytes, "description": o.description} for o in c.options
+                    ],
                 }
                 for c in ana.conflicts
             ],
@@ -179,13 +183,22 @@ def cmd_analyze(args) -> int:
         f"analysis {dt:.3f} s"
     )
     rows = [
-        [nd.name, nd.size, nd.label, _fmt_bytes(nd.bytes_covered), len(nd.members),
-         "yes" if nd.has_reduction else "", len(nd.replication_ops) or "",
-         "param" if nd.is_persistent else ("data" if nd.is_input else "")]
+        [
+            nd.name,
+            nd.size,
+            nd.label,
+            _fmt_bytes(nd.bytes_covered),
+            len(nd.members),
+            "yes" if nd.has_reduction else "",
+            len(nd.replication_ops) or "",
+            "param" if nd.is_persistent else ("data" if nd.is_input else ""),
+        ]
         for nd in sorted(ana.named_dims, key=lambda n: -n.bytes_covered)
     ]
     print("\nNamed dims")
-    print(_table(rows, ["id", "size", "label", "bytes", "members", "reduces", "replicate@", "holds"]))
+    print(
+        _table(rows, ["id", "size", "label", "bytes", "members", "reduces", "replicate@", "holds"])
+    )
     if ana.dim_groups or ana.conflict_groups:
         print("\nRepeated-layer decision groups (the search decides each group at once; a pin on")
         print("one member singles that layer out)")
@@ -215,8 +228,15 @@ def _mesh_hw(args):
 
 
 def _report_row(name, r):
-    return [name, _fmt_s(r.step_time_s), _fmt_s(r.compute_s), _fmt_s(r.comm_s),
-            _fmt_bytes(r.peak_bytes), "yes" if r.fits else "NO", f"{r.efficiency:.1%}"]
+    return [
+        name,
+        _fmt_s(r.step_time_s),
+        _fmt_s(r.compute_s),
+        _fmt_s(r.comm_s),
+        _fmt_bytes(r.peak_bytes),
+        "yes" if r.fits else "NO",
+        f"{r.efficiency:.1%}",
+    ]
 
 
 def cmd_compare(args) -> int:
@@ -237,7 +257,9 @@ def cmd_compare(args) -> int:
     if args.json:
         print(json.dumps(doc, indent=2, default=list))
         return 0
-    print(f"{ana.program.name} on {mesh} of {hw.name} (capacity {_fmt_bytes(hw.hbm_capacity_bytes)}/device)")
+    print(
+        f"{ana.program.name} on {mesh} of {hw.name} (capacity {_fmt_bytes(hw.hbm_capacity_bytes)}/device)"
+    )
     print(_table(rows, ["strategy", "step", "compute", "comm", "peak mem", "fits", "efficiency"]))
     return 0
 
@@ -250,8 +272,14 @@ def cmd_search(args) -> int:
     budget = _parse_budget(args.budget) if args.simulations is None or args.budget else None
     last = None
     for ev in tc.search_iter(
-        ana, mesh, hw, budget_s=budget, num_simulations=args.simulations, seed=args.seed,
-        pins=args.pin or (), forbids=args.forbid or (),
+        ana,
+        mesh,
+        hw,
+        budget_s=budget,
+        num_simulations=args.simulations,
+        seed=args.seed,
+        pins=args.pin or (),
+        forbids=args.forbid or (),
     ):
         last = ev
         if not args.json and sys.stderr.isatty() or os.environ.get("TOAST_PROGRESS"):
@@ -272,17 +300,31 @@ def cmd_search(args) -> int:
     if args.out:
         Path(args.out).write_text(best.to_json(mesh, ana.program.name))
     if args.json:
-        print(json.dumps({"strategy": json.loads(best.to_json(mesh, ana.program.name)),
-                          "report": report.to_dict(), "iterations": last.iteration,
-                          "evaluations": last.evaluations, "evals_per_s": last.evals_per_s},
-                         indent=2))
+        print(
+            json.dumps(
+                {
+                    "strategy": json.loads(best.to_json(mesh, ana.program.name)),
+                    "report": report.to_dict(),
+                    "iterations": last.iteration,
+                    "evaluations": last.evaluations,
+                    "evals_per_s": last.evals_per_s,
+                },
+                indent=2,
+            )
+        )
         return 0
     if not report.fits:
         print("WARNING: NO MEMORY-FEASIBLE STRATEGY FOUND; showing the least infeasible one")
-    print(f"search: {last.iteration} simulations, {last.evaluations} evaluations "
-          f"({last.evals_per_s:.0f}/s) in {last.elapsed_s:.1f} s")
-    print(_table([_report_row("search", report)],
-                 ["strategy", "step", "compute", "comm", "peak mem", "fits", "efficiency"]))
+    print(
+        f"search: {last.iteration} simulations, {last.evaluations} evaluations "
+        f"({last.evals_per_s:.0f}/s) in {last.elapsed_s:.1f} s"
+    )
+    print(
+        _table(
+            [_report_row("search", report)],
+            ["strategy", "step", "compute", "comm", "peak mem", "fits", "efficiency"],
+        )
+    )
     print("\nShardings (scaling-book notation)")
     for line in best.describe(ana, mesh):
         print(f"  {line}")
@@ -365,10 +407,14 @@ def build_parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=help_text)
         s.add_argument("target", help="zoo model name or path/to/file.py:function")
         s.add_argument("--size", default="tiny", help="zoo model size (default tiny)")
-        s.add_argument("--forward", action="store_true", help="zoo model forward pass, not a train step")
+        s.add_argument(
+            "--forward", action="store_true", help="zoo model forward pass, not a train step"
+        )
         s.add_argument("--json", action="store_true", help="machine-readable output")
         if name != "analyze":
-            s.add_argument("--mesh", default="data=2,model=4", help="mesh axes, e.g. data=2,model=4")
+            s.add_argument(
+                "--mesh", default="data=2,model=4", help="mesh axes, e.g. data=2,model=4"
+            )
             s.add_argument("--hardware", default="tpu-v5e", help="hardware preset")
         if name == "search":
             s.add_argument("--budget", default=None, help="time budget, e.g. 10s (default 10s)")
@@ -379,8 +425,11 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--out", help="write the strategy JSON here")
         if name == "validate":
             s.add_argument("--strategy", help="strategy JSON (from toast search --out)")
-            s.add_argument("--baseline", default="data_parallel",
-                           help="baseline to validate when no --strategy is given")
+            s.add_argument(
+                "--baseline",
+                default="data_parallel",
+                help="baseline to validate when no --strategy is given",
+            )
     return p
 
 
@@ -391,8 +440,12 @@ def main(argv: list[str] | None = None) -> int:
     from toast_core.errors import ToastError
 
     try:
-        return {"analyze": cmd_analyze, "search": cmd_search, "compare": cmd_compare,
-                "validate": cmd_validate}[args.command](args)
+        return {
+            "analyze": cmd_analyze,
+            "search": cmd_search,
+            "compare": cmd_compare,
+            "validate": cmd_validate,
+        }[args.command](args)
     except (CliError, ToastError) as exc:
         print(f"toast: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.errors import ToastError, bad_value
 
 __all__ = [
@@ -66,14 +67,6 @@ __all__ = [
     "parse_collectives",
     "shape_bytes",
 ]
-
-COLLECTIVE_KINDS: tuple[str, ...] = (
-    "all-gather",
-    "all-reduce",
-    "all-to-all",
-    "collective-permute",
-    "reduce-scatter",
-)
 
 DTYPE_BYTES: dict[str, int] = {
     "pred": 1,

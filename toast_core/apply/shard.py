@@ -106,7 +106,8 @@ def shard(fn: Callable, ana: Analysis, strategy: Strategy, mesh: Mesh) -> Callab
     }
     use_sharding = {k: NamedSharding(mesh, s) for k, s in specs.cut_uses().items()}
     in_shardings = jax.tree_util.tree_unflatten(
-        handle.in_tree, [value_sharding.get(v, NamedSharding(mesh, PartitionSpec())) for v in handle.input_ids]
+        handle.in_tree,
+        [value_sharding.get(v, NamedSharding(mesh, PartitionSpec())) for v in handle.input_ids],
     )
     out_shardings = jax.tree_util.tree_unflatten(
         handle.out_tree,

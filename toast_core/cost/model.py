@@ -39,8 +39,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from toast_core.analysis import Analysis
-from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.analysis.rules import ELEMENTWISE
+from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.flops import op_flops
 from toast_core.errors import ToastError, bad_value
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
@@ -242,8 +242,10 @@ class Evaluator:
         """Uses that a cut or a reshape conflict may reshard: (value, op, position), with the
         fine classes of every dim on both sides padded into arrays [site, dim, sub-factor]."""
         ana = self.ana
-        keys = {(ana.medges[e].value, ana.medges[e].op, ana.medges[e].position): None
-                for e in ana.candidate_edges.tolist()}
+        keys = {
+            (ana.medges[e].value, ana.medges[e].op, ana.medges[e].position): None
+            for e in ana.candidate_edges.tolist()
+        }
         for vid, opi, pos, _ in ana.nda.reshape_sites:
             keys[(vid, opi, pos)] = None
         self.sites = list(keys)
@@ -370,7 +372,9 @@ class Evaluator:
         ideal = self.total_flops / (self.mesh.n_devices * self.hw.peak_flops_per_s)
         prog = self.ana.program
         op_costs = tuple(
-            OpCost(i, prog.ops[i].primitive, float(flops_local[i]), float(bytes_local[i]), float(t[i]))
+            OpCost(
+                i, prog.ops[i].primitive, float(flops_local[i]), float(bytes_local[i]), float(t[i])
+            )
             for i in range(len(prog.ops))
         )
         return CostReport(
@@ -422,15 +426,23 @@ class Evaluator:
         if len(self.rep):
             m = masks[self.rep[:, 2]]
             vals = self.rep[:, 1]
-            parts.append((np.full(len(m), AG), m, value_local[vals] * self.mask_ways[m],
-                          self.rep[:, 0], vals))
+            parts.append(
+                (
+                    np.full(len(m), AG),
+                    m,
+                    value_local[vals] * self.mask_ways[m],
+                    self.rep[:, 0],
+                    vals,
+                )
+            )
         # Permute factors on sharded dims -> a one-row halo exchange.
         if len(self.per):
             m = masks[self.per[:, 2]]
             vals = self.per[:, 1]
             local_len = np.maximum(self.per[:, 3] / self.mask_ways[m], 1.0)
-            parts.append((np.full(len(m), CP), m, value_local[vals] / local_len,
-                          self.per[:, 0], vals))
+            parts.append(
+                (np.full(len(m), CP), m, value_local[vals] / local_len, self.per[:, 0], vals)
+            )
         if not parts:
             empty = np.zeros(0, dtype=np.int64)
             return empty, empty, np.zeros(0), empty, empty
@@ -492,8 +504,9 @@ class Evaluator:
         kinds, ms, vs, ops, vals = self._collective_arrays(masks, value_local)
         times = self.c0[kinds, ms] + self.c1[kinds, ms] * vs
         out = []
-        for k, m, v, opi, vid, t in zip(kinds.tolist(), ms.tolist(), vs.tolist(), ops.tolist(),
-                                        vals.tolist(), times.tolist()):
+        for k, m, v, opi, vid, t in zip(
+            kinds.tolist(), ms.tolist(), vs.tolist(), ops.tolist(), vals.tolist(), times.tolist()
+        ):
             kind = COLLECTIVE_KINDS[k]
             ways = self.mask_ways[m]
             result = v / ways if kind in ("reduce-scatter", "all-to-all") else v
@@ -507,8 +520,18 @@ class Evaluator:
                 "collective-permute": f"halo of {value.display()} at {op.where()}",
             }[kind]
             out.append(
-                Collective(kind, self.mask_axes(m), float(v), float(result), float(t), opi, vid,
-                           self.direction[opi], cause, int(self.trip[opi]))
+                Collective(
+                    kind,
+                    self.mask_axes(m),
+                    float(v),
+                    float(result),
+                    float(t),
+                    opi,
+                    vid,
+                    self.direction[opi],
+                    cause,
+                    int(self.trip[opi]),
+                )
             )
         return out
 
@@ -539,7 +562,12 @@ def estimate(
     if not isinstance(strategy, Strategy):
         raise ToastError(bad_value("strategy", strategy, "a tc.Strategy"))
     return evaluator(
-        ana, mesh, hw, overlap=overlap, donate_outputs=donate_outputs, memory_headroom=memory_headroom
+        ana,
+        mesh,
+        hw,
+        overlap=overlap,
+        donate_outputs=donate_outputs,
+        memory_headroom=memory_headroom,
     ).report(strategy)
 
 
@@ -565,7 +593,11 @@ def _checked_inputs(ana, mesh, hw, kw: dict):
     hw = hardware(hw)
     for name, low, high in (("overlap", 0.0, 1.0), ("memory_headroom", 0.0, 1.0)):
         value = kw.get(name, low)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not low <= value <= high
+        ):
             raise ToastError(bad_value(name, value, f"a number in [{low:g}, {high:g}]"))
     if kw.get("memory_headroom", 0.0) == 1.0:
         raise ToastError(bad_value("memory_headroom", 1.0, "a number in [0, 1)"))
@@ -574,9 +606,23 @@ def _checked_inputs(ana, mesh, hw, kw: dict):
 
 #: Ops XLA fuses into loops: elementwise maps, layout changes, and reductions (as fusion roots).
 FUSIBLE = frozenset(ELEMENTWISE) | {
-    "broadcast_in_dim", "reshape", "squeeze", "expand_dims", "transpose", "iota", "slice",
-    "concatenate", "pad", "dynamic_slice", "rev", "reduce_sum", "reduce_max", "reduce_min",
-    "reduce_prod", "argmax", "argmin",
+    "broadcast_in_dim",
+    "reshape",
+    "squeeze",
+    "expand_dims",
+    "transpose",
+    "iota",
+    "slice",
+    "concatenate",
+    "pad",
+    "dynamic_slice",
+    "rev",
+    "reduce_sum",
+    "reduce_max",
+    "reduce_min",
+    "reduce_prod",
+    "argmax",
+    "argmin",
 }
 
 

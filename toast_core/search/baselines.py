@@ -120,9 +120,13 @@ def _megatron_into(b: _Builder, axis: str) -> int:
     # it is the one held by the most parameters (every weight of every layer has it; the vocab
     # dim, whose logits may cover more bytes, is in the embedding only). Excluding it
     # unconditionally would drop the MLP's hidden dim F, the very dim Megatron shards.
-    excluded = set() if _has_float_feature_input(ana) else {
-        max(persistent, key=lambda nd: (_parameter_count(ana, nd), nd.bytes_covered, -nd.id)).id
-    }
+    excluded = (
+        set()
+        if _has_float_feature_input(ana)
+        else {
+            max(persistent, key=lambda nd: (_parameter_count(ana, nd), nd.bytes_covered, -nd.id)).id
+        }
+    )
     batch = set(batch_dims(ana))
     order = sorted(
         (nd for nd in persistent if nd.id not in excluded and nd.id not in batch),
@@ -251,7 +255,8 @@ def _expert_parallel(ana, mesh, name) -> tuple[Strategy | None, str]:
 def _sequence_parallel(ana, mesh, name) -> tuple[Strategy | None, str]:
     prog = ana.program
     tokens = [
-        prog.values[v] for v in prog.inputs
+        prog.values[v]
+        for v in prog.inputs
         if prog.values[v].role == "input" and prog.values[v].rank >= 2
     ]
     if not tokens:
@@ -276,8 +281,11 @@ def _sequence_parallel(ana, mesh, name) -> tuple[Strategy | None, str]:
         options = {c.id: o for c in selfs}
         res = resolve(ana, options)
         part = next(
-            (d.name for d in res.dims
-             if d.parent == seq_dim and set(d.fine) & set(_fines_of(ana, token.id, 1))),
+            (
+                d.name
+                for d in res.dims
+                if d.parent == seq_dim and set(d.fine) & set(_fines_of(ana, token.id, 1))
+            ),
             None,
         )
         b = _Builder(ana, mesh, name)

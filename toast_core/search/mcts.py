@@ -137,7 +137,9 @@ class _Search:
         self.best_baseline_time = min(feasible) if feasible else None
         self.ref = self.best_baseline_time or self.best_score.step_time_s or 1.0
         # Descend first from the best baseline (usually close to a good plan), then from scratch.
-        starts = [self.best_state, space.root] if self.best_state.key != space.root.key else [space.root]
+        starts = (
+            [self.best_state, space.root] if self.best_state.key != space.root.key else [space.root]
+        )
         for start in starts:
             self.greedy(start, deadline=deadline)
 
@@ -171,7 +173,8 @@ class _Search:
         """States that shard one part of the named dims a resolution just split."""
         space = self.space
         parents = {
-            d for k in space.conflict_groups[resolve_action[1]]
+            d
+            for k in space.conflict_groups[resolve_action[1]]
             for d in space.ana.conflicts[k].named_dims
         }
         res_dims = {d.name: d.parent for d in space.resolution(state.options).dims}
@@ -245,7 +248,8 @@ class _Search:
             units = space.units(state.options)
             resolved = {k for k, _ in state.options}
             groups = [
-                g for g, grp in enumerate(space.conflict_groups)
+                g
+                for g, grp in enumerate(space.conflict_groups)
                 if not any(k in resolved or k in space.fixed_conflicts for k in grp)
             ]
             n_shard = len(units) * space.n_axes
@@ -308,12 +312,20 @@ def search_iter(
         raise ToastError(bad_value("budget_s", None, "a time budget when num_simulations is None"))
     if budget_s is not None and not budget_s > 0:
         raise ToastError(bad_value("budget_s", budget_s, "a positive number of seconds"))
-    if num_simulations is not None and (not isinstance(num_simulations, int) or num_simulations < 0):
+    if num_simulations is not None and (
+        not isinstance(num_simulations, int) or num_simulations < 0
+    ):
         raise ToastError(bad_value("num_simulations", num_simulations, "a non-negative int"))
     start = time.perf_counter()
     s = _Search(
-        ana, mesh, hw, seed=seed, pins=pins, forbids=forbids,
-        memory_headroom=memory_headroom, overlap=overlap,
+        ana,
+        mesh,
+        hw,
+        seed=seed,
+        pins=pins,
+        forbids=forbids,
+        memory_headroom=memory_headroom,
+        overlap=overlap,
     )
     # Time budgets: half for seeding (baselines, greedy descents), the rest for the tree, and a
     # final polish allowed to overrun by a tenth of the budget. No deadlines in simulation mode,
@@ -381,8 +393,16 @@ def search(
     best_base = None
     t_reach = None
     for ev in search_iter(
-        ana, mesh, hw, budget_s=budget_s, num_simulations=num_simulations, seed=seed,
-        pins=pins, forbids=forbids, memory_headroom=memory_headroom, overlap=overlap,
+        ana,
+        mesh,
+        hw,
+        budget_s=budget_s,
+        num_simulations=num_simulations,
+        seed=seed,
+        pins=pins,
+        forbids=forbids,
+        memory_headroom=memory_headroom,
+        overlap=overlap,
     ):
         history.append((ev.iteration, ev.elapsed_s, ev.best_step_time_s))
         last = ev

@@ -61,8 +61,11 @@ def parse_pin(text: str) -> Pin:
             raise PinError(bad_value("pin", text, "a forbid of one mesh axis, such as !N3@data"))
         return Pin(t, "dim", bool(m.group(1)), ref=m.group(2), axes=axes)
     raise PinError(
-        bad_value("pin", text, "N3@model, N3@data+model, N3@-, tokens.1@model, !N3@data, K2=1, "
-                  "K2=none or !K2=1")
+        bad_value(
+            "pin",
+            text,
+            "N3@model, N3@data+model, N3@-, tokens.1@model, !N3@data, K2=1, K2=none or !K2=1",
+        )
     )
 
 
@@ -82,7 +85,9 @@ def reference_fines(ana: Analysis, ref: str, options, pin_text: str) -> tuple[in
     if re.fullmatch(r"N\d+", ref):
         base = int(ref[1:])
         if base >= len(ana.named_dims):
-            raise PinError(bad_value("pin", pin_text, f"a named dim N0..N{len(ana.named_dims) - 1}"))
+            raise PinError(
+                bad_value("pin", pin_text, f"a named dim N0..N{len(ana.named_dims) - 1}")
+            )
         return tuple(f for d in res.dims if d.parent == base for f in d.fine)
     if re.fullmatch(r"N\d+\.\d+", ref):
         try:
@@ -100,7 +105,9 @@ def reference_fines(ana: Analysis, ref: str, options, pin_text: str) -> tuple[in
         for v in _values_named(ana, name, pin_text):
             atoms = ana.nda.value_atoms[v.id]
             if dim >= len(atoms) or sub >= len(atoms[dim]):
-                raise PinError(bad_value("pin", pin_text, f"a dim of {v.display()} that can be sharded"))
+                raise PinError(
+                    bad_value("pin", pin_text, f"a dim of {v.display()} that can be sharded")
+                )
             fine = int(ana.fine_of_atom[atoms[dim][sub]])
             return res.dims[int(res.fine_to_dim[fine])].fine
     raise PinError(
@@ -119,5 +126,7 @@ def _values_named(ana: Analysis, name: str, pin_text: str) -> list:
     tail = [v for v in inputs if v.name.endswith("." + name) or v.name.endswith("]" + name)]
     if len(tail) > 1:
         shown = ", ".join(v.name for v in tail[:4]) + (", ..." if len(tail) > 4 else "")
-        raise PinError(bad_value("pin", pin_text, f"a unique value name (`{name}` matches {shown})"))
+        raise PinError(
+            bad_value("pin", pin_text, f"a unique value name (`{name}` matches {shown})")
+        )
     return tail

@@ -181,7 +181,9 @@ class DecisionSpace:
                     n = len(ana.conflicts[f.conflict].options)
                     raise PinError(f"forbid `{f.text}`: conflict K{f.conflict} has {n} options")
                 if f.conflict in chosen and chosen[f.conflict][0] == f.option:
-                    raise PinError(f"pin `{chosen[f.conflict][1].text}` contradicts forbid `{f.text}`")
+                    raise PinError(
+                        f"pin `{chosen[f.conflict][1].text}` contradicts forbid `{f.text}`"
+                    )
                 self.forbidden_options.add((f.conflict, f.option))
         self.fixed_conflicts = set(chosen)
         root_options = tuple(sorted((k, o) for k, (o, _) in chosen.items() if o is not None))
@@ -210,7 +212,9 @@ class DecisionSpace:
             if fb.kind != "dim":
                 continue
             if fb.axes[0] not in index:
-                raise PinError(f"forbid `{fb.text}`: {fb.axes[0]!r} is not a mesh axis of {self.mesh}")
+                raise PinError(
+                    f"forbid `{fb.text}`: {fb.axes[0]!r} is not a mesh axis of {self.mesh}"
+                )
             bit = 1 << index[fb.axes[0]]
             for f in reference_fines(ana, fb.ref, root_options, fb.text):
                 if f in owner and int(masks[f]) & bit:
@@ -227,7 +231,9 @@ class DecisionSpace:
 
     def admits(self, state: State) -> bool:
         """Whether a state (e.g. a baseline's) honours every pin and forbid."""
-        if any(k in self.fixed_conflicts for k, _ in state.options if (k, _) not in self.root.options):
+        if any(
+            k in self.fixed_conflicts for k, _ in state.options if (k, _) not in self.root.options
+        ):
             return False
         if any(opt in self.forbidden_options for opt in state.options):
             return False
@@ -346,7 +352,9 @@ class DecisionSpace:
         for d in res.dims:
             m = int(state.masks[d.fine[0]])
             if m:
-                shardings[d.name] = tuple(a for i, a in enumerate(self.mesh.axis_names) if m >> i & 1)
+                shardings[d.name] = tuple(
+                    a for i, a in enumerate(self.mesh.axis_names) if m >> i & 1
+                )
         return Strategy.make(self.ana, shardings, state.options, name)
 
     def from_strategy(self, strategy: Strategy) -> State:

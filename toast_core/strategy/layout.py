@@ -89,7 +89,9 @@ def axis_bits(masks: np.ndarray, n_axes: int) -> np.ndarray:
     return ((masks[None, :] >> np.arange(n_axes)[:, None]) & 1).astype(np.float64)
 
 
-def double_axis_slots(matrix: sp.csr_matrix, masks: np.ndarray, n_axes: int) -> list[tuple[int, int]]:
+def double_axis_slots(
+    matrix: sp.csr_matrix, masks: np.ndarray, n_axes: int
+) -> list[tuple[int, int]]:
     """(row, axis) pairs where a row (value or op) would hold one mesh axis twice."""
     bits = axis_bits(masks, n_axes)
     out = []

@@ -22,7 +22,6 @@ from scipy.sparse import csgraph
 from toast_core.analysis import Analysis
 from toast_core.errors import StrategyError, ToastError, bad_value
 
-
 RESOLUTION_CACHE_SIZE = 2048
 
 
@@ -67,7 +66,9 @@ def normalize_options(ana: Analysis, options) -> tuple[tuple[int, int], ...]:
         try:
             k, o = item
         except (TypeError, ValueError):
-            raise StrategyError(bad_value("options", item, "(conflict id, option index) pairs")) from None
+            raise StrategyError(
+                bad_value("options", item, "(conflict id, option index) pairs")
+            ) from None
         try:
             conflict = ana.conflict(k)
         except ToastError as exc:
@@ -118,9 +119,7 @@ def resolve(ana: Analysis, options=()) -> Resolution:
     keep = np.ones(len(ana.candidate_edges), dtype=bool)
     for k, o in opts:
         keep[option_rows[(k, o)]] = False
-    graph = sp.csr_matrix(
-        (np.ones(int(keep.sum())), (ends[keep, 0], ends[keep, 1])), shape=(n, n)
-    )
+    graph = sp.csr_matrix((np.ones(int(keep.sum())), (ends[keep, 0], ends[keep, 1])), shape=(n, n))
     _, labels = csgraph.connected_components(graph, directed=False)
     # Parts of each named dim, ordered by parent, then by their first fine class.
     _, first = np.unique(labels, return_index=True)  # first fine class of each label

@@ -112,7 +112,9 @@ class Strategy:
         well_formed = []  # entries whose own names and axes are fine, checked together below
         for dim_name, axes in self.shardings:
             if dim_name not in names:
-                problems.append(bad_value("named dim", dim_name, "a named dim after the chosen cuts"))
+                problems.append(
+                    bad_value("named dim", dim_name, "a named dim after the chosen cuts")
+                )
                 continue
             unknown = [a for a in axes if a not in mesh.axis_names]
             if unknown:
@@ -175,7 +177,9 @@ class Strategy:
 
     # -- presentation ---------------------------------------------------------------------------
 
-    def value_axes(self, ana: Analysis, mesh: MeshSpec, value_id: int) -> tuple[tuple[str, ...], ...]:
+    def value_axes(
+        self, ana: Analysis, mesh: MeshSpec, value_id: int
+    ) -> tuple[tuple[str, ...], ...]:
         """Mesh axes of each dim of a value (major sub-factors first)."""
         masks = self._masks(ana, mesh)
         dims = layout(ana).value_dim_fine[value_id]
@@ -223,7 +227,9 @@ class Strategy:
         try:
             doc = json.loads(text)
         except (json.JSONDecodeError, TypeError) as exc:
-            raise StrategyError(bad_value("text", str(text)[:60], f"strategy JSON ({exc})")) from None
+            raise StrategyError(
+                bad_value("text", str(text)[:60], f"strategy JSON ({exc})")
+            ) from None
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA_VERSION:
             got = doc.get("schema") if isinstance(doc, dict) else doc
             raise StrategyError(bad_value("schema", got, f"schema version {SCHEMA_VERSION}"))
@@ -234,7 +240,9 @@ class Strategy:
                 for k, v in doc.get("shardings", {}).items()
             }
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise StrategyError(bad_value("text", str(exc), "options and shardings fields")) from None
+            raise StrategyError(
+                bad_value("text", str(exc), "options and shardings fields")
+            ) from None
         return Strategy.make(ana, shardings, options, str(doc.get("name", "")))
 
 

@@ -1,0 +1,203 @@
+"""Named dims page: the dimension-equivalence graph, conflicts and the named dim table."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app import cached, charts, state, ui
+from app.fmt import fmt_bytes
+
+ui.header(
+    "Named dims",
+    "Tensor dims that must be sharded alike form one named dim (one colour). Conflicts (red) are "
+    "where that grouping cannot hold as is; each option is a set of cuts (reshards).",
+)
+loaded = ui.require_loaded()
+ana = loaded.ana
+st.markdown(ui.context_line(loaded))
+
+with st.expander("Filter and summarize", expanded=len(ana.named_dims) > 40):
+    c1, c2, c3, c4 = st.columns(4)
+    c1.multiselect(
+        "Named dims holding",
+        list(charts.DIM_KINDS),
+        key=state.keep("nd_kinds"),
+        on_change=state.save,
+        args=("nd_kinds",),
+        help="parameter: a parameter or optimizer-state dim; data: a data input's dim; other: "
+        "intermediates only.",
+    )
+    c2.number_input(
+        "Min bytes covered (MiB)",
+        min_value=0.0,
+        step=1.0,
+        key=state.keep("nd_min_mib"),
+        on_change=state.save,
+        args=("nd_min_mib",),
+    )
+    c3.number_input(
+        "Top N by bytes",
+        min_value=1,
+        max_value=2000,
+        step=5,
+        key=state.keep("nd_top_n"),
+        on_change=state.save,
+        args=("nd_top_n",),
+    )
+    c4.multiselect(
+        "Tensors",
+        list(charts.TENSOR_ROLES),
+        key=state.keep("nd_roles"),
+        on_change=state.save,
+        args=("nd_roles",),
+    )
+    d1, d2, d3, d4 = st.columns(4)
+    d1.checkbox(
+        "Collapse repeated layers",
+        key=state.keep("nd_collapse"),
+        on_change=state.save,
+        args=("nd_collapse",),
+    )
+    d1.checkbox(
+        "Draw optimizer state with its parameter",
+        key=state.keep("nd_merge_state"),
+        on_change=state.save,
+        args=("nd_merge_state",),
+    )
+    d2.checkbox(
+        "Only named dims in conflicts",
+        key=state.keep("nd_conflicts_only"),
+        on_change=state.save,
+        args=("nd_conflicts_only",),
+    )
+    d3.checkbox(
+        "Show conflicts",
+        key=state.keep("nd_show_conflicts"),
+        on_change=state.save,
+        args=("nd_show_conflicts",),
+    )
+    d4.checkbox(
+        "Show conflict sites",
+        key=state.keep("nd_show_sites"),
+        on_change=state.save,
+        args=("nd_show_sites",),
+    )
+
+flt = charts.GraphFilter(
+    kinds=tuple(st.session_state.nd_kinds),
+    min_bytes=float(st.session_state.nd_min_mib) * 2**20,
+    top_n=int(st.session_state.nd_top_n),
+    conflicts_only=bool(st.session_state.nd_conflicts_only),
+    collapse=bool(st.session_state.nd_collapse),
+    tensor_roles=tuple(st.session_state.nd_roles),
+    show_conflicts=bool(st.session_state.nd_show_conflicts),
+    show_sites=bool(st.session_state.nd_show_sites),
+    merge_state=bool(st.session_state.nd_merge_state),
+)
+shown = charts.select_dims(ana, flt)
+total = len(charts.dim_nodes(ana, flt.collapse))
+st.caption(
+    f"Showing {len(shown)} of {total} {'collapsed ' if flt.collapse else ''}named dim nodes "
+    f"({len(ana.named_dims)} named dims), largest bytes covered first."
+)
+graph = charts.named_dim_graph(ana, flt)
+st.graphviz_chart(graph, width="stretch")
+st.caption(
+    "Ellipses: named dims (one colour each; `×k`: k identical layers). Boxes: tensors (green data "
+    "inputs, blue parameters with their optimizer state, purple outputs), linked by the dims they "
+    "hold. Red boxes: conflicts with their options; thick red border: a self or reshape conflict "
+    "breaks the named dim; dashed red border: an axis clash limits its mesh axes; dashed notes: "
+    "where the conflict shows."
+)
+with st.expander("DOT source"):
+    st.download_button("Download .dot", graph.source, file_name="named_dims.dot", key="dl_dot")
+    st.code(graph.source[:20000], language="dot")
+
+st.subheader("Conflicts")
+if not ana.conflicts:
+    st.success("No conflicts: every named dim can take any mesh axis that divides it.")
+else:
+    rows = []
+    for c in ana.conflicts:
+        group = ana.group_of_conflict.get(c.id, ())
+        rows.append(
+            {
+                "conflict": c.name,
+                "kind": c.kind,
+                "named dims": ", ".join(f"N{d}" for d in c.named_dims),
+                "description": c.description,
+                "site": c.sites[0].text if c.sites else "",
+                "options": len(c.options),
+                "cheapest cut": fmt_bytes(min((o.bytes for o in c.options), default=None)),
+                "layer group": ", ".join(f"K{k}" for k in group) if len(group) > 1 else "",
+            }
+        )
+    ui.table(rows, height=min(400, 38 + 35 * len(rows)), key="conflict_table")
+    names = [c.name for c in ana.conflicts]
+    pick = st.selectbox("Conflict details", names, key="conflict_detail")
+    c = ana.conflict(pick)
+    st.markdown(f"**{c.name}** ({c.kind}): {c.description}")
+    st.markdown("Sites:\n" + "\n".join(f"- `{s.text}`" for s in c.sites[:8]))
+    if c.options:
+        st.markdown(
+            "Options (pin with `"
+            + c.name
+            + "=<option>` on the Search page):\n"
+            + "\n".join(
+                f"- option {o.index} ({fmt_bytes(o.bytes)} resharded): {o.description}"
+                for o in c.options
+            )
+        )
+    else:
+        st.markdown("No cut separates the clash: leave its named dim unsharded.")
+
+
+def _where(op_ids: list[int], fallback: bool) -> str:
+    """`3 ops: dot_general at gpt.py:95; ...` (distinct places first)."""
+    if not op_ids:
+        return "yes" if fallback else ""
+    places = list(dict.fromkeys(prog.ops[i].where() for i in op_ids))
+    return f"{len(op_ids)} ops: " + "; ".join(places[:3]) + (" ..." if len(places) > 3 else "")
+
+
+st.subheader("Named dims")
+in_conflict = charts.conflict_dims(ana)
+reduces_at = cached.reduction_sites(loaded.key, ana)
+prog = ana.program
+rows = []
+for node in charts.dim_nodes(ana, flt.collapse):
+    nd = ana.named_dims[node.rep]
+    members = ", ".join(
+        dict.fromkeys(
+            f"{charts.collapse_layers(prog.values[v].name) if flt.collapse else prog.values[v].name}.{d}"
+            for v, d, _ in nd.members
+            if prog.values[v].role != "intermediate" or prog.values[v].is_output
+        )
+    )
+    rows.append(
+        {
+            "named dim": nd.name if len(node.members) == 1 else f"{nd.name} (×{len(node.members)})",
+            "size": nd.size,
+            "label": nd.label,
+            "bytes covered": node.bytes_covered,
+            "holds": charts.dim_kind(nd),
+            "members": len(nd.members),
+            "input/output dims": members[:300],
+            "reduces at": _where(reduces_at.get(nd.id, []), nd.has_reduction),
+            "needs replication at": _where(list(nd.replication_ops), False),
+            "conflicts": ", ".join(f"K{k}" for m in node.members for k in in_conflict.get(m, [])),
+            "layers": ", ".join(f"N{m}" for m in node.members) if len(node.members) > 1 else "",
+        }
+    )
+st.dataframe(
+    rows,
+    hide_index=True,
+    width="stretch",
+    height=min(560, 38 + 35 * len(rows)),
+    column_config={"bytes covered": st.column_config.NumberColumn(format="bytes")},
+    key="named_dim_table",
+)
+if ana.diagnostics:
+    st.subheader("Diagnostics")
+    for d in ana.diagnostics:
+        st.warning(d)

@@ -1,0 +1,361 @@
+"""Search page: budget, seed, pins and forbids; Run / Stop; the live best cost and strategy."""
+
+from __future__ import annotations
+
+import time
+from itertools import combinations
+
+import streamlit as st
+
+import toast_core as tc
+from app import cached, charts, reports, state, ui
+from app.fmt import fmt_bytes, fmt_s
+
+DRAW_EVERY_S = 0.35
+
+ui.header(
+    "Search",
+    "Monte Carlo Tree Search over the named dims' mesh axes and the conflicts' options, scored by "
+    "the cost model. Pin or forbid decisions, run, then pin what you like and search again.",
+)
+loaded = ui.require_loaded()
+ana = loaded.ana
+mesh = state.mesh()
+st.markdown(ui.context_line(loaded))
+ws = state.workspace()
+slot = state.run_slot()
+if slot["status"] == "running":
+    # The run streaming into this slot was interrupted (Stop, or a page switch): keep its best.
+    slot["status"] = "stopped"
+
+
+# -- pins ---------------------------------------------------------------------------------------
+
+
+def _add_pin(text: str) -> None:
+    text = (text or "").strip().replace(" ", "")
+    current = state.workspace()["pins"]
+    if not text:
+        state.set_error("pins", "expected a pin such as N3@model, got an empty text")
+        return
+    if text in current:
+        state.set_error("pins", None)
+        state.notify("pins", f"`{text}` is already pinned.")
+        return
+    loaded_ = state.loaded()
+    try:
+        cached.check_pins(
+            loaded_, state.mesh_text(), state.hardware_name(), tuple(current + [text])
+        )
+    except tc.ToastError as exc:
+        state.set_error("pins", str(exc))
+        return
+    current.append(text)
+    state.set_error("pins", None)
+
+
+def _add_dim_pin() -> None:
+    ss = st.session_state
+    axes = ss.pin_axes
+    prefix = "!" if ss.pin_mode == "forbid" else ""
+    _add_pin(f"{prefix}{ss.pin_dim}@{axes}")
+
+
+def _add_conflict_pin() -> None:
+    ss = st.session_state
+    prefix = "!" if ss.pin_k_mode == "forbid" else ""
+    _add_pin(f"{prefix}{ss.pin_conflict}={ss.pin_option}")
+
+
+def _add_typed_pin() -> None:
+    _add_pin(st.session_state.pin_text)
+
+
+def _remove_pin(text: str) -> None:
+    pins = state.workspace()["pins"]
+    if text in pins:
+        pins.remove(text)
+    state.set_error("pins", None)
+
+
+def _clear_pins() -> None:
+    state.workspace()["pins"].clear()
+    state.set_error("pins", None)
+
+
+def _pin_best(texts: list[str]) -> None:
+    for t in texts:
+        _add_pin(t)
+        if state.error("pins"):
+            return
+
+
+def axis_choices(m: tc.MeshSpec) -> list[str]:
+    names = m.axis_names
+    subsets = [c for r in range(1, len(names) + 1) for c in combinations(names, r)]
+    return ["+".join(c) for c in subsets] + ["-"]
+
+
+def _dim_option(nd_name: str) -> str:
+    nd = ana.named_dim(nd_name)
+    return f"{nd.name} · {nd.label} · {fmt_bytes(nd.bytes_covered)}"
+
+
+def _valid_choice(key: str, options: list[str]) -> None:
+    """Drops a remembered choice that the current model or mesh no longer offers."""
+    if key in st.session_state and st.session_state[key] not in options:
+        del st.session_state[key]
+
+
+st.subheader("Pins and forbids")
+dims_by_bytes = [nd.name for nd in sorted(ana.named_dims, key=lambda n: (-n.bytes_covered, n.id))]
+c1, c2, c3, c4 = st.columns([4, 2, 1.6, 1.2], vertical_alignment="bottom")
+_valid_choice("pin_dim", dims_by_bytes)
+_valid_choice("pin_axes", axis_choices(mesh))
+c1.selectbox("Named dim", dims_by_bytes, format_func=_dim_option, key="pin_dim")
+c2.selectbox("Mesh axes", axis_choices(mesh), key="pin_axes", help="`-`: keep it replicated")
+c3.radio("Mode", ["pin", "forbid"], key="pin_mode", horizontal=True)
+c4.button("Add", key="add_dim_pin", on_click=_add_dim_pin, width="stretch")
+if ana.conflicts:
+    k1, k2, k3, k4 = st.columns([4, 2, 1.6, 1.2], vertical_alignment="bottom")
+    _valid_choice("pin_conflict", [c.name for c in ana.conflicts])
+    k1.selectbox(
+        "Conflict",
+        [c.name for c in ana.conflicts],
+        format_func=lambda k: f"{k} · {ana.conflict(k).kind} · {ana.conflict(k).description[:70]}",
+        key="pin_conflict",
+    )
+    n_options = len(ana.conflict(st.session_state.pin_conflict).options)
+    option_names = [str(i) for i in range(n_options)] + ["none"]
+    _valid_choice("pin_option", option_names)
+    k2.selectbox("Option", [str(i) for i in range(n_options)] + ["none"], key="pin_option")
+    k3.radio("Mode", ["pin", "forbid"], key="pin_k_mode", horizontal=True)
+    k4.button("Add", key="add_conflict_pin", on_click=_add_conflict_pin, width="stretch")
+t1, t2 = st.columns([7.6, 1.2], vertical_alignment="bottom")
+t1.text_input(
+    "Or type a pin",
+    key="pin_text",
+    placeholder="N3@model, tokens.1@data, !N3@data, K2=1, K2=none, !K2=1",
+)
+t2.button("Add", key="add_typed_pin", on_click=_add_typed_pin, width="stretch")
+ui.show_error("pins")
+notice = state.pop_notice("pins")
+if notice:
+    st.info(notice)
+
+if ws["pins"]:
+    st.markdown("**Current pins** (kept across runs; forbids start with `!`)")
+    for i, p in enumerate(ws["pins"]):
+        a, b = st.columns([8, 1.2], vertical_alignment="center")
+        icon = ":material/block:" if p.startswith("!") else ":material/push_pin:"
+        a.markdown(f"{icon} `{p}`")
+        b.button("Remove", key=f"rm_pin_{i}", on_click=_remove_pin, args=(p,), width="stretch")
+    st.button("Clear all pins", key="clear_pins", on_click=_clear_pins)
+else:
+    st.caption("No pins: the search decides everything.")
+
+# -- run controls -----------------------------------------------------------------------------
+
+st.subheader("Run")
+s1, s2, s3 = st.columns(3)
+s1.number_input(
+    "Budget (s)",
+    min_value=0.2,
+    max_value=600.0,
+    step=1.0,
+    key=state.keep("budget_s"),
+    on_change=state.save,
+    args=("budget_s",),
+)
+s2.number_input(
+    "Seed", min_value=0, step=1, key=state.keep("seed"), on_change=state.save, args=("seed",)
+)
+s3.number_input(
+    "Max simulations (0: no limit)",
+    min_value=0,
+    step=100,
+    key=state.keep("num_simulations"),
+    on_change=state.save,
+    args=("num_simulations",),
+)
+
+
+def _stop() -> None:
+    s = state.run_slot()
+    if s["status"] == "running":
+        s["status"] = "stopped"
+
+
+def _request_run() -> None:
+    # A callback, so that stale messages are gone before the page above the button renders.
+    st.session_state["search_requested"] = True
+    state.set_error("pins", None)
+    state.set_error("search", None)
+
+
+b1, b2, _ = st.columns([1.3, 1, 6])
+b1.button("Run search", key="run_search", type="primary", width="stretch", on_click=_request_run)
+b2.button("Stop", key="stop_search", on_click=_stop, width="stretch")
+ui.show_error("search")
+
+baseline_times = {
+    name: (r.step_time_s if r.fits else None)
+    for name, (strategy, r) in cached.baseline_reports(
+        loaded, state.mesh_text(), state.hardware_name()
+    ).items()
+    if strategy is not None
+}
+live = st.empty()
+
+
+def draw(n: int) -> None:
+    """Metrics, the progress chart and the best-strategy table, into the live placeholder."""
+    with live.container():
+        status = slot["status"]
+        m = st.columns(5)
+        m[0].metric("Best step time", fmt_s(slot["best_step_time_s"]))
+        m[1].metric(
+            "Peak memory / device",
+            fmt_bytes(slot["best_peak_bytes"]),
+            "fits" if slot["best_fits"] else "does not fit",
+            delta_color="normal" if slot["best_fits"] else "inverse",
+        )
+        m[2].metric("Iterations", slot["iteration"])
+        m[3].metric(
+            "Evaluations",
+            slot["evaluations"],
+            f"{slot['evals_per_s']:.0f}/s",
+            delta_color="off",
+            delta_arrow="off",
+        )
+        m[4].metric(
+            "Status", status, f"{slot['elapsed_s']:.1f} s", delta_color="off", delta_arrow="off"
+        )
+        st.plotly_chart(
+            charts.progress_figure(slot["history"], baseline_times),
+            key=f"progress_{n}",
+            width="stretch",
+        )
+        st.markdown("**Best strategy so far**")
+        rows = reports.decision_rows(ana, slot["best"], slot["pins"])
+        if rows:
+            st.dataframe(rows, hide_index=True, width="stretch", key=f"best_table_{n}")
+        else:
+            st.caption("Everything replicated: no named dim sharded.")
+        if slot["best_fits"] is False:
+            st.error(
+                "NO MEMORY-FEASIBLE STRATEGY FOUND so far: the best one needs "
+                f"{fmt_bytes(slot['best_peak_bytes'])} per device, over the capacity of "
+                f"{state.hardware_name()}."
+            )
+
+
+def record(ev: tc.SearchEvent) -> None:
+    slot["history"].append((ev.iteration, ev.elapsed_s, ev.best_step_time_s, ev.best_fits))
+    slot.update(
+        best=ev.best_strategy,
+        best_step_time_s=ev.best_step_time_s,
+        best_peak_bytes=ev.best_peak_bytes,
+        best_fits=ev.best_fits,
+        iteration=ev.iteration,
+        evaluations=ev.evaluations,
+        tree_size=ev.tree_size,
+        evals_per_s=ev.evals_per_s,
+        elapsed_s=ev.elapsed_s,
+    )
+
+
+def run_search() -> None:
+    pins, forbids = cached.split_pins(ws["pins"])
+    n_sims = int(st.session_state.num_simulations) or None
+    events = tc.search_iter(
+        ana,
+        mesh,
+        state.hardware(),
+        budget_s=float(st.session_state.budget_s),
+        num_simulations=n_sims,
+        seed=int(st.session_state.seed),
+        pins=pins,
+        forbids=forbids,
+    )
+    try:
+        first = next(events)  # bad pins fail here, before anything is overwritten
+    except tc.ToastError as exc:
+        state.set_error("search", str(exc))
+        ui.show_error("search")
+        return
+    if slot["best"] is not None:
+        slot["previous"] = {
+            "strategy": slot["best"],
+            "step_time_s": slot["best_step_time_s"],
+            "peak_bytes": slot["best_peak_bytes"],
+            "pins": list(slot["pins"]),
+        }
+    slot.update(status="running", history=[], pins=list(ws["pins"]), runs=slot["runs"] + 1)
+    record(first)
+    n, last = 0, 0.0
+    draw(n)
+    for ev in events:
+        record(ev)
+        if ev.done or time.perf_counter() - last >= DRAW_EVERY_S:
+            last = time.perf_counter()
+            n += 1
+            draw(n)
+    slot["status"] = "done"
+    state.set_setting("strategy_choice", "search best")
+    n += 1
+    draw(n)
+
+
+if st.session_state.pop("search_requested", False):
+    run_search()
+elif slot["history"]:
+    draw(0)
+else:
+    with live.container():
+        st.info("Press **Run search**: the chart and the best strategy update while it runs.")
+        st.plotly_chart(charts.progress_figure([], baseline_times), key="progress_empty")
+
+# -- after a run: what changed, and pinning from the best --------------------------------------
+
+if slot["best"] is not None and slot["status"] in ("done", "stopped"):
+    prev = slot["previous"]
+    if slot["status"] == "stopped":
+        st.info(f"Stopped at iteration {slot['iteration']}; the best strategy so far is kept.")
+    if prev is not None:
+        st.subheader("Versus the previous best")
+        t_old, t_new = prev["step_time_s"], slot["best_step_time_s"]
+        change = (t_new - t_old) / t_old if t_old else 0.0
+        st.markdown(
+            f"Step time {fmt_s(t_old)} → **{fmt_s(t_new)}** ({change:+.1%}); peak memory "
+            f"{fmt_bytes(prev['peak_bytes'])} → **{fmt_bytes(slot['best_peak_bytes'])}**. "
+            f"Pins then: {', '.join(f'`{p}`' for p in prev['pins']) or 'none'}; now: "
+            f"{', '.join(f'`{p}`' for p in slot['pins']) or 'none'}."
+        )
+        diff = reports.strategy_diff(prev["strategy"], slot["best"])
+        if diff:
+            ui.table(diff, key="diff_table")
+        else:
+            st.caption("Same decisions as the previous best.")
+    decisions = [p for p in reports.decisions_as_pins(slot["best"]) if p not in ws["pins"]]
+    if decisions:
+        st.subheader("Pin decisions of the best strategy")
+        p1, p2, p3 = st.columns([5, 1.2, 1.6], vertical_alignment="bottom")
+        _valid_choice("best_decision", decisions)
+        p1.selectbox("Decision", decisions, key="best_decision")
+        p2.button(
+            "Pin",
+            key="pin_best_decision",
+            on_click=lambda: _pin_best([st.session_state.best_decision]),
+            width="stretch",
+        )
+        p3.button(
+            "Pin all",
+            key="pin_all_best",
+            on_click=_pin_best,
+            args=(decisions,),
+            width="stretch",
+        )
+    st.page_link(
+        "app_pages/strategy.py", label="Inspect the best strategy", icon=":material/arrow_forward:"
+    )

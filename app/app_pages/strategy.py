@@ -1,0 +1,160 @@
+"""Strategy page: shardings in scaling-book notation, cost breakdown, memory, collectives, and the
+strategy side by side with the baselines."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import toast_core as tc
+from app import cached, charts, reports, state, ui
+from app.fmt import fmt_bytes, fmt_s
+
+ui.header(
+    "Strategy",
+    "What a strategy does to every tensor and what it costs: compute, communication by collective "
+    "kind, per-device memory against capacity, each collective with its cause.",
+)
+loaded = ui.require_loaded()
+ana = loaded.ana
+mesh = state.mesh()
+st.markdown(ui.context_line(loaded))
+name, strategy = ui.strategy_picker(loaded)
+try:
+    report = cached.estimate(loaded, strategy, state.mesh_text(), state.hardware_name())
+except tc.ToastError as exc:
+    st.error(str(exc))
+    st.stop()
+
+m = st.columns(6)
+m[0].metric("Step time", fmt_s(report.step_time_s))
+m[1].metric("Compute", fmt_s(report.compute_s))
+m[2].metric("Communication", fmt_s(report.comm_s))
+m[3].metric(
+    "Efficiency",
+    f"{report.efficiency:.1%}" if report.efficiency >= 0.01 else f"{report.efficiency:.3%}",
+    help="ideal time (all flops at peak on every device) / estimated step time",
+)
+m[4].metric(
+    "Peak memory / device",
+    fmt_bytes(report.peak_bytes),
+    f"{report.peak_bytes / report.capacity_bytes:.1%} of {fmt_bytes(report.capacity_bytes)} usable",
+    delta_color="off" if report.fits else "inverse",
+)
+m[5].metric("Fits memory", "yes" if report.fits else "NO")
+if not report.fits:
+    st.error(
+        f"This strategy needs {fmt_bytes(report.peak_bytes)} per device, over the "
+        f"{fmt_bytes(report.capacity_bytes)} allowed on {state.hardware_name()}."
+    )
+
+st.subheader("Decisions")
+rows = reports.decision_rows(ana, strategy, state.workspace()["pins"])
+if rows:
+    ui.table(rows, key="decisions")
+else:
+    st.caption("No decision: everything is replicated.")
+
+st.subheader("Cost breakdown")
+st.plotly_chart(
+    charts.cost_breakdown_figure(report.compute_s, report.comm_s_by_kind()), width="stretch"
+)
+by_bytes = report.collective_bytes_by_kind()
+kind_rows = [
+    {"kind": k, "time": fmt_s(t), "bytes per device": fmt_bytes(by_bytes.get(k, 0.0))}
+    for k, t in report.comm_s_by_kind().items()
+    if t or by_bytes.get(k)
+]
+if kind_rows:
+    ui.table(kind_rows, key="kinds")
+
+st.subheader("Per-device memory")
+prog = ana.program
+peak_label = prog.ops[report.peak_op].where() if 0 <= report.peak_op < len(prog.ops) else ""
+st.plotly_chart(
+    charts.memory_figure(
+        report.memory_timeline,
+        report.capacity_bytes,
+        report.persistent_bytes,
+        report.peak_op,
+        peak_label,
+    ),
+    width="stretch",
+)
+st.caption(
+    f"Inputs (parameters, optimizer state, data) take {fmt_bytes(report.persistent_bytes)} per "
+    f"device; the peak {fmt_bytes(report.peak_bytes)} is reached at {peak_label or 'the end'}."
+)
+
+st.subheader("Baselines side by side")
+bl = cached.baseline_reports(loaded, state.mesh_text(), state.hardware_name())
+compare = [("this: " + name, report)] + [
+    (f"{b}", r) for b, (s, r) in bl.items() if s is not None and f"baseline: {b}" != name
+]
+chart_rows = [
+    {
+        "name": n,
+        "compute_s": r.compute_s,
+        "comm_s": r.comm_s,
+        "peak_bytes": r.peak_bytes,
+        "fits": r.fits,
+    }
+    for n, r in compare
+]
+st.plotly_chart(charts.strategies_figure(chart_rows, report.capacity_bytes), width="stretch")
+ui.table(
+    [
+        {
+            "strategy": n,
+            "step time": fmt_s(r.step_time_s),
+            "vs this": f"{r.step_time_s / report.step_time_s:.2f}x" if report.step_time_s else "-",
+            "compute": fmt_s(r.compute_s),
+            "communication": fmt_s(r.comm_s),
+            "peak memory": fmt_bytes(r.peak_bytes),
+            "fits": "yes" if r.fits else "NO",
+        }
+        for n, r in compare
+    ]
+    + [
+        {
+            "strategy": b,
+            "step time": f"not applicable: {why}",
+            "vs this": "",
+            "compute": "",
+            "communication": "",
+            "peak memory": "",
+            "fits": "",
+        }
+        for b, (s, why) in bl.items()
+        if s is None
+    ],
+    key="baseline_table",
+)
+
+st.subheader("Shardings")
+st.caption(
+    "Scaling-book notation: `W[N0, N1_model]` is W with the dim of named dim N1 sharded on mesh "
+    "axis `model`; `N3*N4` is a dim split into two named dims by a reshape."
+)
+f1, f2 = st.columns([3, 2])
+query = f1.text_input("Filter tensors", key="sharding_filter", placeholder="e.g. attn.wq")
+roles = f2.multiselect(
+    "Roles",
+    ["input", "parameter", "state", "output"],
+    default=["input", "parameter", "output"],
+    key="sharding_roles",
+)
+vrows = [
+    r
+    for r in reports.value_rows(ana, strategy, mesh)
+    if r["role"] in roles and (not query or query.lower() in r["tensor"].lower())
+]
+ui.table(vrows, height=min(460, 38 + 35 * max(len(vrows), 1)), key="shardings")
+
+st.subheader("Collectives")
+crow = reports.collective_rows(ana, report)
+st.caption(
+    f"{len(report.collectives)} collectives per step, most expensive first"
+    + (f" (showing {len(crow)})" if len(crow) < len(report.collectives) else "")
+    + ". `bytes (full)` is the gathered buffer V of the alpha-beta model."
+)
+ui.table(crow, height=min(460, 38 + 35 * max(len(crow), 1)), key="collectives")

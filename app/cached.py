@@ -1,0 +1,208 @@
+"""Cached loaders: trace + analyze once per model, baselines and estimates once per strategy.
+
+`st.cache_resource` keeps the objects themselves (an `Analysis` holds arrays and its own caches,
+so it is shared, never copied or pickled). Keys are plain hashables: the model spec, the mesh text,
+the hardware preset name and a strategy's decisions; the analysis rides along as an unhashed
+`_ana` argument. Exceptions are never cached, so a failed load can simply be retried.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import streamlit as st
+
+import toast_core as tc
+from app.user_model import UserCodeError, load_user_function, user_line
+from demos import MODEL_ZOO, SIZES
+
+#: Programs with more ops than this get only a syntax check of pins before Run (the full check
+#: scores the baselines, which takes seconds on the largest models).
+QUICK_PIN_CHECK_MAX_OPS = 5000
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to load: a zoo model (name, size, train step or forward) or a user file."""
+
+    source: str = "zoo"  # "zoo" | "file"
+    model: str = "gpt"
+    size: str = "tiny"
+    train: bool = True
+    path: str = ""  # absolute path of the user's file
+    function: str = ""
+    digest: str = ""  # content hash of the user's file
+
+    @property
+    def key(self) -> str:
+        if self.source == "file":
+            return f"file:{self.path}:{self.function}@{self.digest}"
+        return f"zoo:{self.model}:{self.size}:{'train' if self.train else 'forward'}"
+
+    @property
+    def title(self) -> str:
+        if self.source == "file":
+            return f"{self.path.rsplit('/', 1)[-1]}:{self.function}"
+        return f"{self.model} {self.size} ({'train step' if self.train else 'forward'})"
+
+
+@dataclass(frozen=True, eq=False)
+class Loaded:
+    """A traced and analyzed program, with what is needed to run it."""
+
+    spec: ModelSpec
+    description: str
+    fn: object
+    args: tuple
+    param_argnums: tuple[int, ...] | None
+    ana: tc.Analysis
+    is_concrete: bool
+    load_s: float
+
+    @property
+    def key(self) -> str:
+        return self.spec.key
+
+
+def load(spec: ModelSpec) -> Loaded:
+    """The analysis of a model spec (cached); raises ToastError subclasses only."""
+    if spec.source == "file":
+        return _load_file(spec.path, spec.function, spec.digest)
+    return _load_zoo(spec.model, spec.size, spec.train)
+
+
+@st.cache_resource(show_spinner=False, max_entries=24)
+def _load_zoo(model: str, size: str, train: bool) -> Loaded:
+    if model not in MODEL_ZOO:
+        raise tc.ToastError(f"expected a zoo model in {sorted(MODEL_ZOO)}, got `model={model!r}`")
+    if size not in SIZES[model]:
+        raise tc.ToastError(f"expected a size in {SIZES[model]}, got `size={size!r}`")
+    start = time.perf_counter()
+    w = MODEL_ZOO[model](size=size, train=train)
+    prog = tc.trace(w.fn, *w.args, param_argnums=w.param_argnums)
+    ana = tc.analyze(prog)
+    spec = ModelSpec("zoo", model, size, train)
+    return Loaded(
+        spec,
+        w.description,
+        w.fn,
+        tuple(w.args),
+        w.param_argnums,
+        ana,
+        _is_concrete(w.args),
+        time.perf_counter() - start,
+    )
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def _load_file(path: str, function: str, digest: str) -> Loaded:
+    start = time.perf_counter()
+    user = load_user_function(path, function)
+    try:
+        prog = tc.trace(user.fn, *user.args, param_argnums=user.param_argnums)
+    except tc.TraceError as exc:
+        line = user_line(exc, path)
+        name = path.rsplit("/", 1)[-1]
+        raise UserCodeError(f"{name}:{line}: {exc}" if line else f"{name}: {exc}") from None
+    ana = tc.analyze(prog)
+    spec = ModelSpec("file", path=path, function=function, digest=digest)
+    return Loaded(
+        spec,
+        user.description,
+        user.fn,
+        user.args,
+        user.param_argnums,
+        ana,
+        _is_concrete(user.args),
+        time.perf_counter() - start,
+    )
+
+
+def _is_concrete(args) -> bool:
+    import jax
+    import numpy as np
+
+    leaves = jax.tree_util.tree_leaves(args)
+    return all(isinstance(x, jax.Array | np.ndarray | np.generic | int | float) for x in leaves)
+
+
+def mesh_of(text: str) -> tc.MeshSpec:
+    return tc.MeshSpec.parse(text)
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def baselines(key: str, mesh_text: str, _ana: tc.Analysis) -> dict:
+    """name -> (Strategy or None, reason it does not apply)."""
+    from toast_core.search.baselines import all_baselines
+
+    return dict(all_baselines(_ana, mesh_of(mesh_text)))
+
+
+def strategy_key(strategy: tc.Strategy) -> tuple:
+    return (strategy.shardings, strategy.options)
+
+
+@st.cache_resource(show_spinner=False, max_entries=1024)
+def _estimate(key: str, mesh_text: str, hw_name: str, skey: tuple, _ana, _strategy):
+    return tc.estimate(_ana, _strategy, mesh_of(mesh_text), tc.hardware(hw_name))
+
+
+def estimate(loaded: Loaded, strategy: tc.Strategy, mesh_text: str, hw_name: str) -> tc.CostReport:
+    """The cost report of a strategy (cached by its decisions); raises StrategyError if illegal."""
+    return _estimate(loaded.key, mesh_text, hw_name, strategy_key(strategy), loaded.ana, strategy)
+
+
+def baseline_reports(loaded: Loaded, mesh_text: str, hw_name: str) -> dict:
+    """name -> (Strategy, CostReport) or (None, reason)."""
+    out = {}
+    for name, (strategy, reason) in baselines(loaded.key, mesh_text, loaded.ana).items():
+        if strategy is None:
+            out[name] = (None, reason)
+            continue
+        try:
+            out[name] = (strategy, estimate(loaded, strategy, mesh_text, hw_name))
+        except tc.ToastError as exc:
+            out[name] = (None, str(exc))
+    return out
+
+
+def check_pins(loaded: Loaded, mesh_text: str, hw_name: str, pins: tuple[str, ...]) -> None:
+    """Raises PinError if the pins name nothing or contradict each other.
+
+    On programs up to QUICK_PIN_CHECK_MAX_OPS ops the check builds the search's decision space
+    (a zero-simulation search); above, only the syntax is checked and Run reports the rest.
+    """
+    for p in pins:
+        tc.parse_pin(p)
+    if len(loaded.ana.program.ops) > QUICK_PIN_CHECK_MAX_OPS:
+        return
+    quick_search(loaded.key, mesh_text, hw_name, pins, loaded.ana)
+
+
+@st.cache_resource(show_spinner=False, max_entries=256)
+def quick_search(key: str, mesh_text: str, hw_name: str, pins: tuple[str, ...], _ana):
+    pins_, forbids = split_pins(pins)
+    events = tc.search_iter(
+        _ana,
+        mesh_of(mesh_text),
+        tc.hardware(hw_name),
+        budget_s=None,
+        num_simulations=0,
+        pins=pins_,
+        forbids=forbids,
+    )
+    return next(iter(events))
+
+
+def split_pins(items) -> tuple[list[str], list[str]]:
+    """Pins and forbids (`!`-prefixed) from one list, for `search_iter(pins=, forbids=)`."""
+    items = [p.strip() for p in items]
+    return [p for p in items if not p.startswith("!")], [p for p in items if p.startswith("!")]
+
+
+@st.cache_resource(show_spinner=False, max_entries=24)
+def reduction_sites(key: str, _ana: tc.Analysis) -> dict[int, list[int]]:
+    from app.reports import reduction_sites as compute
+
+    return compute(_ana)

@@ -1,0 +1,561 @@
+"""Figure and graph builders: pure functions from engine results to plotly figures and DOT graphs.
+
+Nothing here touches Streamlit or session state, so every builder is testable on its own.
+
+The dimension-equivalence graph (`named_dim_graph`) draws named dims as coloured ellipses linked
+to the tensors whose dims they hold (edge label: which dim), and conflicts as red octagons linked
+to the named dims they involve, with their resolution options listed. Real models have hundreds
+of named dims, so a `GraphFilter` keeps it readable: by kind, by bytes covered, top N, and by
+collapsing repeated layers (a decision group `N1, N2` of identical layers is one node `N1 x2`,
+and `blocks[0].mlp.w_fc`, `blocks[1].mlp.w_fc` are one tensor node `blocks[*].mlp.w_fc`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+
+import graphviz
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from app.fmt import fmt_bytes, fmt_s
+
+#: (fill, border) pairs; named dim i gets PALETTE[i % len(PALETTE)].
+PALETTE = (
+    ("#cfe3ff", "#2f6fd0"),
+    ("#d4f2dc", "#2d8a4e"),
+    ("#fde7c8", "#c7791a"),
+    ("#e9dcfb", "#7b4fc9"),
+    ("#d2f1f4", "#1f8c99"),
+    ("#fbd9ea", "#b8447c"),
+    ("#eef2c7", "#86911c"),
+    ("#dfe3e8", "#56606b"),
+    ("#ffe1d6", "#c0532b"),
+    ("#d9ecd0", "#4f7f35"),
+    ("#d8dcfb", "#4650b8"),
+    ("#f6e7c1", "#9a7416"),
+)
+BASELINE_COLOURS = ("#9c9c9c", "#f58518", "#54a24b", "#b279a2", "#72b7b2", "#9d755d", "#e45756")
+CONFLICT_FILL, CONFLICT_LINE, CONFLICT_TEXT = "#ffe3e3", "#d62728", "#8b0000"
+ROLE_FILL = {
+    "input": "#eaf6ec",
+    "parameter": "#eef3fd",
+    "state": "#fdf6e3",
+    "output": "#f5ecfb",
+    "intermediate": "#f4f4f4",
+}
+TENSOR_ROLES = ("input", "parameter", "state", "output")
+DIM_KINDS = ("parameter", "data", "other")  # what a named dim holds
+KIND_COLOURS = {
+    "compute": "#4c78a8",
+    "all-reduce": "#e45756",
+    "all-gather": "#f58518",
+    "reduce-scatter": "#72b7b2",
+    "all-to-all": "#b279a2",
+    "collective-permute": "#9d755d",
+}
+_LAYER_INDEX = re.compile(r"\[\d+\]")
+#: Draw the capacity line only when it is within this factor of the peak (else it flattens the
+#: chart of a tiny model to nothing); the title gives the share instead.
+CAPACITY_IN_VIEW = 4.0
+
+
+def colour_of(named_dim_id: int) -> tuple[str, str]:
+    return PALETTE[named_dim_id % len(PALETTE)]
+
+
+def collapse_layers(name: str) -> str:
+    """`params.blocks[3].mlp.w_fc` -> `params.blocks[*].mlp.w_fc`."""
+    return _LAYER_INDEX.sub("[*]", name)
+
+
+def dim_kind(nd) -> str:
+    """ "parameter" (holds a parameter or optimizer-state dim), "data" (a data input's) or "other"."""
+    if nd.is_persistent:
+        return "parameter"
+    if nd.is_input:
+        return "data"
+    return "other"
+
+
+# -- the dimension-equivalence graph ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GraphFilter:
+    """What the named dims page shows."""
+
+    kinds: tuple[str, ...] = DIM_KINDS
+    min_bytes: float = 0.0
+    top_n: int = 40
+    conflicts_only: bool = False
+    collapse: bool = True
+    tensor_roles: tuple[str, ...] = ("input", "parameter")
+    show_conflicts: bool = True
+    show_sites: bool = True
+    merge_state: bool = True  # draw optimizer state and updated parameters with their parameter
+
+
+@dataclass(frozen=True)
+class DimNode:
+    """One node of the graph: a named dim, or a group of identical-layer named dims."""
+
+    rep: int  # representative named dim id
+    members: tuple[int, ...]
+    bytes_covered: int
+
+
+def _signature(nd) -> tuple:
+    """What a named dim looks like with layer indices and value ids blanked out: named dims of
+    repeated layers that the analysis did not group (intermediates only) share it."""
+    label = re.sub(r"#\d+", "#*", collapse_layers(nd.label))
+    return (nd.size, label, dim_kind(nd), nd.has_reduction)
+
+
+def dim_nodes(ana, collapse: bool) -> list[DimNode]:
+    """Named dims, merged by decision group (and by signature among the ungrouped ones) when
+    collapsing; largest bytes first."""
+    groups = ana.group_of_dim if collapse else {}
+    merged: dict[object, list[int]] = {}
+    for nd in ana.named_dims:
+        if nd.id in groups:
+            key = ("group", groups[nd.id][0])
+        elif collapse:
+            key = ("signature", _signature(nd))
+        else:
+            key = ("dim", nd.id)
+        merged.setdefault(key, []).append(nd.id)
+    out = []
+    for members in merged.values():
+        total = sum(ana.named_dims[m].bytes_covered for m in members)
+        out.append(DimNode(members[0], tuple(members), total))
+    out.sort(key=lambda n: (-n.bytes_covered, n.rep))
+    return out
+
+
+def conflict_dims(ana) -> dict[int, list[int]]:
+    """Named dim id -> ids of the conflicts involving it."""
+    out: dict[int, list[int]] = defaultdict(list)
+    for c in ana.conflicts:
+        for d in c.named_dims:
+            out[d].append(c.id)
+    return out
+
+
+def conflict_kinds(ana) -> dict[int, set[str]]:
+    """Named dim id -> kinds of the conflicts involving it."""
+    out: dict[int, set[str]] = defaultdict(set)
+    for c in ana.conflicts:
+        for d in c.named_dims:
+            out[d].add(c.kind)
+    return out
+
+
+def select_dims(ana, flt: GraphFilter) -> list[DimNode]:
+    """The dim nodes passing the filter, largest first, at most `top_n`."""
+    in_conflict = conflict_dims(ana)
+    out = []
+    for node in dim_nodes(ana, flt.collapse):
+        nd = ana.named_dims[node.rep]
+        if dim_kind(nd) not in flt.kinds:
+            continue
+        if node.bytes_covered < flt.min_bytes:
+            continue
+        if flt.conflicts_only and not any(m in in_conflict for m in node.members):
+            continue
+        out.append(node)
+    return out[: max(int(flt.top_n), 0)]
+
+
+def _dot_id(prefix: str, key: str) -> str:
+    return prefix + re.sub(r"[^A-Za-z0-9_]", "_", key)
+
+
+def _short(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _dim_label(ana, node: DimNode) -> str:
+    nd = ana.named_dims[node.rep]
+    head = nd.name if len(node.members) == 1 else f"{nd.name} ×{len(node.members)}"
+    return f"{head}\n{_short(nd.label, 44)}\n{fmt_bytes(node.bytes_covered)}"
+
+
+def named_dim_graph(ana, flt: GraphFilter = GraphFilter()) -> graphviz.Digraph:
+    """The dimension-equivalence graph as a graphviz Digraph (rendered client-side by Streamlit)."""
+    g = graphviz.Digraph("named_dims")
+    g.attr(rankdir="LR", nodesep="0.18", ranksep="0.9", bgcolor="white", fontname="Helvetica")
+    g.attr("node", fontname="Helvetica", fontsize="10")
+    g.attr("edge", fontname="Helvetica", fontsize="8", arrowsize="0.5")
+    nodes = select_dims(ana, flt)
+    rep_of = {m: n.rep for n in nodes for m in n.members}
+    kinds = conflict_kinds(ana) if flt.show_conflicts else {}
+    for node in nodes:
+        fill, line = colour_of(node.rep)
+        hit = set().union(*(kinds.get(m, set()) for m in node.members))
+        # A self or reshape conflict breaks the named dim itself: thick red. An axis clash only
+        # limits which mesh axes it may share with another named dim: dashed red.
+        broken = bool(hit & {"self", "reshape"})
+        g.node(
+            f"nd{node.rep}",
+            _dim_label(ana, node),
+            shape="ellipse",
+            style="filled" if broken or not hit else "filled,dashed",
+            fillcolor=fill,
+            color=CONFLICT_LINE if hit else line,
+            penwidth="3" if broken else ("1.6" if hit else "1.2"),
+            tooltip=ana.named_dims[node.rep].label,
+        )
+    _add_tensors(g, ana, flt, rep_of)
+    if flt.show_conflicts:
+        _add_conflicts(g, ana, flt, rep_of)
+    return g
+
+
+def state_owners(ana) -> dict[int, int]:
+    """Value id -> the parameter it mirrors (optimizer moments, updated parameters), by pytree path
+    suffix and shape: `opt_state.mu.blocks[0].w` and `out[0].blocks[0].w` -> `params.blocks[0].w`."""
+    prog = ana.program
+    owner: dict[int, int] = {}
+    by_tail: dict[tuple[str, tuple[int, ...]], int] = {}
+    for vid in dict.fromkeys(prog.inputs + prog.outputs):
+        v = prog.values[vid]
+        parts = v.name.split(".")
+        match = None
+        for i in range(1, len(parts)):
+            match = by_tail.get((".".join(parts[i:]), v.shape))
+            if match is not None:
+                break
+        if match is not None and (v.is_persistent or vid in prog.outputs):
+            owner[vid] = match
+            continue
+        owner[vid] = vid
+        if v.role == "parameter" and len(parts) > 1:
+            by_tail.setdefault((".".join(parts[1:]), v.shape), vid)
+    return owner
+
+
+def _tensor_role(prog, vid: int) -> str:
+    return "output" if vid in prog.outputs and vid not in prog.inputs else prog.values[vid].role
+
+
+def _add_tensors(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
+    prog = ana.program
+    wanted = set(flt.tensor_roles)
+    owner = state_owners(ana) if flt.merge_state else {}
+    tensors: dict[str, dict] = {}
+    edges: dict[tuple[str, int], set[str]] = defaultdict(set)
+    for vid in dict.fromkeys(prog.inputs + prog.outputs):
+        v = prog.values[vid]
+        role = _tensor_role(prog, vid)
+        if role not in wanted or v.rank == 0:
+            continue
+        primary = prog.values[owner.get(vid, vid)]
+        name = collapse_layers(primary.name) if flt.collapse else primary.name
+        t = tensors.setdefault(
+            name,
+            {
+                "role": _tensor_role(prog, primary.id),
+                "shape": v.shape,
+                "dtype": v.dtype,
+                "layers": set(),
+                "merged": set(),
+            },
+        )
+        t["layers"].add(primary.name)
+        if primary.id != vid:
+            t["merged"].add(v.name.split(".")[0] if role != "output" else "out")
+        for d, dims in enumerate(ana.value_named_dims(vid)):
+            for sub, c in enumerate(dims):
+                if c in rep_of:
+                    edges[(name, rep_of[c])].add(f"{d}:{sub}" if len(dims) > 1 else str(d))
+    linked = {name for name, _ in edges}
+    for name, t in tensors.items():
+        if name not in linked:
+            continue  # a tensor whose dims are all filtered out adds nothing
+        layers = len(t["layers"])
+        extra = f" ×{layers} layers" if layers > 1 else ""
+        if t["merged"]:
+            extra += " · + " + ", ".join(sorted(t["merged"]))
+        g.node(
+            _dot_id("t_", name),
+            f"{_short(name, 48)}\n{list(t['shape'])} {t['dtype']}{extra}",
+            shape="box",
+            style="rounded,filled",
+            fillcolor=ROLE_FILL.get(t["role"], "#f4f4f4"),
+            color="#8a8f98",
+            tooltip=f"{t['role']}: {name}",
+        )
+    for (name, rep), labels in edges.items():
+        g.edge(
+            f"nd{rep}",
+            _dot_id("t_", name),
+            label="dim " + ",".join(sorted(labels)),
+            color=colour_of(rep)[1],
+            fontcolor="#555555",
+        )
+
+
+def _add_conflicts(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
+    groups = ana.group_of_conflict if flt.collapse else {}
+    seen: set[int] = set()
+    for c in ana.conflicts:
+        if c.id in seen:
+            continue
+        members = tuple(groups.get(c.id, (c.id,)))
+        seen.update(members)
+        dims = sorted(
+            {rep_of[d] for k in members for d in ana.conflicts[k].named_dims if d in rep_of}
+        )
+        if not dims:
+            continue
+        head = c.name if len(members) == 1 else f"{c.name} ×{len(members)} layers"
+        lines = [f"{head}: {c.kind}", _short(c.description, 60)]
+        for o in c.options[:4]:
+            lines.append(f"option {o.index}: {fmt_bytes(o.bytes)}, {_short(o.description, 52)}")
+        if not c.options:
+            lines.append("no cut option: leave it unsharded")
+        g.node(
+            f"k{c.id}",
+            "\\l".join(lines) + "\\l",
+            shape="box",
+            style="filled,bold",
+            fillcolor=CONFLICT_FILL,
+            color=CONFLICT_LINE,
+            fontcolor=CONFLICT_TEXT,
+            penwidth="2",
+            tooltip=c.description,
+        )
+        for d in dims:
+            g.edge(f"k{c.id}", f"nd{d}", color=CONFLICT_LINE, penwidth="1.6", arrowhead="none")
+        if flt.show_sites and c.sites:
+            site = c.sites[0]
+            g.node(
+                f"s{c.id}",
+                _short(site.text, 56).replace(" from ", "\nfrom "),
+                shape="note",
+                style="dashed",
+                color=CONFLICT_LINE,
+                fontcolor=CONFLICT_TEXT,
+                fontsize="9",
+            )
+            g.edge(f"k{c.id}", f"s{c.id}", color=CONFLICT_LINE, style="dashed", label="site")
+
+
+# -- plotly figures ----------------------------------------------------------------------------
+
+
+def _layout(fig: go.Figure, title: str, height: int = 340) -> go.Figure:
+    fig.update_layout(
+        title={"text": title, "x": 0, "font": {"size": 15}},
+        height=height,
+        margin={"l": 10, "r": 10, "t": 45, "b": 10},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "right", "x": 1},
+        template="plotly_white",
+    )
+    return fig
+
+
+def progress_figure(history, baseline_times: dict[str, float | None] | None = None) -> go.Figure:
+    """Best estimated step time against search iterations.
+
+    `history`: (iteration, elapsed_s, best_step_time_s, fits) tuples; `baseline_times`: name ->
+    step time of each memory-feasible baseline (None: does not apply or does not fit).
+    """
+    fig = go.Figure()
+    its = [h[0] for h in history]
+    best = [h[2] for h in history]
+    fits = [bool(h[3]) if len(h) > 3 else True for h in history]
+    fig.add_trace(
+        go.Scatter(
+            x=its,
+            y=best,
+            mode="lines+markers",
+            line={"shape": "hv", "color": "#4c78a8", "width": 2.5},
+            marker={"color": ["#4c78a8" if f else CONFLICT_LINE for f in fits], "size": 7},
+            name="best found",
+            customdata=[[fmt_s(b), f"{h[1]:.1f}"] for b, h in zip(best, history)],
+            hovertemplate="iteration %{x}<br>best %{customdata[0]}<br>at %{customdata[1]} s"
+            "<extra></extra>",
+        )
+    )
+    x_end = max(its, default=0) or 1
+    feasible = sorted((t, name) for name, t in (baseline_times or {}).items() if t is not None)
+    for i, (t, name) in enumerate(feasible):
+        fig.add_trace(
+            go.Scatter(
+                x=[0, x_end],
+                y=[t, t],
+                mode="lines",
+                line={
+                    "dash": "dot",
+                    "width": 1.3,
+                    "color": BASELINE_COLOURS[i % len(BASELINE_COLOURS)],
+                },
+                name=f"{name} {fmt_s(t)}",
+                hovertemplate=f"baseline {name}: {fmt_s(t)}<extra></extra>",
+            )
+        )
+    fig.update_xaxes(title="iteration", rangemode="tozero")
+    fig.update_yaxes(title="step time (s)", tickformat="~s", ticksuffix="s", rangemode="tozero")
+    _layout(fig, "Best estimated step time vs the baselines (dotted)")
+    fig.update_layout(
+        legend={"orientation": "v", "yanchor": "top", "y": 1, "x": 1.02, "xanchor": "left"}
+    )
+    return fig
+
+
+def strategies_figure(rows: list[dict], capacity_bytes: float) -> go.Figure:
+    """Side-by-side strategies: step time (compute + communication) and peak memory per device.
+
+    `rows`: dicts with name, compute_s, comm_s, peak_bytes, fits.
+    """
+    names = [r["name"] for r in rows]
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=("Estimated step time", "Peak memory per device"),
+        horizontal_spacing=0.18,
+    )
+    fig.add_trace(
+        go.Bar(
+            y=names,
+            x=[r["compute_s"] for r in rows],
+            name="compute",
+            orientation="h",
+            marker_color=KIND_COLOURS["compute"],
+            hovertemplate="%{y}: compute %{x:.3s}s<extra></extra>",
+        ),
+        1,
+        1,
+    )
+    fig.add_trace(
+        go.Bar(
+            y=names,
+            x=[r["comm_s"] for r in rows],
+            name="communication",
+            orientation="h",
+            marker_color=KIND_COLOURS["all-reduce"],
+            hovertemplate="%{y}: communication %{x:.3s}s<extra></extra>",
+        ),
+        1,
+        1,
+    )
+    fig.add_trace(
+        go.Bar(
+            y=names,
+            x=[r["peak_bytes"] for r in rows],
+            name="peak memory",
+            orientation="h",
+            marker_color=["#54a24b" if r["fits"] else CONFLICT_LINE for r in rows],
+            text=[
+                fmt_bytes(r["peak_bytes"]) + ("" if r["fits"] else " (does not fit)") for r in rows
+            ],
+            textposition="auto",
+            hovertemplate="%{y}: %{text}<extra></extra>",
+            showlegend=False,
+        ),
+        1,
+        2,
+    )
+    peak = max((r["peak_bytes"] for r in rows), default=0.0)
+    if capacity_bytes <= CAPACITY_IN_VIEW * max(peak, 1.0):
+        fig.add_vline(
+            x=capacity_bytes,
+            line={"color": CONFLICT_LINE, "dash": "dash"},
+            annotation_text=f"capacity {fmt_bytes(capacity_bytes)}",
+            annotation_font={"size": 10},
+            row=1,
+            col=2,
+        )
+    else:
+        fig.layout.annotations[1].text = f"Peak memory per device (of {fmt_bytes(capacity_bytes)})"
+    fig.update_xaxes(tickformat="~s", ticksuffix="s", row=1, col=1)
+    fig.update_xaxes(tickformat="~s", ticksuffix="B", row=1, col=2)
+    fig.update_yaxes(autorange="reversed")
+    _layout(fig, "", height=max(280, 90 + 38 * len(rows)))
+    fig.update_layout(
+        barmode="stack",
+        margin={"l": 10, "r": 10, "t": 30, "b": 10},
+        legend={"orientation": "h", "yanchor": "top", "y": -0.12, "xanchor": "left", "x": 0},
+    )
+    return fig
+
+
+def cost_breakdown_figure(compute_s: float, comm_s_by_kind: dict[str, float]) -> go.Figure:
+    """One stacked bar: compute, then communication by collective kind."""
+    fig = go.Figure()
+    parts = [("compute", compute_s)] + [(k, v) for k, v in comm_s_by_kind.items() if v > 0]
+    for kind, t in parts:
+        fig.add_trace(
+            go.Bar(
+                y=["step"],
+                x=[t],
+                name=f"{kind} {fmt_s(t)}",
+                orientation="h",
+                marker_color=KIND_COLOURS.get(kind, "#bab0ac"),
+                hovertemplate=f"{kind}: {fmt_s(t)}<extra></extra>",
+            )
+        )
+    fig.update_layout(barmode="stack", showlegend=True)
+    fig.update_xaxes(tickformat="~s", ticksuffix="s")
+    fig.update_yaxes(showticklabels=False)
+    return _layout(fig, "Step time: compute and communication by kind", height=200)
+
+
+def memory_figure(
+    timeline: tuple[float, ...] | list[float],
+    capacity_bytes: float,
+    persistent_bytes: float,
+    peak_op: int = -1,
+    peak_label: str = "",
+) -> go.Figure:
+    """Per-device memory over program order, against the device's capacity."""
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=list(range(len(timeline))),
+            y=list(timeline),
+            mode="lines",
+            fill="tozeroy",
+            line={"color": "#4c78a8", "width": 1.5},
+            name="live bytes per device",
+            hovertemplate="op %{x}: %{y:.3s}B<extra></extra>",
+        )
+    )
+    peak = max(timeline, default=0.0)
+    shows_capacity = capacity_bytes <= CAPACITY_IN_VIEW * max(peak, 1.0)
+    if shows_capacity:
+        fig.add_hline(
+            y=capacity_bytes,
+            line={"color": CONFLICT_LINE, "dash": "dash"},
+            annotation_text=f"capacity {fmt_bytes(capacity_bytes)}",
+            annotation_position="top left",
+        )
+    fig.add_hline(
+        y=persistent_bytes,
+        line={"color": "#888888", "dash": "dot"},
+        annotation_text=f"inputs {fmt_bytes(persistent_bytes)}",
+        annotation_position="bottom right",
+    )
+    if 0 <= peak_op < len(timeline):
+        fig.add_trace(
+            go.Scatter(
+                x=[peak_op],
+                y=[timeline[peak_op]],
+                mode="markers",
+                marker={"color": CONFLICT_LINE, "size": 9},
+                name=f"peak {fmt_bytes(timeline[peak_op])}",
+                hovertemplate=(peak_label or "peak") + "<extra></extra>",
+            )
+        )
+    top = max(peak, capacity_bytes if shows_capacity else 0.0) * 1.08
+    fig.update_yaxes(title="bytes per device", tickformat="~s", ticksuffix="B", range=[0, top])
+    fig.update_xaxes(title="op (program order)")
+    title = "Per-device memory over the step"
+    if not shows_capacity:
+        share = peak / capacity_bytes if capacity_bytes else 0.0
+        title += f" (peak is {share:.2%} of the {fmt_bytes(capacity_bytes)} capacity)"
+    return _layout(fig, title)

@@ -1,0 +1,219 @@
+"""Session state: what the user loaded, pinned and found survives reruns and page switches.
+
+Streamlit forgets a widget's value when a page that does not render it runs, so every setting
+lives under a plain key (`budget_s`) and its widget under a shadow key (`w.budget_s`) that `keep`
+refills from the plain key and `save` copies back. Nothing is written before an action succeeds:
+a failed load, a bad mesh or a bad pin leaves the previous state in place.
+
+Layout of `st.session_state`:
+
+* `model_spec` (cached.ModelSpec), `mesh_text`, `hardware`: the committed configuration;
+* `workspaces[model key]`: pins (forbids start with `!`) and imported strategies of one model;
+* `runs[(model key, mesh, hardware)]`: the last search there (history, best, previous best);
+* `validations[(model key, mesh, hardware, decisions)]`: ValidationReports;
+* `errors[place]`: the last error of an action, shown until the next success.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import streamlit as st
+
+import toast_core as tc
+from app import cached
+from app.cached import Loaded, ModelSpec
+
+DEFAULT_SPEC = ModelSpec("zoo", "gpt", "tiny", True)
+DEFAULT_MESH = "data=2,model=4"
+DEFAULT_HARDWARE = "tpu-v5e"
+
+_DEFAULTS: dict = {
+    "model_spec": DEFAULT_SPEC,
+    "mesh_text": DEFAULT_MESH,
+    "hardware": DEFAULT_HARDWARE,
+    "workspaces": {},
+    "runs": {},
+    "validations": {},
+    "errors": {},
+    "notices": {},
+    # settings backed by widgets (see `keep`)
+    "source": "Zoo model",
+    "zoo_model": DEFAULT_SPEC.model,
+    "zoo_size": DEFAULT_SPEC.size,
+    "zoo_train": DEFAULT_SPEC.train,
+    "file_target": "",
+    "upload_function": "make",
+    "mesh_input": DEFAULT_MESH,
+    "hardware_input": DEFAULT_HARDWARE,
+    "budget_s": 5.0,
+    "seed": 0,
+    "num_simulations": 0,
+    "strategy_choice": "",
+    "lesson": 0,
+    "nd_kinds": ["parameter", "data", "other"],
+    "nd_min_mib": 0.0,
+    "nd_top_n": 40,
+    "nd_conflicts_only": False,
+    "nd_collapse": True,
+    "nd_roles": ["input", "parameter"],
+    "nd_show_conflicts": True,
+    "nd_show_sites": True,
+    "nd_merge_state": True,
+}
+
+
+def init() -> None:
+    """Fills missing keys with their defaults (once per session)."""
+    for key, value in _DEFAULTS.items():
+        if key not in st.session_state:
+            st.session_state[key] = copy.deepcopy(value)
+
+
+def keep(key: str) -> str:
+    """The widget key for setting `key`, set to the setting's value; call it right before the
+    widget renders. Always setting it (not only when missing) matters: a widget of the same key
+    on another page is another widget to Streamlit, which would otherwise start at its default."""
+    wkey = f"w.{key}"
+    st.session_state[wkey] = st.session_state[key]
+    return wkey
+
+
+def save(key: str) -> None:
+    """on_change callback: copy a widget's value back to its setting."""
+    st.session_state[key] = st.session_state[f"w.{key}"]
+
+
+def set_setting(key: str, value) -> None:
+    """Sets a setting and its widget (call before the widget renders, or from a callback)."""
+    st.session_state[key] = value
+    st.session_state[f"w.{key}"] = value
+
+
+# -- errors and notices shown on the next render ----------------------------------------------
+
+
+def set_error(place: str, message: str | None) -> None:
+    if message is None:
+        st.session_state.errors.pop(place, None)
+    else:
+        st.session_state.errors[place] = message
+
+
+def error(place: str) -> str | None:
+    return st.session_state.errors.get(place)
+
+
+def notify(place: str, message: str) -> None:
+    st.session_state.notices[place] = message
+
+
+def pop_notice(place: str) -> str | None:
+    return st.session_state.notices.pop(place, None)
+
+
+# -- the committed configuration ----------------------------------------------------------------
+
+
+def spec() -> ModelSpec:
+    return st.session_state.model_spec
+
+
+def mesh_text() -> str:
+    return st.session_state.mesh_text
+
+
+def hardware_name() -> str:
+    return st.session_state.hardware
+
+
+def mesh() -> tc.MeshSpec:
+    return cached.mesh_of(mesh_text())
+
+
+def hardware() -> tc.HardwareSpec:
+    return tc.hardware(hardware_name())
+
+
+def loaded() -> Loaded | None:
+    """The committed model's analysis (loads it on first use); None, with an error, if it fails."""
+    try:
+        out = cached.load(spec())
+    except tc.ToastError as exc:
+        set_error("model", str(exc))
+        return None
+    return out
+
+
+def commit_model(new_spec: ModelSpec) -> Loaded | None:
+    """Loads a model; only on success does it become the current one."""
+    try:
+        out = cached.load(new_spec)
+    except tc.ToastError as exc:
+        set_error("model", str(exc))
+        return None
+    st.session_state.model_spec = new_spec
+    set_error("model", None)
+    return out
+
+
+def commit_mesh(text: str) -> bool:
+    try:
+        m = cached.mesh_of(text)
+    except tc.ToastError as exc:
+        set_error("mesh", str(exc))
+        return False
+    st.session_state.mesh_text = str(m)
+    set_error("mesh", None)
+    return True
+
+
+# -- per-model workspace and per-(model, mesh, hardware) search run -----------------------------
+
+
+def workspace(key: str | None = None) -> dict:
+    key = key or spec().key
+    return st.session_state.workspaces.setdefault(key, {"pins": [], "imported": {}})
+
+
+def run_key() -> tuple[str, str, str]:
+    return (spec().key, mesh_text(), hardware_name())
+
+
+def run_slot(key: tuple | None = None) -> dict:
+    key = key or run_key()
+    return st.session_state.runs.setdefault(
+        key,
+        {
+            "status": "idle",  # idle | running | done | stopped | error
+            "history": [],  # (iteration, elapsed_s, best_step_time_s, fits)
+            "best": None,
+            "best_step_time_s": None,
+            "best_peak_bytes": None,
+            "best_fits": None,
+            "iteration": 0,
+            "evaluations": 0,
+            "tree_size": 0,
+            "evals_per_s": 0.0,
+            "elapsed_s": 0.0,
+            "pins": [],
+            "previous": None,  # {"strategy", "step_time_s", "peak_bytes", "pins"}
+            "runs": 0,
+        },
+    )
+
+
+def load_lesson(lesson_spec: ModelSpec, mesh_text_: str, hardware_: str, pins: list[str]) -> bool:
+    """Sets up a lesson's model, mesh, hardware and pins (all or nothing)."""
+    loaded_ = commit_model(lesson_spec)
+    if loaded_ is None or not commit_mesh(mesh_text_):
+        return False
+    st.session_state.hardware = hardware_
+    set_setting("mesh_input", mesh_text())
+    set_setting("hardware_input", hardware_)
+    set_setting("source", "Zoo model")
+    set_setting("zoo_model", lesson_spec.model)
+    set_setting("zoo_size", lesson_spec.size)
+    set_setting("zoo_train", lesson_spec.train)
+    workspace()["pins"] = list(pins)
+    return True

@@ -1,0 +1,56 @@
+"""The TOAST explorer: `streamlit run app/streamlit_app.py` (binds to localhost by default).
+
+This entry point only sets up the process (8 simulated CPU devices for validation, before JAX
+starts), the session state and the navigation; each page is one thin file in `app_pages/`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+
+from app import state  # noqa: E402
+
+PAGES = (
+    ("app_pages/model.py", "Model", ":material/deployed_code:", "model"),
+    ("app_pages/named_dims.py", "Named dims", ":material/hub:", "named_dims"),
+    ("app_pages/search.py", "Search", ":material/travel_explore:", "search"),
+    ("app_pages/strategy.py", "Strategy", ":material/grid_view:", "strategy"),
+    ("app_pages/validate.py", "Validate", ":material/verified:", "validate"),
+    ("app_pages/learn.py", "Learn", ":material/school:", "learn"),
+    ("app_pages/export.py", "Export", ":material/download:", "export"),
+)
+
+
+def main() -> None:
+    st.set_page_config(page_title="TOAST explorer", page_icon=":material/hub:", layout="wide")
+    state.init()
+    pages = [
+        st.Page(path, title=title, icon=icon, url_path=url, default=(url == "model"))
+        for path, title, icon, url in PAGES
+    ]
+    page = st.navigation(pages, position="sidebar")
+    with st.sidebar:
+        st.markdown("**TOAST explorer**")
+        spec = state.spec()
+        st.caption(
+            f"Model: `{spec.title}`  \nMesh: `{state.mesh_text()}`  \n"
+            f"Hardware: `{state.hardware_name()}`"
+        )
+        pins = state.workspace()["pins"]
+        if pins:
+            st.caption("Pins: " + ", ".join(f"`{p}`" for p in pins))
+    page.run()
+
+
+main()

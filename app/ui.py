@@ -1,0 +1,105 @@
+"""Small UI pieces shared by the pages: the header, error boxes, the strategy picker."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import toast_core as tc
+from app import cached, state
+from app.cached import Loaded
+from app.fmt import fmt_s
+
+
+def header(title: str, caption: str = "") -> None:
+    st.title(title)
+    if caption:
+        st.caption(caption)
+
+
+def show_error(place: str) -> None:
+    msg = state.error(place)
+    if msg:
+        st.error(msg, icon=":material/error:")
+
+
+def require_loaded() -> Loaded:
+    """The current model's analysis, or stop the page with a message pointing to the Model page."""
+    with st.spinner("Tracing and analyzing the model..."):
+        loaded = state.loaded()
+    if loaded is None:
+        show_error("model")
+        st.info("Load a model on the Model page.")
+        st.stop()
+    return loaded
+
+
+def context_line(loaded: Loaded) -> str:
+    s = loaded.ana.summary()
+    return (
+        f"**{loaded.spec.title}** on mesh `{state.mesh_text()}` ({state.mesh().n_devices} devices), "
+        f"`{state.hardware_name()}` · {s['named_dims']} named dims, {s['conflicts']} conflicts"
+    )
+
+
+def table(rows: list[dict], height: int | str = "auto", key: str | None = None) -> None:
+    if not rows:
+        st.caption("(nothing to show)")
+        return
+    st.dataframe(rows, hide_index=True, height=height, key=key, width="stretch")
+
+
+def strategy_choices(loaded: Loaded) -> dict[str, tc.Strategy]:
+    """Label -> Strategy: the search's best, the previous best, imports, then the baselines."""
+    out: dict[str, tc.Strategy] = {}
+    slot = state.run_slot()
+    if slot["best"] is not None:
+        out["search best"] = slot["best"]
+    if slot["previous"] is not None:
+        out["previous search best"] = slot["previous"]["strategy"]
+    for name, strategy in state.workspace()["imported"].items():
+        out[f"imported: {name}"] = strategy
+    for name, (strategy, _) in cached.baselines(loaded.key, state.mesh_text(), loaded.ana).items():
+        if strategy is not None:
+            out[f"baseline: {name}"] = strategy
+    return out
+
+
+def default_choice(loaded: Loaded, choices: dict[str, tc.Strategy]) -> str:
+    """The search's best if any, else the fastest baseline that fits memory."""
+    if "search best" in choices:
+        return "search best"
+    best, best_t = None, None
+    for name, (strategy, report) in cached.baseline_reports(
+        loaded, state.mesh_text(), state.hardware_name()
+    ).items():
+        if strategy is not None and report.fits and (best_t is None or report.step_time_s < best_t):
+            best, best_t = f"baseline: {name}", report.step_time_s
+    return best or next(iter(choices))
+
+
+def strategy_picker(loaded: Loaded) -> tuple[str, tc.Strategy]:
+    """Selectbox over `strategy_choices`; the choice is shared by Strategy, Validate and Export."""
+    choices = strategy_choices(loaded)
+    if st.session_state.strategy_choice not in choices:
+        state.set_setting("strategy_choice", default_choice(loaded, choices))
+    wkey = state.keep("strategy_choice")
+
+    labels = {}
+    for choice, strategy in choices.items():
+        try:
+            r = cached.estimate(loaded, strategy, state.mesh_text(), state.hardware_name())
+        except tc.ToastError:
+            labels[choice] = f"{choice} (illegal on this mesh)"
+            continue
+        labels[choice] = f"{choice}: {fmt_s(r.step_time_s)}{'' if r.fits else ', does not fit'}"
+
+    st.selectbox(
+        "Strategy",
+        list(choices),
+        key=wkey,
+        format_func=labels.__getitem__,  # pure: AppTest calls it outside a run
+        on_change=state.save,
+        args=("strategy_choice",),
+    )
+    name = st.session_state.strategy_choice
+    return name, choices[name]
