@@ -19,7 +19,6 @@ from demos import MODEL_ZOO, SIZES
 
 #: Programs with more ops than this get only a syntax check of pins before Run (the full check
 #: scores the baselines, which takes seconds on the largest models).
-QUICK_PIN_CHECK_MAX_OPS = 5000
 
 
 @dataclass(frozen=True)
@@ -168,20 +167,19 @@ def baseline_reports(loaded: Loaded, mesh_text: str, hw_name: str) -> dict:
 
 
 def check_pins(loaded: Loaded, mesh_text: str, hw_name: str, pins: tuple[str, ...]) -> None:
-    """Raises PinError if the pins name nothing or contradict each other.
+    """Raises PinError if the pins name nothing or contradict each other (or the mesh)."""
+    pins_, forbids = split_pins(pins)
+    _checked_pins(loaded.key, mesh_text, tuple(pins_), tuple(forbids), loaded.ana)
 
-    On programs up to QUICK_PIN_CHECK_MAX_OPS ops the check builds the search's decision space
-    (a zero-simulation search); above, only the syntax is checked and Run reports the rest.
-    """
-    for p in pins:
-        tc.parse_pin(p)
-    if len(loaded.ana.program.ops) > QUICK_PIN_CHECK_MAX_OPS:
-        return
-    quick_search(loaded.key, mesh_text, hw_name, pins, loaded.ana)
+
+@st.cache_resource(show_spinner=False, max_entries=256)
+def _checked_pins(key: str, mesh_text: str, pins: tuple, forbids: tuple, _ana) -> tc.Strategy:
+    return tc.check_pins(_ana, mesh_of(mesh_text), pins, forbids)
 
 
 @st.cache_resource(show_spinner=False, max_entries=256)
 def quick_search(key: str, mesh_text: str, hw_name: str, pins: tuple[str, ...], _ana):
+    """The best plan after seeding alone (baselines and greedy descents, no tree search)."""
     pins_, forbids = split_pins(pins)
     events = tc.search_iter(
         _ana,
@@ -199,10 +197,3 @@ def split_pins(items) -> tuple[list[str], list[str]]:
     """Pins and forbids (`!`-prefixed) from one list, for `search_iter(pins=, forbids=)`."""
     items = [p.strip() for p in items]
     return [p for p in items if not p.startswith("!")], [p for p in items if p.startswith("!")]
-
-
-@st.cache_resource(show_spinner=False, max_entries=24)
-def reduction_sites(key: str, _ana: tc.Analysis) -> dict[int, list[int]]:
-    from app.reports import reduction_sites as compute
-
-    return compute(_ana)

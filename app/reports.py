@@ -22,23 +22,6 @@ def dim_label(ana: tc.Analysis, dim_name: str) -> str:
     return f"{label}, part {part}" if part else label
 
 
-_REDUCING = ("dot_general", "conv_general_dilated", "reduce_", "argmax", "argmin")
-
-
-def reduction_sites(ana: tc.Analysis) -> dict[int, list[int]]:
-    """Named dim id -> ops that reduce over it (contractions and reductions): the dim is held by
-    an operand and by no result. Sharding the named dim leaves partial results there."""
-    out: dict[int, list[int]] = {}
-    for op in ana.program.ops:
-        if not op.primitive.startswith(_REDUCING):
-            continue
-        held = {d for v in op.operands for dims in ana.value_named_dims(v) for d in dims}
-        kept = {d for v in op.results for dims in ana.value_named_dims(v) for d in dims}
-        for d in held - kept:
-            out.setdefault(d, []).append(op.index)
-    return out
-
-
 def decision_rows(ana: tc.Analysis, strategy: tc.Strategy, pins=()) -> list[dict]:
     """One row per decision of a strategy: sharded named dims, then chosen conflict options."""
     pinned = {p.strip() for p in pins}

@@ -13,7 +13,6 @@ machines; bad input exits non-zero with a one-line error.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import re
@@ -38,35 +37,12 @@ def _parse_budget(text: str) -> float:
 def load_target(target: str, size: str, forward: bool):
     """(fn, args, param_argnums, name) for a zoo name or `file.py:function`."""
     from demos import MODEL_ZOO
+    from toast_core.targets import load_user_function, split_target
 
-    if ":" in target and target.split(":", 1)[0].endswith(".py"):
-        path, func = target.rsplit(":", 1)
-        if not Path(path).is_file():
-            raise CliError(f"expected an existing Python file, got `TARGET={target}`")
-        spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-        module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:  # noqa: BLE001 - the user's file: report, never a traceback
-            line = _user_line(exc, path)
-            raise CliError(f"{path}{line}: {type(exc).__name__}: {exc}") from None
-        if not hasattr(module, func):
-            raise CliError(f"expected a function `{func}` in {path}, got `TARGET={target}`")
-        try:
-            made = getattr(module, func)()
-        except Exception as exc:  # noqa: BLE001
-            raise CliError(
-                f"{path}{_user_line(exc, path)}: {func}() raised {type(exc).__name__}: {exc}"
-            ) from None
-        if hasattr(made, "fn") and hasattr(made, "args"):
-            return made.fn, tuple(made.args), getattr(made, "param_argnums", None), func
-        if not (isinstance(made, tuple) and len(made) == 2 and callable(made[0])):
-            raise CliError(
-                f"expected {func}() in {path} to return (fn, example_args), "
-                f"got {type(made).__name__}"
-            )
-        fn, args = made
-        return fn, tuple(args), None, func
+    if _user_path(target) is not None:
+        path, function = split_target(target)
+        made = load_user_function(path, function)
+        return made.fn, made.args, made.param_argnums, function
     if target not in MODEL_ZOO:
         raise CliError(
             f"expected a zoo model ({', '.join(sorted(MODEL_ZOO))}) or file.py:function, "
@@ -84,18 +60,6 @@ def _user_path(target: str) -> str | None:
     if ":" in target and target.split(":", 1)[0].endswith(".py"):
         return target.rsplit(":", 1)[0]
     return None
-
-
-def _user_line(exc: BaseException, path: str) -> str:
-    if isinstance(exc, SyntaxError) and exc.lineno:
-        return f":{exc.lineno}"
-    tb = exc.__traceback__
-    line = ""
-    while tb is not None:
-        if os.path.abspath(tb.tb_frame.f_code.co_filename) == os.path.abspath(path):
-            line = f":{tb.tb_lineno}"
-        tb = tb.tb_next
-    return line
 
 
 def _fmt_bytes(n: float) -> str:
@@ -124,6 +88,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 def _analyze(args):
     import toast_core as tc
+    from toast_core.targets import where
 
     fn, ex_args, argnums, name = load_target(args.target, args.size, args.forward)
     try:
@@ -132,7 +97,7 @@ def _analyze(args):
         path = _user_path(args.target)
         if path is None:
             raise
-        raise CliError(f"{path}{_user_line(exc.__cause__ or exc, path)}: {exc}") from None
+        raise CliError(f"{where(path, exc.__cause__ or exc)}: {exc}") from None
     t0 = time.perf_counter()
     ana = tc.analyze(prog)
     return fn, ex_args, ana, time.perf_counter() - t0

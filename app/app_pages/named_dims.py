@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import cached, charts, state, ui
+from app import charts, state, ui
 from app.fmt import fmt_bytes
 
 ui.header(
@@ -162,7 +162,6 @@ def _where(op_ids: list[int], fallback: bool) -> str:
 
 st.subheader("Named dims")
 in_conflict = charts.conflict_dims(ana)
-reduces_at = cached.reduction_sites(loaded.key, ana)
 prog = ana.program
 rows = []
 for node in charts.dim_nodes(ana, flt.collapse):
@@ -183,7 +182,7 @@ for node in charts.dim_nodes(ana, flt.collapse):
             "holds": charts.dim_kind(nd),
             "members": len(nd.members),
             "input/output dims": members[:300],
-            "reduces at": _where(reduces_at.get(nd.id, []), nd.has_reduction),
+            "reduces at": _where(list(nd.reduction_ops), nd.has_reduction),
             "needs replication at": _where(list(nd.replication_ops), False),
             "conflicts": ", ".join(f"K{k}" for m in node.members for k in in_conflict.get(m, [])),
             "layers": ", ".join(f"N{m}" for m in node.members) if len(node.members) > 1 else "",

@@ -231,12 +231,12 @@ def _named_dims(program: Program, nda: NdaResult, atom_dim: np.ndarray, n: int):
                 if c not in seen:
                     covered[c] += nbytes[vid]
                     seen.add(c)
-    has_red = [False] * n
+    red: list[set[int]] = [set() for _ in range(n)]
     repl: list[set[int]] = [set() for _ in range(n)]
     for a in np.flatnonzero(atom_dim >= 0).tolist():
         kind = nda.atom_kind[a]
         if kind == "reduction":
-            has_red[atom_dim[a]] = True
+            red[atom_dim[a]].add(int(nda.atom_owner[a]))
         elif kind == "replicate":
             repl[atom_dim[a]].add(int(nda.atom_owner[a]))
     out = []
@@ -263,7 +263,8 @@ def _named_dims(program: Program, nda: NdaResult, atom_dim: np.ndarray, n: int):
                 atoms=tuple(atoms[c]),
                 members=tuple(ms),
                 bytes_covered=covered[c],
-                has_reduction=has_red[c],
+                has_reduction=bool(red[c]),
+                reduction_ops=tuple(sorted(red[c])),
                 replication_ops=tuple(sorted(repl[c])),
                 is_persistent=any(x.is_persistent for x in vals),
                 is_input=any(x.role == "input" for x in vals),

@@ -63,6 +63,7 @@ class NamedDim:
     members: tuple[tuple[int, int, int], ...]  # (value id, dim, sub-factor) of value atoms
     bytes_covered: int
     has_reduction: bool
+    reduction_ops: tuple[int, ...]  # ops where it is reduced (partial results if sharded)
     replication_ops: tuple[int, ...]
     is_persistent: bool  # holds a parameter or optimizer-state dim
     is_input: bool  # holds a dim of a data input

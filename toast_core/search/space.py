@@ -359,3 +359,13 @@ class DecisionSpace:
 
     def from_strategy(self, strategy: Strategy) -> State:
         return State(tuple(strategy.options), strategy._masks(self.ana, self.mesh))
+
+
+def check_pins(ana: Analysis, mesh: MeshSpec, pins=(), forbids=()) -> Strategy:
+    """Checks pins and forbids without searching; returns the pinned starting strategy.
+
+    Raises `PinError` naming the pin when one cannot be parsed, names nothing, or contradicts
+    another pin, a forbid, or the mesh (divisibility, a mesh axis held twice).
+    """
+    space = DecisionSpace(ana, mesh, None, pins, forbids)
+    return space.to_strategy(space.root, "pins")
