@@ -96,6 +96,19 @@ class _FactorForest:
         self.next.append(f)
         return f
 
+    def new_many(self, sizes, kinds, owner: int) -> range:
+        """Factors for one op at once (the hot path of the pass)."""
+        base, n = len(self.size), len(sizes)
+        ids = range(base, base + n)
+        self.size.extend(sizes)
+        self.kind.extend(kinds)
+        self.owner.extend([owner] * n)
+        self.children.extend([None] * n)
+        self.parent.extend(ids)
+        self.weight.extend([1] * n)
+        self.next.extend(ids)
+        return ids
+
     def find(self, f: int) -> int:
         parent = self.parent
         root = f
@@ -232,7 +245,7 @@ def run_nda(program: Program) -> NdaResult:
                     f"unknown primitive `{op.primitive}` at {op.source or '?'}: no factor rule, so "
                     "no named dim crosses it (every dim is its own factor)"
                 )
-        ids = [forest.new(s, k, op.index) for s, k in zip(rule.sizes, rule.kinds)]
+        ids = forest.new_many(rule.sizes, rule.kinds, op.index)
         op_factors.append(ids)
         for pos, dims in enumerate(rule.operands):
             use_dims[(op.index, pos)] = [[ids[f] for f in d] for d in dims]
@@ -257,18 +270,22 @@ def run_nda(program: Program) -> NdaResult:
     use_atoms = {
         key: tuple(tuple(forest.leaves(d)) for d in dims) for key, dims in use_dims.items()
     }
-    op_atoms = tuple(tuple(dict.fromkeys(forest.leaves(ids))) for ids in op_factors)
+    # An op's factors are distinct, so are their leaves.
+    op_atoms = tuple(tuple(forest.leaves(ids)) for ids in op_factors)
     medges: list[MEdge] = []
+    size = forest.size
     for op in program.ops:
+        opi = op.index
         for pos, vid in enumerate(op.operands):
+            udims = use_atoms[(opi, pos)]
             for d, vleaves in enumerate(value_atoms[vid]):
-                if (vid, op.index, pos, d) in failed:
+                if failed and (vid, opi, pos, d) in failed:
                     continue
-                uleaves = use_atoms[(op.index, pos)][d]
-                assert len(vleaves) == len(uleaves), (vid, op.index, pos, d)
+                uleaves = udims[d]
+                assert len(vleaves) == len(uleaves), (vid, opi, pos, d)
                 for sub, (a, b) in enumerate(zip(vleaves, uleaves)):
-                    assert forest.size[a] == forest.size[b]
-                    medges.append(MEdge(len(medges), vid, op.index, pos, d, sub, a, b))
+                    assert size[a] == size[b]
+                    medges.append(MEdge(len(medges), vid, opi, pos, d, sub, a, b))
     return NdaResult(
         atom_size=np.asarray(forest.size, dtype=np.int64),
         atom_kind=tuple(forest.kind),
