@@ -19,6 +19,7 @@ canonically for the transposition table.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,8 @@ from toast_core.mesh import MeshSpec
 from toast_core.search.pins import Pin, parse_pins, reference_fines
 from toast_core.strategy import Strategy, resolve
 from toast_core.strategy.layout import layout
+
+_LAYER_FREE = re.compile(r"\[\d+\]|#\d+|\d+$")
 
 
 @dataclass(frozen=True)
@@ -88,15 +91,12 @@ class DecisionSpace:
         ana, prog = self.ana, self.ana.program
         producers = prog.producers()
         parts: list[list[str]] = [[] for _ in range(ana.n_fine)]
-        import re
-
-        layer_free = re.compile(r"\[\d+\]|#\d+|\d+$")
         for v in prog.values:
             p = producers[v.id]
             where = (
                 f"{prog.ops[p].primitive}@{prog.ops[p].source}/{'/'.join(prog.ops[p].call_path)}"
                 if p is not None
-                else layer_free.sub("*", v.name)
+                else _LAYER_FREE.sub("*", v.name)
             )
             for d, fines in enumerate(self.lay.value_dim_fine[v.id]):
                 for s, f in enumerate(fines):
