@@ -120,7 +120,8 @@ class _Search:
 
     # -- seeding -------------------------------------------------------------------------------
 
-    def seed(self, deadline: float | None = None) -> None:
+    def seed_baselines(self) -> None:
+        """Scores the root and every baseline that honours the pins."""
         space = self.space
         self.score(space.root)
         for name, (strategy, _) in all_baselines(space.ana, space.mesh).items():
@@ -136,6 +137,10 @@ class _Search:
         feasible = [t for t in self.baseline_times.values() if t is not None]
         self.best_baseline_time = min(feasible) if feasible else None
         self.ref = self.best_baseline_time or self.best_score.step_time_s or 1.0
+
+    def descend(self, deadline: float | None = None) -> None:
+        """Greedy descents by the cost model: a strong anytime answer before the tree search."""
+        space = self.space
         # Descend first from the best baseline (usually close to a good plan), then from scratch.
         starts = (
             [self.best_state, space.root] if self.best_state.key != space.root.key else [space.root]
@@ -332,7 +337,6 @@ def search_iter(
     # so that a seeded run is deterministic.
     seed_deadline = start + 0.5 * budget_s if budget_s is not None else None
     polish_deadline = start + 1.1 * budget_s if budget_s is not None else None
-    s.seed(seed_deadline)
 
     def event(i: int, done: bool) -> SearchEvent:
         elapsed = time.perf_counter() - start
@@ -349,6 +353,9 @@ def search_iter(
             done=done,
         )
 
+    s.seed_baselines()
+    yield event(0, False)  # the best baseline, at once
+    s.descend(seed_deadline)
     yield event(0, False)
     last = time.perf_counter()
     i = 0
