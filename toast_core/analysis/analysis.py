@@ -285,21 +285,26 @@ def _cooccurrence(nda: NdaResult, atom_dim: np.ndarray) -> frozenset[tuple[int, 
 
 
 def _class_graphs(program: Program, nda: NdaResult, atom_dim: np.ndarray):
-    by_class: dict[int, list[MEdge]] = defaultdict(list)
-    for e in nda.medges:
-        by_class[int(atom_dim[e.value_atom])].append(e)
-    capacity = {e.id: float(program.values[e.value].nbytes) for e in nda.medges}
-    unit = max(max(capacity.values(), default=1.0) / (1 << 16), 1.0)
-    return by_class, capacity, unit
+    """M-edges grouped by named dim (as slices of sorted arrays), and bytes per M-edge."""
+    ends = np.array([(e.value_atom, e.use_atom) for e in nda.medges], dtype=np.int64).reshape(-1, 2)
+    nbytes = np.array([v.nbytes for v in program.values], dtype=np.float64)
+    capacity = nbytes[np.array([e.value for e in nda.medges], dtype=np.int64)]
+    cls = atom_dim[ends[:, 0]] if len(ends) else np.zeros(0, dtype=np.int64)
+    order = np.argsort(cls, kind="stable")
+    bounds = np.searchsorted(cls[order], np.arange(int(atom_dim.max(initial=-1)) + 2))
+    by_class = {c: order[bounds[c] : bounds[c + 1]] for c in range(len(bounds) - 1)}
+    unit = max(float(capacity.max(initial=1.0)) / (1 << 16), 1.0)
+    return by_class, ends, capacity, unit
 
 
 def _find_conflicts(program, nda, atom_dim, named, cooc) -> tuple[Conflict, ...]:
-    by_class, capacity, unit = _class_graphs(program, nda, atom_dim)
+    by_class, ends, capacity, unit = _class_graphs(program, nda, atom_dim)
     graphs: dict[int, ClassGraph] = {}
 
     def graph(c: int) -> ClassGraph:
         if c not in graphs:
-            graphs[c] = ClassGraph(by_class[c], capacity, unit)
+            eids = by_class[c]
+            graphs[c] = ClassGraph(eids, ends[eids], capacity, unit)
         return graphs[c]
 
     conflicts: list[Conflict] = []

@@ -75,16 +75,20 @@ class ClassGraph:
 
     BIG = 1 << 28
 
-    def __init__(self, edges: list, capacity: dict[int, float], unit_bytes: float) -> None:
-        nodes = sorted({e.value_atom for e in edges} | {e.use_atom for e in edges})
-        self.index = {a: i for i, a in enumerate(nodes)}
-        self.n = len(nodes)
-        self.eu = np.array([self.index[e.value_atom] for e in edges], dtype=np.int64)
-        self.ev = np.array([self.index[e.use_atom] for e in edges], dtype=np.int64)
-        self.eid = np.array([e.id for e in edges], dtype=np.int64)
-        caps = np.array([capacity[e.id] for e in edges], dtype=np.float64)
+    def __init__(self, eids, ends, capacity: np.ndarray, unit_bytes: float) -> None:
+        """`eids`: the class's M-edge ids; `ends`: their [value atom, use atom] rows;
+        `capacity`: bytes per M-edge id (the whole program's array)."""
+        self.nodes = np.unique(ends)
+        self.n = len(self.nodes)
+        self.eu = np.searchsorted(self.nodes, ends[:, 0])
+        self.ev = np.searchsorted(self.nodes, ends[:, 1])
+        self.eid = np.asarray(eids, dtype=np.int64)
+        caps = capacity[self.eid]
         self.cap = np.clip(np.ceil(caps / unit_bytes), 1, 1 << 16).astype(np.int64)
         self.capacity = capacity
+
+    def _node(self, atoms) -> np.ndarray:
+        return np.searchsorted(self.nodes, np.fromiter(atoms, dtype=np.int64))
 
     def distances(self, start: int):
         """Hop distances from an atom: a function atom -> distance (large if unreachable)."""
@@ -92,9 +96,14 @@ class ClassGraph:
             (np.ones(2 * len(self.eu)), (np.r_[self.eu, self.ev], np.r_[self.ev, self.eu])),
             shape=(self.n, self.n),
         )
-        dist = csgraph.shortest_path(graph, unweighted=True, indices=self.index[start])
+        dist = csgraph.shortest_path(graph, unweighted=True, indices=int(self._node([start])[0]))
         dist = np.where(np.isfinite(dist), dist, 1e9)
-        return lambda atom: float(dist[self.index[atom]]) if atom in self.index else 1e9
+
+        def at(atom: int) -> float:
+            i = int(np.searchsorted(self.nodes, atom))
+            return float(dist[i]) if i < self.n and self.nodes[i] == atom else 1e9
+
+        return at
 
     def min_cuts(self, sources: set[int], sinks: set[int], blocked: frozenset[int] = frozenset()):
         """Max-flow between atom sets; returns (value, cut near sources, cut near sinks) as
@@ -103,8 +112,8 @@ class ClassGraph:
             return None
         n = self.n + 2
         s, t = n - 2, n - 1
-        src = np.array([self.index[a] for a in sources], dtype=np.int64)
-        snk = np.array([self.index[a] for a in sinks], dtype=np.int64)
+        src = self._node(sources)
+        snk = self._node(sinks)
         cap = self.cap.copy()
         if blocked:
             cap[np.isin(self.eid, list(blocked))] = self.BIG
@@ -131,27 +140,26 @@ class ClassGraph:
 
 
 def cut_options(graph: ClassGraph, sources: set[int], sinks: set[int]) -> list[frozenset[int]]:
-    """Up to MAX_OPTIONS distinct small cuts separating sources from sinks, cheapest first: the
-    minimum cuts nearest each side, then those found when the first cut's most expensive edge
-    may not be cut."""
+    """Distinct small cuts separating sources from sinks, cheapest first: the minimum cuts nearest
+    each side and, when those coincide, the ones found when the first cut's most expensive edge
+    may not be cut (so there are two choices wherever the graph allows it)."""
     first = graph.min_cuts(sources, sinks)
     if first is None:
         return []
     found: dict[frozenset[int], float] = {}
-    queue = [first[1], first[2]]
-    alternatives_tried = False
-    while queue and len(found) < MAX_OPTIONS:
-        cut = queue.pop(0)
-        if not cut or cut in found:
-            continue
-        found[cut] = sum(graph.capacity[e] for e in cut)
-        if alternatives_tried:
-            continue
-        alternatives_tried = True
-        worst = max(cut, key=lambda e: (graph.capacity[e], e))
+
+    def add(cuts) -> None:
+        for cut in cuts:
+            if cut and cut not in found and len(found) < MAX_OPTIONS:
+                found[cut] = sum(graph.capacity[e] for e in cut)
+
+    add(first[1:])
+    if len(found) == 1:
+        only = next(iter(found))
+        worst = max(only, key=lambda e: (graph.capacity[e], e))
         alt = graph.min_cuts(sources, sinks, frozenset({worst}))
         if alt is not None:
-            queue.extend([alt[1], alt[2]])
+            add(alt[1:])
     return sorted(found, key=lambda c: (found[c], sorted(c)))
 
 
