@@ -390,6 +390,7 @@ def _find_conflicts(program, nda, atom_dim, named, cooc) -> tuple[Conflict, ...]
         if classes & data_dims:
             for c in classes:
                 ops_of[c].append(opi)
+    clash_specs = []
     for c1 in sorted(partners):
         n1 = named[c1]
         if not n1.is_persistent or c1 in data_dims:
@@ -412,9 +413,15 @@ def _find_conflicts(program, nda, atom_dim, named, cooc) -> tuple[Conflict, ...]
         # from the data; in a forward pass, replicated or tensor-parallel weights are the choice.
         if not updated or sources & sinks:
             continue
-        cuts = cut_options(graph(c1), sources, sinks)
+        clash_specs.append((c1, sources, sinks, sites))
+    # Each axis clash lives in its own named dim, and named dims are disjoint atom graphs, so
+    # one max-flow over their union yields every clash's nearest cuts at once.
+    nearest = _batched_nearest_cuts(clash_specs, by_class, ends, capacity, unit, atom_dim)
+    for c1, sources, sinks, sites in clash_specs:
+        cuts = cut_options(graph(c1), sources, sinks, nearest.get(c1))
         if not cuts:
             continue
+        n1 = named[c1]
         others = sorted(partners[c1])
         names = ", ".join(named[c].name for c in others)
         add(
@@ -441,6 +448,27 @@ def _find_conflicts(program, nda, atom_dim, named, cooc) -> tuple[Conflict, ...]
             f"{v.display()} dim {d} is split incompatibly at {op.where()}: resharded there",
         )
     return tuple(conflicts)
+
+
+def _batched_nearest_cuts(specs, by_class, ends, capacity, unit, atom_dim) -> dict:
+    """Named dim -> (value, cut near sources, cut near sinks), from one max-flow over the union
+    of the named dims' atom graphs (disjoint, so the minimum cut splits per named dim)."""
+    if not specs:
+        return {}
+    eids = np.concatenate([by_class[c1] for c1, *_ in specs])
+    union = ClassGraph(eids, ends[eids], capacity, unit)
+    sources = set().union(*(s for _, s, _, _ in specs))
+    sinks = set().union(*(t for _, _, t, _ in specs))
+    result = union.min_cuts(sources, sinks)
+    if result is None:
+        return {}
+    _, near_sources, near_sinks = result
+    out = {}
+    for c1, *_ in specs:
+        a = frozenset(e for e in near_sources if atom_dim[ends[e, 0]] == c1)
+        b = frozenset(e for e in near_sinks if atom_dim[ends[e, 0]] == c1)
+        out[c1] = (0.0, a, b)
+    return out
 
 
 def _site(program: Program, vid: int) -> Site:

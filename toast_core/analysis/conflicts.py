@@ -139,11 +139,15 @@ class ClassGraph:
         return frozenset(self.eid[side[self.eu] != side[self.ev]].tolist())
 
 
-def cut_options(graph: ClassGraph, sources: set[int], sinks: set[int]) -> list[frozenset[int]]:
+def cut_options(
+    graph: ClassGraph, sources: set[int], sinks: set[int], first=None
+) -> list[frozenset[int]]:
     """Distinct small cuts separating sources from sinks, cheapest first: the minimum cuts nearest
     each side and, when those coincide, the ones found when the first cut's most expensive edge
-    may not be cut (so there are two choices wherever the graph allows it)."""
-    first = graph.min_cuts(sources, sinks)
+    may not be cut (so there are two choices wherever the graph allows it). `first` may give
+    the nearest cuts already computed (see `analysis._batched_nearest_cuts`)."""
+    if first is None:
+        first = graph.min_cuts(sources, sinks)
     if first is None:
         return []
     found: dict[frozenset[int], float] = {}
