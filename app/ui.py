@@ -103,3 +103,14 @@ def strategy_picker(loaded: Loaded) -> tuple[str, tc.Strategy]:
     )
     name = st.session_state.strategy_choice
     return name, choices[name]
+
+
+def picked_strategy_report(loaded: Loaded) -> tuple[str, tc.Strategy, tc.CostReport]:
+    """The picked strategy with its cost report; a bad strategy stops the page with a message."""
+    name, strategy = strategy_picker(loaded)
+    try:
+        report = cached.estimate(loaded, strategy, state.mesh_text(), state.hardware_name())
+    except tc.ToastError as exc:
+        st.error(str(exc))
+        st.stop()
+    return name, strategy, report

@@ -17,12 +17,7 @@ loaded = ui.require_loaded()
 ana = loaded.ana
 mesh = state.mesh()
 st.markdown(ui.context_line(loaded))
-name, strategy = ui.strategy_picker(loaded)
-try:
-    report = cached.estimate(loaded, strategy, state.mesh_text(), state.hardware_name())
-except tc.ToastError as exc:
-    st.error(str(exc))
-    st.stop()
+name, strategy, report = ui.picked_strategy_report(loaded)
 stem = loaded.spec.title.split(" ")[0].replace(".py:", "_").replace(":", "_")
 
 st.subheader("Strategy JSON")

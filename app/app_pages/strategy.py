@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import streamlit as st
 
-import toast_core as tc
 from app import cached, charts, reports, state, ui
 from app.fmt import fmt_bytes, fmt_s
 
@@ -18,12 +17,7 @@ loaded = ui.require_loaded()
 ana = loaded.ana
 mesh = state.mesh()
 st.markdown(ui.context_line(loaded))
-name, strategy = ui.strategy_picker(loaded)
-try:
-    report = cached.estimate(loaded, strategy, state.mesh_text(), state.hardware_name())
-except tc.ToastError as exc:
-    st.error(str(exc))
-    st.stop()
+name, strategy, report = ui.picked_strategy_report(loaded)
 
 m = st.columns(6)
 m[0].metric("Step time", fmt_s(report.step_time_s))
