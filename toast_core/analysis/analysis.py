@@ -463,12 +463,16 @@ def _batched_nearest_cuts(specs, by_class, ends, capacity, unit, atom_dim) -> di
     if result is None:
         return {}
     _, near_sources, near_sinks = result
-    out = {}
-    for c1, *_ in specs:
-        a = frozenset(e for e in near_sources if atom_dim[ends[e, 0]] == c1)
-        b = frozenset(e for e in near_sinks if atom_dim[ends[e, 0]] == c1)
-        out[c1] = (0.0, a, b)
-    return out
+    sides = []
+    for cut in (near_sources, near_sinks):
+        by_dim: dict[int, set[int]] = defaultdict(set)
+        for e in cut:
+            by_dim[int(atom_dim[ends[e, 0]])].add(e)
+        sides.append(by_dim)
+    return {
+        c1: (0.0, frozenset(sides[0].get(c1, ())), frozenset(sides[1].get(c1, ())))
+        for c1, *_ in specs
+    }
 
 
 def _site(program: Program, vid: int) -> Site:

@@ -138,7 +138,10 @@ class _FactorForest:
 
     def leaves(self, seq) -> list[int]:
         children = self.children
-        if all(children[f] is None for f in seq):
+        for f in seq:
+            if children[f] is not None:
+                break
+        else:  # no split factor: the common case
             return list(seq)
         out: list[int] = []
         stack = list(reversed(seq))
