@@ -26,17 +26,18 @@ def decision_rows(ana: tc.Analysis, strategy: tc.Strategy, pins=()) -> list[dict
     """One row per decision of a strategy: sharded named dims, then chosen conflict options."""
     pinned = {p.strip() for p in pins}
     rows = []
-    for name, axes in strategy.shardings:
+    for names, axes in _grouped_shardings(strategy):
+        name = names[0]
         pin = f"{name}@{fmt_axes(axes)}"
+        parent = name.split(".")[0]
+        many = len(names) > 2  # the parts of one named dim after cuts, all on the same axes
         rows.append(
             {
-                "decision": pin,
-                "named dim": name,
-                "what": dim_label(ana, name),
+                "decision": f"{names[0]} ... {names[-1]}@{fmt_axes(axes)}" if many else pin,
+                "named dim": f"{parent} ({len(names)} parts)" if many else name,
+                "what": dim_label(ana, parent if many else name),
                 "mesh axes": fmt_axes(axes),
-                "pinned": "yes"
-                if pin in pinned or f"{name.split('.')[0]}@{fmt_axes(axes)}" in pinned
-                else "",
+                "pinned": "yes" if pin in pinned or f"{parent}@{fmt_axes(axes)}" in pinned else "",
             }
         )
     for k, o in strategy.options:
@@ -54,6 +55,19 @@ def decision_rows(ana: tc.Analysis, strategy: tc.Strategy, pins=()) -> list[dict
         )
     rows.sort(key=lambda r: r["pinned"] != "yes")  # pinned decisions first (stable otherwise)
     return rows
+
+
+def _grouped_shardings(strategy: tc.Strategy) -> list[tuple[list[str], tuple[str, ...]]]:
+    """Shardings with the parts of one named dim on the same mesh axes gathered (N0.0 ... N0.18
+    all on `data` is one row, not nineteen); order of first appearance kept."""
+    groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for name, axes in strategy.shardings:
+        key = (name.split(".")[0] if "." in name else name, tuple(axes))
+        groups.setdefault(key, []).append(name)
+    def part(name: str) -> int:
+        return int(name.rsplit(".", 1)[1]) if "." in name else -1
+
+    return [(sorted(names, key=part), axes) for (_, axes), names in groups.items()]
 
 
 def decisions_as_pins(strategy: tc.Strategy) -> list[str]:
