@@ -64,6 +64,7 @@ def _grouped_shardings(strategy: tc.Strategy) -> list[tuple[list[str], tuple[str
     for name, axes in strategy.shardings:
         key = (name.split(".")[0] if "." in name else name, tuple(axes))
         groups.setdefault(key, []).append(name)
+
     def part(name: str) -> int:
         return int(name.rsplit(".", 1)[1]) if "." in name else -1
 

@@ -84,6 +84,11 @@ def save(key: str) -> None:
     st.session_state[key] = st.session_state[f"w.{key}"]
 
 
+def bound(key: str) -> dict:
+    """Widget keyword arguments that bind a widget to setting `key` (see `keep` and `save`)."""
+    return {"key": keep(key), "on_change": save, "args": (key,)}
+
+
 def set_setting(key: str, value) -> None:
     """Sets a setting and its widget (call before the widget renders, or from a callback)."""
     st.session_state[key] = value

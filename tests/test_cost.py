@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import Mesh
+from lookup import dim_name, value_id
 
 import toast_core as tc
 from demos import MODEL_ZOO
@@ -48,18 +49,6 @@ def mlp_train():
 @pytest.fixture(scope="module")
 def gpt_train():
     return _workload("gpt", train=True)
-
-
-def value_id(ana: tc.Analysis, name: str) -> int:
-    for v in ana.program.values:
-        if v.name == name or v.output_name == name:
-            return v.id
-    raise AssertionError(f"no value {name}")
-
-
-def dim_name(ana: tc.Analysis, value: str, dim: int) -> str:
-    (d,) = ana.value_named_dims(value_id(ana, value))[dim]
-    return f"N{d}"
 
 
 def megatron_dp(ana: tc.Analysis, x: str = "x") -> tc.Strategy:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
+from lookup import dim_name, value_id
 
 import toast_core as tc
 from demos import MODEL_ZOO
@@ -34,19 +35,6 @@ def mlp_fwd() -> tc.Analysis:
 @pytest.fixture(scope="module")
 def mlp_train() -> tc.Analysis:
     return _analysis("mlp", train=True)
-
-
-def value_id(ana: tc.Analysis, name: str) -> int:
-    for v in ana.program.values:
-        if v.name == name or v.output_name == name:
-            return v.id
-    raise AssertionError(f"no value {name}")
-
-
-def dim_name(ana: tc.Analysis, value: str, dim: int) -> str:
-    """Name of the (uncut) named dim holding dim `dim` of `value`."""
-    (d,) = ana.value_named_dims(value_id(ana, value))[dim]
-    return f"N{d}"
 
 
 def raised(fn) -> str:

@@ -19,9 +19,7 @@ st.radio(
     "Lesson",
     range(len(LESSONS)),
     format_func=lambda i: titles[i],
-    key=state.keep("lesson"),
-    on_change=state.save,
-    args=("lesson",),
+    **state.bound("lesson"),
     horizontal=True,
     label_visibility="collapsed",
 )

@@ -68,9 +68,7 @@ with left:
     st.radio(
         "Source",
         ["Zoo model", "Python file"],
-        key=state.keep("source"),
-        on_change=state.save,
-        args=("source",),
+        **state.bound("source"),
         horizontal=True,
     )
     if st.session_state.source == "Zoo model":
@@ -78,9 +76,7 @@ with left:
         c1.selectbox(
             "Zoo model",
             list(MODEL_ZOO),
-            key=state.keep("zoo_model"),
-            on_change=state.save,
-            args=("zoo_model",),
+            **state.bound("zoo_model"),
         )
         sizes = list(SIZES[st.session_state.zoo_model])
         if st.session_state.zoo_size not in sizes:
@@ -88,16 +84,12 @@ with left:
         c2.selectbox(
             "Size",
             sizes,
-            key=state.keep("zoo_size"),
-            on_change=state.save,
-            args=("zoo_size",),
+            **state.bound("zoo_size"),
             help="tiny carries real arrays (validation works); larger sizes are shapes only.",
         )
         c3.checkbox(
             "Train step",
-            key=state.keep("zoo_train"),
-            on_change=state.save,
-            args=("zoo_train",),
+            **state.bound("zoo_train"),
             help="A full training step (forward, backward, optimizer update), else the forward.",
         )
         st.button("Load model", type="primary", key="load_zoo", on_click=_load_zoo)
@@ -108,9 +100,7 @@ with left:
         )
         st.text_input(
             "File and function",
-            key=state.keep("file_target"),
-            on_change=state.save,
-            args=("file_target",),
+            **state.bound("file_target"),
             placeholder="path/to/model.py:make",
         )
         st.button("Load file", type="primary", key="load_file", on_click=_load_file_target)
@@ -118,9 +108,7 @@ with left:
             st.file_uploader("Model file", type=["py"], key="upload_file")
             st.text_input(
                 "Function",
-                key=state.keep("upload_function"),
-                on_change=state.save,
-                args=("upload_function",),
+                **state.bound("upload_function"),
             )
             st.button("Load upload", key="load_upload", on_click=_load_upload)
 

@@ -21,9 +21,7 @@ with st.expander("Filter and summarize", expanded=len(ana.named_dims) > 40):
     c1.multiselect(
         "Named dims holding",
         list(charts.DIM_KINDS),
-        key=state.keep("nd_kinds"),
-        on_change=state.save,
-        args=("nd_kinds",),
+        **state.bound("nd_kinds"),
         help="parameter: a parameter or optimizer-state dim; data: a data input's dim; other: "
         "intermediates only.",
     )
@@ -31,56 +29,40 @@ with st.expander("Filter and summarize", expanded=len(ana.named_dims) > 40):
         "Min bytes covered (MiB)",
         min_value=0.0,
         step=1.0,
-        key=state.keep("nd_min_mib"),
-        on_change=state.save,
-        args=("nd_min_mib",),
+        **state.bound("nd_min_mib"),
     )
     c3.number_input(
         "Top N by bytes",
         min_value=1,
         max_value=2000,
         step=5,
-        key=state.keep("nd_top_n"),
-        on_change=state.save,
-        args=("nd_top_n",),
+        **state.bound("nd_top_n"),
     )
     c4.multiselect(
         "Tensors",
         list(charts.TENSOR_ROLES),
-        key=state.keep("nd_roles"),
-        on_change=state.save,
-        args=("nd_roles",),
+        **state.bound("nd_roles"),
     )
     d1, d2, d3, d4 = st.columns(4)
     d1.checkbox(
         "Collapse repeated layers",
-        key=state.keep("nd_collapse"),
-        on_change=state.save,
-        args=("nd_collapse",),
+        **state.bound("nd_collapse"),
     )
     d1.checkbox(
         "Draw optimizer state with its parameter",
-        key=state.keep("nd_merge_state"),
-        on_change=state.save,
-        args=("nd_merge_state",),
+        **state.bound("nd_merge_state"),
     )
     d2.checkbox(
         "Only named dims in conflicts",
-        key=state.keep("nd_conflicts_only"),
-        on_change=state.save,
-        args=("nd_conflicts_only",),
+        **state.bound("nd_conflicts_only"),
     )
     d3.checkbox(
         "Show conflicts",
-        key=state.keep("nd_show_conflicts"),
-        on_change=state.save,
-        args=("nd_show_conflicts",),
+        **state.bound("nd_show_conflicts"),
     )
     d4.checkbox(
         "Show conflict sites",
-        key=state.keep("nd_show_sites"),
-        on_change=state.save,
-        args=("nd_show_sites",),
+        **state.bound("nd_show_sites"),
     )
 
 flt = charts.GraphFilter(

@@ -163,20 +163,19 @@ s1.number_input(
     min_value=0.2,
     max_value=600.0,
     step=1.0,
-    key=state.keep("budget_s"),
-    on_change=state.save,
-    args=("budget_s",),
+    **state.bound("budget_s"),
 )
 s2.number_input(
-    "Seed", min_value=0, step=1, key=state.keep("seed"), on_change=state.save, args=("seed",)
+    "Seed",
+    min_value=0,
+    step=1,
+    **state.bound("seed"),
 )
 s3.number_input(
     "Max simulations (0: no limit)",
     min_value=0,
     step=100,
-    key=state.keep("num_simulations"),
-    on_change=state.save,
-    args=("num_simulations",),
+    **state.bound("num_simulations"),
 )
 
 
