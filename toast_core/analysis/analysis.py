@@ -15,6 +15,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import chain
 
 import numpy as np
 
@@ -25,8 +26,19 @@ from toast_core.analysis.conflicts import (
     Site,
     cut_options,
     describe_cut,
+    edge_to_forbid,
+    links_sides,
+    nearest_cuts,
+    ranked,
 )
-from toast_core.analysis.nda import MEdge, NamedDim, NdaResult, components, run_nda
+from toast_core.analysis.nda import (
+    MEdge,
+    NamedDim,
+    NdaResult,
+    components,
+    first_seen_order,
+    run_nda,
+)
 from toast_core.errors import ToastError, bad_value
 from toast_core.ir.program import Program
 
@@ -130,9 +142,7 @@ class Analysis:
     @cached_property
     def medge_ends(self) -> np.ndarray:
         """[M-edge, 2]: value atom and use atom of every M-edge."""
-        return np.array(
-            [(e.value_atom, e.use_atom) for e in self.nda.medges], dtype=np.int64
-        ).reshape(-1, 2)
+        return self.nda.medge_table[:, 6:]
 
     @cached_property
     def n_fine(self) -> int:
@@ -188,25 +198,12 @@ def analyze(program: Program) -> Analysis:
 
 def _analyze(program: Program) -> Analysis:
     nda = run_nda(program)
-    n_atoms = len(nda.atom_size)
-    edges = np.array([(e.value_atom, e.use_atom) for e in nda.medges], dtype=np.int64).reshape(
-        -1, 2
-    )
-    labels = components(n_atoms, edges)
-    is_leaf = np.zeros(n_atoms, dtype=bool)
-    for dims in nda.value_atoms:
-        for atoms in dims:
-            is_leaf[list(atoms)] = True
-    for atoms in nda.op_atoms:
-        is_leaf[list(atoms)] = True
-    # Renumber classes densely over leaf atoms, in order of their first atom.
-    remap: dict[int, int] = {}
-    atom_dim = np.full(n_atoms, -1, dtype=np.int64)
-    for a in np.flatnonzero(is_leaf).tolist():
-        atom_dim[a] = remap.setdefault(int(labels[a]), len(remap))
-    named = _named_dims(program, nda, atom_dim, len(remap))
-    cooc = _cooccurrence(nda, atom_dim)
-    conflicts = _find_conflicts(program, nda, atom_dim, named, cooc)
+    slots = _slots(nda)
+    atom_dim, n_dims = _atom_dims(nda, slots)
+    nbytes = np.array([v.nbytes for v in program.values], dtype=np.int64)
+    named = _named_dims(program, nda, slots, atom_dim, n_dims, nbytes)
+    cooc = _cooccurrence(slots, atom_dim, n_dims, len(program.values))
+    conflicts = _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes)
     dim_groups, conflict_groups = _groups(program, named, conflicts)
     diagnostics = tuple(program.diagnostics) + nda.diagnostics
     return Analysis(
@@ -214,91 +211,177 @@ def _analyze(program: Program) -> Analysis:
     )
 
 
-def _named_dims(program: Program, nda: NdaResult, atom_dim: np.ndarray, n: int):
-    atoms: list[list[int]] = [[] for _ in range(n)]
-    for a in np.flatnonzero(atom_dim >= 0).tolist():
-        atoms[atom_dim[a]].append(a)
-    members: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
-    covered = [0] * n
-    nbytes = [v.nbytes for v in program.values]
-    dim_of = atom_dim.tolist()
-    for vid, dims in enumerate(nda.value_atoms):
-        seen = set()
-        for d, leaves in enumerate(dims):
-            for sub, a in enumerate(leaves):
-                c = dim_of[a]
-                members[c].append((vid, d, sub))
-                if c not in seen:
-                    covered[c] += nbytes[vid]
-                    seen.add(c)
-    red: list[set[int]] = [set() for _ in range(n)]
-    repl: list[set[int]] = [set() for _ in range(n)]
-    for a in np.flatnonzero(atom_dim >= 0).tolist():
-        kind = nda.atom_kind[a]
-        if kind == "reduction":
-            red[atom_dim[a]].add(int(nda.atom_owner[a]))
-        elif kind == "replicate":
-            repl[atom_dim[a]].add(int(nda.atom_owner[a]))
+@dataclass(frozen=True)
+class _Slots:
+    """The leaf atoms of every value (in value, dim, sub-factor order) and of every op, flattened
+    into parallel arrays, so that per-atom bookkeeping over a whole program runs in numpy rather
+    than in nested Python loops over every atom."""
+
+    value: np.ndarray  # value-atom entry -> value id
+    dim: np.ndarray  # -> dim of that value
+    sub: np.ndarray  # -> sub-factor within the dim
+    atom: np.ndarray  # -> atom
+    op: np.ndarray  # op-atom entry -> op index
+    op_atom: np.ndarray  # -> atom
+
+
+def _slots(nda: NdaResult) -> _Slots:
+    value, dim, dims = _flatten(nda.value_atoms)
+    of_dim, sub, atoms = _flatten(dims)
+    op, _, op_atoms = _flatten(nda.op_atoms)
+    return _Slots(
+        value[of_dim],
+        dim[of_dim],
+        sub,
+        np.asarray(atoms, dtype=np.int64),
+        op,
+        np.asarray(op_atoms, dtype=np.int64),
+    )
+
+
+def _flatten(seqs) -> tuple[np.ndarray, np.ndarray, list]:
+    """(index of the owning sequence, position in it, item) for every item of `seqs`, in order."""
+    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
+    owner = np.repeat(np.arange(len(seqs), dtype=np.int64), lengths)
+    position = np.arange(len(owner), dtype=np.int64) - (np.cumsum(lengths) - lengths)[owner]
+    return owner, position, list(chain.from_iterable(seqs))
+
+
+def _group_by(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order, bounds): the entries with key k are `order[bounds[k]:bounds[k + 1]]`, in their
+    original order."""
+    order = np.argsort(keys, kind="stable")
+    return order, np.searchsorted(keys[order], np.arange(n + 1))
+
+
+def _atom_dims(nda: NdaResult, slots: _Slots) -> tuple[np.ndarray, int]:
+    """Atom -> named dim id (-1 for atoms split into sub-factors), and the number of named dims.
+    Named dims are the M-edge components of leaf atoms, numbered in order of their first atom."""
+    n_atoms = len(nda.atom_size)
+    labels = components(n_atoms, nda.medge_table[:, 6:])
+    is_leaf = np.zeros(n_atoms, dtype=bool)
+    is_leaf[slots.atom] = True
+    is_leaf[slots.op_atom] = True
+    leaves = np.flatnonzero(is_leaf)
+    atom_dim = np.full(n_atoms, -1, dtype=np.int64)
+    atom_dim[leaves] = first_seen_order(labels[leaves])
+    return atom_dim, int(atom_dim.max(initial=-1)) + 1
+
+
+def _named_dims(program: Program, nda: NdaResult, slots: _Slots, atom_dim, n: int, nbytes):
+    """The `NamedDim` records, gathered for all named dims at once by sorting atoms by dim."""
+    values = program.values
+    leaves = np.flatnonzero(atom_dim >= 0)
+    order, bounds = _group_by(atom_dim[leaves], n)
+    atoms = leaves[order].tolist()
+    size = nda.atom_size[leaves[order[bounds[:-1]]]] if n else np.zeros(0, dtype=np.int64)
+    assert (nda.atom_size[leaves] == size[atom_dim[leaves]]).all(), "a named dim's sizes differ"
+    # Members: the value atoms of each named dim, in (value, dim, sub) order.
+    cls = atom_dim[slots.atom]
+    m_order, m_bounds = _group_by(cls, n)
+    members = list(
+        zip(
+            slots.value[m_order].tolist(),
+            slots.dim[m_order].tolist(),
+            slots.sub[m_order].tolist(),
+        )
+    )
+    # Label: the member of the best-ranked role, then of the largest value, then the first; this
+    # stable sort is ordered by named dim like `m_order`, so each group's first entry is its best.
+    rank = np.array([_ROLE_RANK.get(v.role, 9) for v in values], dtype=np.int64)
+    best = np.lexsort((-nbytes[slots.value], rank[slots.value], cls))
+    covered = _bytes_covered(slots.value, cls, nbytes, n)
+    persistent = _dims_holding([v.is_persistent for v in values], slots.value, cls, n)
+    is_input = _dims_holding([v.role == "input" for v in values], slots.value, cls, n)
+    reduction_ops = _ops_by_dim(nda, atom_dim, leaves, "reduction", n)
+    replication_ops = _ops_by_dim(nda, atom_dim, leaves, "replicate", n)
     out = []
     for c in range(n):
-        size = int(nda.atom_size[atoms[c][0]])
-        assert all(int(nda.atom_size[a]) == size for a in atoms[c]), f"named dim {c} sizes differ"
-        ms = members[c]
-        vals = [program.values[v] for v, _, _ in ms]
-        if ms:
-            best = min(
-                range(len(ms)),
-                key=lambda i: (_ROLE_RANK.get(vals[i].role, 9), -nbytes[ms[i][0]], ms[i]),
-            )
-            v, d, sub = ms[best]
+        lo, hi = int(m_bounds[c]), int(m_bounds[c + 1])
+        if hi > lo:
+            e = int(best[lo])
+            v, d, sub = int(slots.value[e]), int(slots.dim[e]), int(slots.sub[e])
             suffix = f":{sub}" if len(nda.value_atoms[v][d]) > 1 else ""
-            label = f"{size} ({program.values[v].name}.{d}{suffix})"
+            label = f"{int(size[c])} ({values[v].name}.{d}{suffix})"
         else:
-            label = f"{size} (op-internal)"
+            label = f"{int(size[c])} (op-internal)"
         out.append(
             NamedDim(
                 id=c,
-                size=size,
+                size=int(size[c]),
                 label=label,
-                atoms=tuple(atoms[c]),
-                members=tuple(ms),
-                bytes_covered=covered[c],
-                has_reduction=bool(red[c]),
-                reduction_ops=tuple(sorted(red[c])),
-                replication_ops=tuple(sorted(repl[c])),
-                is_persistent=any(x.is_persistent for x in vals),
-                is_input=any(x.role == "input" for x in vals),
+                atoms=tuple(atoms[bounds[c] : bounds[c + 1]]),
+                members=tuple(members[lo:hi]),
+                bytes_covered=int(covered[c]),
+                has_reduction=bool(reduction_ops[c]),
+                reduction_ops=reduction_ops[c],
+                replication_ops=replication_ops[c],
+                is_persistent=bool(persistent[c]),
+                is_input=bool(is_input[c]),
             )
         )
     return tuple(out)
 
 
-def _cooccurrence(nda: NdaResult, atom_dim: np.ndarray) -> frozenset[tuple[int, int]]:
-    pairs: set[tuple[int, int]] = set()
-    slots = [tuple(a for d in dims for a in d) for dims in nda.value_atoms] + list(nda.op_atoms)
-    for atoms in slots:
-        classes = sorted({int(atom_dim[a]) for a in atoms})
-        for i, x in enumerate(classes):
-            for y in classes[i + 1 :]:
-                pairs.add((x, y))
-    return frozenset(pairs)
+def _bytes_covered(value: np.ndarray, cls: np.ndarray, nbytes: np.ndarray, n: int) -> np.ndarray:
+    """Named dim -> total bytes of the values holding it (each value counted once)."""
+    n_values = len(nbytes)
+    pairs = np.unique(cls * n_values + value)
+    out = np.zeros(n, dtype=np.int64)
+    np.add.at(out, pairs // n_values, nbytes[pairs % n_values])
+    return out
 
 
-def _class_graphs(program: Program, nda: NdaResult, atom_dim: np.ndarray):
+def _dims_holding(flag, value: np.ndarray, cls: np.ndarray, n: int) -> np.ndarray:
+    """Named dim -> whether some value with `flag` (one bool per value) holds it."""
+    out = np.zeros(n, dtype=bool)
+    out[cls[np.asarray(flag, dtype=bool)[value]]] = True
+    return out
+
+
+def _ops_by_dim(nda: NdaResult, atom_dim, leaves, kind: str, n: int) -> list[tuple[int, ...]]:
+    """Named dim -> sorted ids of the ops that own one of its atoms of factor kind `kind`."""
+    kinds = nda.atom_kind
+    atoms = np.array([a for a in leaves.tolist() if kinds[a] == kind], dtype=np.int64)
+    n_owners = len(nda.atom_owner) + 1
+    pairs = np.unique(atom_dim[atoms] * n_owners + nda.atom_owner[atoms] + 1)
+    out: list[list[int]] = [[] for _ in range(n)]
+    for c, owner in zip((pairs // n_owners).tolist(), (pairs % n_owners - 1).tolist()):
+        out[c].append(owner)
+    return [tuple(x) for x in out]
+
+
+def _cooccurrence(slots: _Slots, atom_dim, n: int, n_values: int) -> frozenset[tuple[int, int]]:
+    """Pairs (x < y) of named dims held by one value or one op."""
+    if n == 0:
+        return frozenset()
+    holder = np.r_[slots.value, slots.op + n_values]
+    held = np.unique(holder * n + atom_dim[np.r_[slots.atom, slots.op_atom]])
+    holder, cls = held // n, held % n
+    # Sorted by holder then named dim: each holder's dims are a run, and entries `gap` apart in
+    # one run are the pairs of its dims at that distance.
+    pairs = [np.zeros(0, dtype=np.int64)]
+    for gap in range(1, len(held)):
+        same = holder[:-gap] == holder[gap:]
+        if not same.any():
+            break
+        pairs.append(cls[:-gap][same] * n + cls[gap:][same])
+    codes = np.unique(np.concatenate(pairs))
+    return frozenset(zip((codes // n).tolist(), (codes % n).tolist()))
+
+
+def _class_graphs(nda: NdaResult, atom_dim, nbytes):
     """M-edges grouped by named dim (as slices of sorted arrays), and bytes per M-edge."""
-    ends = np.array([(e.value_atom, e.use_atom) for e in nda.medges], dtype=np.int64).reshape(-1, 2)
-    nbytes = np.array([v.nbytes for v in program.values], dtype=np.float64)
-    capacity = nbytes[np.array([e.value for e in nda.medges], dtype=np.int64)]
-    cls = atom_dim[ends[:, 0]] if len(ends) else np.zeros(0, dtype=np.int64)
-    order = np.argsort(cls, kind="stable")
-    bounds = np.searchsorted(cls[order], np.arange(int(atom_dim.max(initial=-1)) + 2))
+    ends = nda.medge_table[:, 6:]
+    capacity = nbytes[nda.medge_table[:, 1]].astype(np.float64)
+    order, bounds = _group_by(atom_dim[ends[:, 0]], int(atom_dim.max(initial=-1)) + 1)
     by_class = {c: order[bounds[c] : bounds[c + 1]] for c in range(len(bounds) - 1)}
     unit = max(float(capacity.max(initial=1.0)) / (1 << 16), 1.0)
     return by_class, ends, capacity, unit
 
 
-def _find_conflicts(program, nda, atom_dim, named, cooc) -> tuple[Conflict, ...]:
-    by_class, ends, capacity, unit = _class_graphs(program, nda, atom_dim)
+def _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes) -> tuple[Conflict, ...]:
+    by_class, ends, capacity, unit = _class_graphs(nda, atom_dim, nbytes)
     graphs: dict[int, ClassGraph] = {}
 
     def graph(c: int) -> ClassGraph:
@@ -324,43 +407,19 @@ def _find_conflicts(program, nda, atom_dim, named, cooc) -> tuple[Conflict, ...]
         )
 
     # 1. self-conflicts: values holding one named dim twice, grouped through the ops linking them.
-    clash: dict[int, tuple[int, int, int]] = {}  # value -> (class, atom a, atom b)
-    for v in program.values:
-        first: dict[int, int] = {}
-        for atoms in nda.value_atoms[v.id]:
-            for a in atoms:
-                c = int(atom_dim[a])
-                if c in first and v.id not in clash:
-                    clash[v.id] = (c, first[c], a)
-                first.setdefault(c, a)
-    parent = {v: v for v in clash}
-
-    def find(x):
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for op in program.ops:
-        linked = [v for v in list(op.operands) + list(op.results) if v in clash]
-        for v in linked[1:]:
-            if clash[v][0] == clash[linked[0]][0]:
-                parent[find(v)] = find(linked[0])
-    groups: dict[int, list[int]] = defaultdict(list)
-    for v in sorted(clash):
-        groups[find(v)].append(v)
-    for root in sorted(groups, key=lambda r: groups[r][0]):
-        values = groups[root]
+    clash = _self_clashes(nda, slots, atom_dim, len(named))
+    for values in _linked_clashes(program, clash):
         c = clash[values[0]][0]
         g = graph(c)
         _, a0, b0 = clash[values[0]]
-        da, db = g.distances(a0), g.distances(b0)
-        sources, sinks = set(), set()
-        for v in values:
-            _, a, b = clash[v]
-            flip = da(b) + db(a) < da(a) + db(b)
-            sources.add(b if flip else a)
-            sinks.add(a if flip else b)
+        a_side = [clash[v][1] for v in values]
+        b_side = [clash[v][2] for v in values]
+        # Orient each clash like the first one: its `a` atom on the side of the first `a`.
+        da, db = g.hops([a0, b0], a_side + b_side)
+        k = len(values)
+        flip = (da[k:] + db[:k] < da[:k] + db[k:]).tolist()
+        sources = {b if f else a for a, b, f in zip(a_side, b_side, flip)}
+        sinks = {a if f else b for a, b, f in zip(a_side, b_side, flip)}
         sites = [_site(program, v) for v in values]
         nd = named[c]
         add(
@@ -372,8 +431,6 @@ def _find_conflicts(program, nda, atom_dim, named, cooc) -> tuple[Conflict, ...]
         )
 
     # 2. axis clashes: an updated parameter named dim co-occurring with data named dims.
-    value_classes = [{int(atom_dim[a]) for d in dims for a in d} for dims in nda.value_atoms]
-    op_classes = [{int(atom_dim[a]) for a in atoms} for atoms in nda.op_atoms]
     data_dims = {nd.id for nd in named if nd.is_input and not nd.is_persistent}
     partners: dict[int, set[int]] = defaultdict(set)
     for x, y in cooc:
@@ -381,44 +438,12 @@ def _find_conflicts(program, nda, atom_dim, named, cooc) -> tuple[Conflict, ...]
             partners[x].add(y)
         if x in data_dims:
             partners[y].add(x)
-    values_of: dict[int, list[int]] = defaultdict(list)
-    for vid, classes in enumerate(value_classes):
-        for c in classes:
-            values_of[c].append(vid)
-    ops_of: dict[int, list[int]] = defaultdict(list)
-    for opi, classes in enumerate(op_classes):
-        if classes & data_dims:
-            for c in classes:
-                ops_of[c].append(opi)
-    clash_specs = []
-    for c1 in sorted(partners):
-        n1 = named[c1]
-        if not n1.is_persistent or c1 in data_dims:
-            continue
-        sources, sinks, sites = set(), set(), []
-        updated = False
-        for vid in values_of[c1]:
-            v = program.values[vid]
-            atoms = [a for d in nda.value_atoms[vid] for a in d if atom_dim[a] == c1]
-            if value_classes[vid] & data_dims:
-                sinks.update(atoms)
-                if len(sites) < 4:
-                    sites.append(_site(program, vid))
-            elif v.is_persistent or v.is_output:
-                sources.update(atoms)
-                updated = updated or v.is_output
-        for opi in ops_of[c1]:
-            sinks.update(a for a in nda.op_atoms[opi] if atom_dim[a] == c1)
-        # Only parameters the program updates (a train step) are worth keeping sharded apart
-        # from the data; in a forward pass, replicated or tensor-parallel weights are the choice.
-        if not updated or sources & sinks:
-            continue
-        clash_specs.append((c1, sources, sinks, sites))
-    # Each axis clash lives in its own named dim, and named dims are disjoint atom graphs, so
-    # one max-flow over their union yields every clash's nearest cuts at once.
-    nearest = _batched_nearest_cuts(clash_specs, by_class, ends, capacity, unit, atom_dim)
-    for c1, sources, sinks, sites in clash_specs:
-        cuts = cut_options(graph(c1), sources, sinks, nearest.get(c1))
+    candidates = [c for c in sorted(partners) if named[c].is_persistent and c not in data_dims]
+    clash_specs = _axis_clash_specs(program, slots, atom_dim, data_dims, candidates)
+    batch = _Batch(by_class, ends, capacity, unit, atom_dim)
+    options = _axis_clash_options(clash_specs, graph, batch)
+    for c1, _, _, sites in clash_specs:
+        cuts = options[c1]
         if not cuts:
             continue
         n1 = named[c1]
@@ -450,29 +475,141 @@ def _find_conflicts(program, nda, atom_dim, named, cooc) -> tuple[Conflict, ...]
     return tuple(conflicts)
 
 
-def _batched_nearest_cuts(specs, by_class, ends, capacity, unit, atom_dim) -> dict:
-    """Named dim -> (value, cut near sources, cut near sinks), from one max-flow over the union
-    of the named dims' atom graphs (disjoint, so the minimum cut splits per named dim)."""
-    if not specs:
-        return {}
-    eids = np.concatenate([by_class[c1] for c1, *_ in specs])
-    union = ClassGraph(eids, ends[eids], capacity, unit)
-    sources = set().union(*(s for _, s, _, _ in specs))
-    sinks = set().union(*(t for _, _, t, _ in specs))
-    result = union.min_cuts(sources, sinks)
-    if result is None:
-        return {}
-    _, near_sources, near_sinks = result
-    sides = []
-    for cut in (near_sources, near_sinks):
-        by_dim: dict[int, set[int]] = defaultdict(set)
-        for e in cut:
-            by_dim[int(atom_dim[ends[e, 0]])].add(e)
-        sides.append(by_dim)
-    return {
-        c1: (0.0, frozenset(sides[0].get(c1, ())), frozenset(sides[1].get(c1, ())))
-        for c1, *_ in specs
+def _self_clashes(nda: NdaResult, slots: _Slots, atom_dim, n: int) -> dict:
+    """Value -> (named dim, first atom, atom repeating it) for values holding a named dim twice."""
+    cls = atom_dim[slots.atom]
+    held, count = np.unique(slots.value * max(n, 1) + cls, return_counts=True)
+    clash: dict[int, tuple[int, int, int]] = {}
+    for vid in np.unique(held[count > 1] // max(n, 1)).tolist():
+        first: dict[int, int] = {}
+        for atoms in nda.value_atoms[vid]:
+            for a in atoms:
+                c = int(atom_dim[a])
+                if c in first and vid not in clash:
+                    clash[vid] = (c, first[c], a)
+                first.setdefault(c, a)
+    return clash
+
+
+def _linked_clashes(program: Program, clash: dict) -> list[list[int]]:
+    """Clashing values of one named dim joined through the ops that link them (an attention
+    block's scores, probs and their gradients), each group sorted, groups by first value."""
+    parent = {v: v for v in clash}
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for op in program.ops:
+        if clash.keys().isdisjoint(op.operands) and clash.keys().isdisjoint(op.results):
+            continue
+        linked = [v for v in op.operands + op.results if v in clash]
+        for v in linked[1:]:
+            if clash[v][0] == clash[linked[0]][0]:
+                parent[find(v)] = find(linked[0])
+    groups: dict[int, list[int]] = defaultdict(list)
+    for v in sorted(clash):
+        groups[find(v)].append(v)
+    return sorted(groups.values(), key=lambda g: g[0])
+
+
+def _axis_clash_specs(program: Program, slots: _Slots, atom_dim, data_dims, candidates):
+    """(named dim, source atoms, sink atoms, sites) of each candidate parameter dim that the
+    program updates: sources are its atoms in persistent or output values free of data dims,
+    sinks its atoms in values and ops that also hold a data dim."""
+    values = program.values
+    is_data = np.zeros(int(atom_dim.max(initial=-1)) + 1, dtype=bool)
+    is_data[list(data_dims)] = True
+    cls, op_cls = atom_dim[slots.atom], atom_dim[slots.op_atom]
+    value_has_data = np.zeros(len(values), dtype=bool)
+    value_has_data[slots.value[is_data[cls]]] = True
+    op_has_data = np.zeros(len(program.ops), dtype=bool)
+    op_has_data[slots.op[is_data[op_cls]]] = True
+    is_output = np.array([v.is_output for v in values], dtype=bool)
+    keeps = is_output | np.array([v.is_persistent for v in values], dtype=bool)
+    order, bounds = _group_by(cls, len(is_data))
+    op_order, op_bounds = _group_by(op_cls, len(is_data))
+    specs = []
+    for c1 in candidates:
+        entries = order[bounds[c1] : bounds[c1 + 1]]
+        vids, atoms = slots.value[entries], slots.atom[entries]
+        data = value_has_data[vids]
+        # Only parameters the program updates (a train step) are worth keeping sharded apart
+        # from the data; in a forward pass, replicated or tensor-parallel weights are the choice.
+        if not (is_output[vids] & ~data).any():
+            continue
+        op_entries = op_order[op_bounds[c1] : op_bounds[c1 + 1]]
+        op_entries = op_entries[op_has_data[slots.op[op_entries]]]
+        sources = set(atoms[~data & keeps[vids]].tolist())
+        sinks = set(atoms[data].tolist()) | set(slots.op_atom[op_entries].tolist())
+        if sources & sinks:
+            continue
+        sites = [_site(program, v) for v in np.unique(vids[data])[:4].tolist()]
+        specs.append((c1, sources, sinks, sites))
+    return specs
+
+
+def _axis_clash_options(specs, graph, batch: _Batch) -> dict[int, list[frozenset[int]]]:
+    """Named dim -> `cut_options` of its axis clash, for all clashes with two max-flows in all.
+
+    Each axis clash lives in its own named dim, and named dims are disjoint atom graphs, so one
+    max-flow over their union yields every clash's nearest cuts at once, and a second one the
+    alternatives of the clashes whose nearest cuts coincide; a named dim's own max-flow is the
+    fallback if a batch cannot be cut."""
+    nearest = batch.min_cuts(specs)
+    cuts = {
+        c1: nearest_cuts(nearest[c1] if c1 in nearest else graph(c1).min_cuts(sources, sinks))
+        for c1, sources, sinks, _ in specs
     }
+    forbid = {}
+    for c1, sources, sinks, _ in specs:
+        worst = edge_to_forbid(cuts[c1], batch.capacity)
+        if worst is not None and not links_sides(batch.ends[worst].tolist(), sources, sinks):
+            forbid[c1] = worst
+    again = [spec for spec in specs if spec[0] in forbid]
+    alternative = batch.min_cuts(again, frozenset(forbid.values()))
+    for c1, sources, sinks, _ in again:
+        if c1 not in alternative:
+            alternative[c1] = graph(c1).min_cuts(sources, sinks, frozenset({forbid[c1]}))
+        cuts[c1] += nearest_cuts(alternative[c1])
+    return {c1: ranked(found, batch.capacity) for c1, found in cuts.items()}
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """Max-flows of many named dims at once, over the union of their disjoint atom graphs."""
+
+    by_class: dict
+    ends: np.ndarray
+    capacity: np.ndarray
+    unit: float
+    atom_dim: np.ndarray
+
+    def min_cuts(self, specs, blocked: frozenset[int] = frozenset()) -> dict:
+        """Named dim -> (value, cut near sources, cut near sinks) for each (named dim, sources,
+        sinks, ...) spec; the minimum cut of the union splits per named dim. Empty if the union
+        cannot be cut (then each named dim needs its own max-flow)."""
+        if not specs:
+            return {}
+        eids = np.concatenate([self.by_class[c1] for c1, *_ in specs])
+        union = ClassGraph(eids, self.ends[eids], self.capacity, self.unit)
+        sources = set().union(*(s for _, s, _, _ in specs))
+        sinks = set().union(*(t for _, _, t, _ in specs))
+        result = union.min_cuts(sources, sinks, blocked)
+        if result is None:
+            return {}
+        sides = []
+        for cut in result[1:]:
+            by_dim: dict[int, set[int]] = defaultdict(set)
+            for e in cut:
+                by_dim[int(self.atom_dim[self.ends[e, 0]])].add(e)
+            sides.append(by_dim)
+        return {
+            c1: (0.0, frozenset(sides[0].get(c1, ())), frozenset(sides[1].get(c1, ())))
+            for c1, *_ in specs
+        }
 
 
 def _site(program: Program, vid: int) -> Site:
@@ -486,17 +623,17 @@ def _site(program: Program, vid: int) -> Site:
 
 def _groups(program: Program, named, conflicts):
     """Decision groups: named dims / conflicts with equal layer-free signatures."""
+    # The layer-free path of each input, parameter, state or output value (None for the rest).
+    path = [
+        _LAYER_INDEX.sub("[*]", v.name)
+        if v.role in ("input", "parameter", "state") or v.is_output
+        else None
+        for v in program.values
+    ]
     sig_dims: dict[tuple, list[int]] = defaultdict(list)
     dim_sig: dict[int, tuple] = {}
     for nd in named:
-        paths = sorted(
-            {
-                (_LAYER_INDEX.sub("[*]", program.values[v].name), d, sub)
-                for v, d, sub in nd.members
-                if program.values[v].role in ("input", "parameter", "state")
-                or program.values[v].is_output
-            }
-        )
+        paths = sorted({(path[v], d, sub) for v, d, sub in nd.members if path[v] is not None})
         layered = any("[*]" in p[0] for p in paths)
         sig = (nd.size, tuple(paths)) if paths and layered else ("single", nd.id)
         dim_sig[nd.id] = sig

@@ -23,6 +23,7 @@ named dim unsharded is always possible and needs no option.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import scipy.sparse as sp
@@ -87,23 +88,33 @@ class ClassGraph:
         self.cap = np.clip(np.ceil(caps / unit_bytes), 1, 1 << 16).astype(np.int64)
         self.capacity = capacity
 
+    def edge_atoms(self, edge: int) -> tuple[int, int]:
+        """The value atom and use atom of one of the graph's M-edges."""
+        i = int(np.flatnonzero(self.eid == edge)[0])
+        return int(self.nodes[self.eu[i]]), int(self.nodes[self.ev[i]])
+
     def _node(self, atoms) -> np.ndarray:
         return np.searchsorted(self.nodes, np.fromiter(atoms, dtype=np.int64))
 
-    def distances(self, start: int):
-        """Hop distances from an atom: a function atom -> distance (large if unreachable)."""
-        graph = sp.csr_matrix(
-            (np.ones(2 * len(self.eu)), (np.r_[self.eu, self.ev], np.r_[self.ev, self.eu])),
-            shape=(self.n, self.n),
-        )
-        dist = csgraph.shortest_path(graph, unweighted=True, indices=int(self._node([start])[0]))
-        dist = np.where(np.isfinite(dist), dist, 1e9)
+    @cached_property
+    def _adjacency(self) -> sp.csr_matrix:
+        """Undirected hop graph over the nodes, built once: a named dim's conflicts share it."""
+        both = (np.r_[self.eu, self.ev], np.r_[self.ev, self.eu])
+        return sp.csr_matrix((np.ones(2 * len(self.eu)), both), shape=(self.n, self.n))
 
-        def at(atom: int) -> float:
-            i = int(np.searchsorted(self.nodes, atom))
-            return float(dist[i]) if i < self.n and self.nodes[i] == atom else 1e9
+    def hops(self, starts: list[int], atoms: list[int]) -> np.ndarray:
+        """[start, atom] hop distances between atoms (1e9 if unreachable or not in the graph).
 
-        return at
+        Depths in a breadth-first tree: scipy's search order is cheap even on the sequence dim
+        that spans every layer, where its all-distances routine would cost a copy of the graph
+        per call (and a conflict per layer)."""
+        at = self._node(atoms).clip(max=self.n - 1)
+        found = self.nodes[at] == np.asarray(atoms)
+        out = np.full((len(starts), len(atoms)), 1e9)
+        for i, root in enumerate(self._node(starts).tolist()):
+            _, pred = csgraph.breadth_first_order(self._adjacency, root, directed=True)
+            out[i, found] = _tree_depth(pred, root, at[found])
+        return out
 
     def min_cuts(self, sources: set[int], sinks: set[int], blocked: frozenset[int] = frozenset()):
         """Max-flow between atom sets; returns (value, cut near sources, cut near sinks) as
@@ -139,31 +150,58 @@ class ClassGraph:
         return frozenset(self.eid[side[self.eu] != side[self.ev]].tolist())
 
 
-def cut_options(
-    graph: ClassGraph, sources: set[int], sinks: set[int], first=None
-) -> list[frozenset[int]]:
+def _tree_depth(pred: np.ndarray, root: int, nodes: np.ndarray) -> np.ndarray:
+    """Depths of `nodes` in the tree given by predecessors (1e9 for nodes outside the tree),
+    walking all nodes up one level at a time."""
+    depth = np.zeros(len(nodes))
+    node = nodes.copy()
+    live = node != root
+    while live.any():
+        node[live] = pred[node[live]]
+        depth[live] += 1
+        outside = live & (node < 0)
+        depth[outside] = 1e9
+        live &= (node != root) & ~outside
+    return depth
+
+
+def cut_options(graph: ClassGraph, sources: set[int], sinks: set[int]) -> list[frozenset[int]]:
     """Distinct small cuts separating sources from sinks, cheapest first: the minimum cuts nearest
     each side and, when those coincide, the ones found when the first cut's most expensive edge
-    may not be cut (so there are two choices wherever the graph allows it). `first` may give
-    the nearest cuts already computed (see `analysis._batched_nearest_cuts`)."""
-    if first is None:
-        first = graph.min_cuts(sources, sinks)
-    if first is None:
+    may not be cut (so there are two choices wherever the graph allows it). `analysis` batches
+    the same steps over many named dims at once."""
+    cuts = nearest_cuts(graph.min_cuts(sources, sinks))
+    worst = edge_to_forbid(cuts, graph.capacity)
+    if worst is not None and not links_sides(graph.edge_atoms(worst), sources, sinks):
+        cuts += nearest_cuts(graph.min_cuts(sources, sinks, frozenset({worst})))
+    return ranked(cuts, graph.capacity)
+
+
+def nearest_cuts(result) -> list[frozenset[int]]:
+    """The distinct non-empty cuts of a `min_cuts` result (none if the sides cannot be cut)."""
+    if result is None:
         return []
-    found: dict[frozenset[int], float] = {}
+    return [cut for cut in dict.fromkeys(result[1:]) if cut]
 
-    def add(cuts) -> None:
-        for cut in cuts:
-            if cut and cut not in found and len(found) < MAX_OPTIONS:
-                found[cut] = sum(graph.capacity[e] for e in cut)
 
-    add(first[1:])
-    if len(found) == 1:
-        only = next(iter(found))
-        worst = max(only, key=lambda e: (graph.capacity[e], e))
-        alt = graph.min_cuts(sources, sinks, frozenset({worst}))
-        if alt is not None:
-            add(alt[1:])
+def edge_to_forbid(cuts: list[frozenset[int]], capacity: np.ndarray) -> int | None:
+    """When the nearest cuts coincide, the edge whose cut is forbidden to find a second option:
+    the most expensive one of the only cut."""
+    if len(cuts) != 1:
+        return None
+    return max(cuts[0], key=lambda e: (capacity[e], e))
+
+
+def links_sides(atoms, sources: set[int], sinks: set[int]) -> bool:
+    """Whether an M-edge's two atoms are a source and a sink: every cut then holds that edge, so
+    forbidding it leaves no alternative (its max-flow would only confirm that)."""
+    a, b = atoms
+    return (a in sources and b in sinks) or (a in sinks and b in sources)
+
+
+def ranked(cuts: list[frozenset[int]], capacity: np.ndarray) -> list[frozenset[int]]:
+    """The first `MAX_OPTIONS` distinct cuts, cheapest first (ties by their edge ids)."""
+    found = {cut: sum(capacity[e] for e in cut) for cut in list(dict.fromkeys(cuts))[:MAX_OPTIONS]}
     return sorted(found, key=lambda c: (found[c], sorted(c)))
 
 
