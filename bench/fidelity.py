@@ -1,7 +1,7 @@
 """Fidelity of the cost model against XLA, the external judge.
 
 For the MLP and GPT train steps on meshes (8,), (2,4), (4,2), (2,2,2) of simulated CPU devices and
-every applicable baseline: per-device flops (vs `compiled.cost_analysis()`), collective bytes per
+every applicable baseline: per-device flops and transcendentals (vs `compiled.cost_analysis()`), collective bytes per
 kind (vs those parsed from the optimized HLO; the prediction as XLA CPU lowers it: reduce-scatter as
 an all-reduce of the full buffer, bf16 collectives in f32), memory (vs `memory_analysis()` argument
 + output + temp), numerics, and whether the ranking of baselines by predicted communication bytes
@@ -73,6 +73,7 @@ def main() -> None:
                     "strategy": name,
                     "numerics": "ok" if rep.numerics_ok else "MISMATCH",
                     "flops": _ratio(rep.predicted_flops, rep.compiled_flops),
+                    "transc": _ratio(rep.predicted_transcendentals, rep.compiled_transcendentals),
                     "memory": _ratio(rep.predicted_memory_bytes, rep.compiled_memory_bytes),
                     "comm_total": _ratio(pred_total[name], comp_total[name]),
                 }
@@ -101,6 +102,7 @@ def main() -> None:
         "strategy",
         "numerics",
         "flops",
+        "transc",
         "memory",
         "comm_total",
         "all-gather",
@@ -115,7 +117,8 @@ def main() -> None:
     print(table(rows, cols))
     print("\nRanking of baselines by communication bytes")
     print(table(rankings, ["model", "mesh", "same", "predicted", "xla"]))
-    print(f"results: {save('fidelity', {'rows': rows, 'rankings': rankings})}")
+    name = "fidelity" if args.gpt_size == "tiny" else f"fidelity_gpt_{args.gpt_size}"
+    print(f"results: {save(name, {'rows': rows, 'rankings': rankings})}")
 
 
 if __name__ == "__main__":

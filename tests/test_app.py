@@ -319,7 +319,8 @@ def test_validate_page_compiles_and_compares():
     assert not at.exception and not errors(at)
     assert any("Numerics match" in s.value for s in at.success)
     quantities = at.dataframe[0].value["quantity"].tolist()
-    assert quantities[:2] == ["flops per device", "memory per device (bytes)"]
+    assert quantities[0] == "flops per device"
+    assert "memory per device (bytes)" in quantities
 
 
 def test_validate_page_explains_shape_only_workloads_and_too_many_devices():

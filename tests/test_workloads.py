@@ -1,7 +1,8 @@
 """Every zoo model end to end: trace, analyze (no unknown primitives), search, validate on XLA.
 
-Also the repeated-layer grouping and the scan-over-layers variant: the scanned and unrolled GPT
-price the same strategy (data parallel) at the same step time.
+Validation checks numerics, per-device flops and transcendentals against `cost_analysis()`, and
+collective bytes. Also the repeated-layer grouping and the scan-over-layers variant: the scanned
+and unrolled GPT price the same strategy (data parallel) at the same step time.
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ def _analysis(name: str, **kw):
     return w, tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
 
 
+def assert_compute_matches_xla(name: str, check: tc.ValidationReport) -> None:
+    assert check.flops_ratio == pytest.approx(1.0, abs=0.05), (name, check.rows()[0])
+    assert check.predicted_transcendentals == pytest.approx(
+        check.compiled_transcendentals, rel=0.02
+    ), name
+
+
 @pytest.fixture(scope="module")
 def jax_mesh():
     return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
@@ -41,10 +49,12 @@ def test_zoo_model_end_to_end(name, jax_mesh):
     assert result.report.step_time_s <= min(feasible) * (1 + 1e-9)
     check = tc.validate(w.fn, w.args, ana, result.best, jax_mesh, HW)
     assert check.numerics_ok, (name, check.max_abs_error)
+    assert_compute_matches_xla(name, check)
     # A sharded strategy too, so the comparison exercises collectives.
     strategy = all_baselines(ana, MESH)["data_parallel"][0]
     check = tc.validate(w.fn, w.args, ana, strategy, jax_mesh, HW)
     assert check.numerics_ok, (name, check.max_abs_error)
+    assert_compute_matches_xla(name, check)
     compiled = dict.fromkeys(check.compiled_collective_bytes, 0.0)
     for c in parse_collectives(check.hlo_text):
         # XLA's CPU partitioner gathers the batch of a top_k (a custom call it does not split);
@@ -66,7 +76,8 @@ def test_scan_and_unrolled_gpt_price_data_parallel_alike():
     unrolled, scanned = times["gpt"], times["gpt-scan"]
     assert scanned[0] == pytest.approx(unrolled[0], rel=0.01)
     assert scanned[1] == pytest.approx(unrolled[1], rel=0.01)
-    assert scanned[2] == pytest.approx(unrolled[2], rel=0.01)
+    # XLA fuses across layers only when they are unrolled: a little more duplicated elementwise work.
+    assert scanned[2] == pytest.approx(unrolled[2], rel=0.02)
 
 
 def test_repeated_layers_form_decision_groups():

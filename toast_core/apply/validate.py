@@ -4,13 +4,14 @@
 compares with the unsharded function (rtol 1e-4, atol 1e-5 in fp32), then compares the cost
 model's predictions with the compiled program:
 
-* per-device flops vs `compiled.cost_analysis()["flops"]`;
+* per-device flops and transcendentals vs `compiled.cost_analysis()` (`flops`, `transcendentals`);
 * collective bytes per kind vs those parsed from `compiled.as_text()` (result bytes per device);
 * per-device memory vs `memory_analysis()`: argument + output + temp - alias (the CPU's
   `peak_memory_in_bytes` is unreliable).
 
-XLA's CPU backend lowers collectives differently from TPU/GPU, so the prediction is also given "as
-XLA CPU lowers it": a reduce-scatter becomes an all-reduce of the full buffer followed by a local
+XLA's CPU backend lowers collectives differently from TPU/GPU, and the compiled program's text and
+`cost_analysis()` show a loop body once whatever its trip count, so the prediction is also given "as
+XLA CPU shows it": a reduce-scatter becomes an all-reduce of the full buffer followed by a local
 slice (so the full reduced buffer is also live in memory), and bf16 collectives run in f32. Both
 views are reported (`*_target` is the TPU/GPU view); the comparison uses the CPU view.
 Wall time on simulated devices means nothing and is never measured.
@@ -30,6 +31,7 @@ from toast_core.apply.hlo import collective_bytes_by_kind
 from toast_core.apply.shard import mesh_spec_of, shard
 from toast_core.cost import estimate
 from toast_core.cost.collectives import COLLECTIVE_KINDS
+from toast_core.cost.model import reduction_flops
 from toast_core.mesh import HardwareSpec
 from toast_core.strategy import Strategy
 
@@ -48,6 +50,9 @@ class ValidationReport:
     compiled_memory_bytes: float
     predicted_collective_bytes_target: dict[str, float] = field(default_factory=dict)
     predicted_memory_bytes_target: float = 0.0
+    predicted_flops_target: float = 0.0
+    predicted_transcendentals: float = 0.0
+    compiled_transcendentals: float = 0.0
     hlo_text: str = field(default="", repr=False)
 
     @property
@@ -62,10 +67,18 @@ class ValidationReport:
 
     def rows(self) -> list[tuple[str, float, float]]:
         """(quantity, predicted, compiled) rows for tables."""
-        out = [
-            ("flops per device", self.predicted_flops, self.compiled_flops),
-            ("memory per device (bytes)", self.predicted_memory_bytes, self.compiled_memory_bytes),
-        ]
+        out = [("flops per device", self.predicted_flops, self.compiled_flops)]
+        if self.predicted_transcendentals or self.compiled_transcendentals:
+            out.append(
+                (
+                    "transcendentals per device",
+                    self.predicted_transcendentals,
+                    self.compiled_transcendentals,
+                )
+            )
+        out.append(
+            ("memory per device (bytes)", self.predicted_memory_bytes, self.compiled_memory_bytes)
+        )
         for k in COLLECTIVE_KINDS:
             p = self.predicted_collective_bytes.get(k, 0.0)
             c = self.compiled_collective_bytes.get(k, 0.0)
@@ -79,11 +92,14 @@ class ValidationReport:
             "max_abs_error": self.max_abs_error,
             "predicted_flops": self.predicted_flops,
             "compiled_flops": self.compiled_flops,
+            "predicted_transcendentals": self.predicted_transcendentals,
+            "compiled_transcendentals": self.compiled_transcendentals,
             "predicted_collective_bytes": self.predicted_collective_bytes,
             "compiled_collective_bytes": self.compiled_collective_bytes,
             "predicted_collective_bytes_target": self.predicted_collective_bytes_target,
             "predicted_memory_bytes": self.predicted_memory_bytes,
             "predicted_memory_bytes_target": self.predicted_memory_bytes_target,
+            "predicted_flops_target": self.predicted_flops_target,
             "compiled_memory_bytes": self.compiled_memory_bytes,
         }
 
@@ -117,6 +133,15 @@ def cpu_view(report, program) -> dict[str, float]:
         else:
             out[c.kind] += c.result_bytes * scale
     return out
+
+
+def cpu_flops(report, program) -> tuple[float, float]:
+    """Predicted (flops, transcendentals) per device as `cost_analysis()` counts them: the body of
+    a loop once, whatever its trip count (the per-step figures are in the CostReport)."""
+    trips = [op.trip_count for op in program.ops]
+    flops = sum(c.flops / trips[c.op] for c in report.op_costs)
+    transcendentals = sum(c.transcendentals / trips[c.op] for c in report.op_costs)
+    return flops + reduction_flops(report.collectives, program, once=True), transcendentals
 
 
 def cpu_memory_bytes(report) -> float:
@@ -165,6 +190,7 @@ def validate(
         + mem.temp_size_in_bytes
         - mem.alias_size_in_bytes
     )
+    flops, transcendentals = cpu_flops(report, ana.program)
     ok, err = True, 0.0
     if check_numerics:
         got = jax.tree_util.tree_leaves(compiled(*args))
@@ -177,7 +203,8 @@ def validate(
     return ValidationReport(
         numerics_ok=ok,
         max_abs_error=err,
-        predicted_flops=report.flops_per_device,
+        predicted_flops=flops,
+        predicted_flops_target=report.flops_per_device,
         compiled_flops=float(cost.get("flops", 0.0)),
         predicted_collective_bytes=cpu_view(report, ana.program),
         compiled_collective_bytes={k: float(v) for k, v in collective_bytes_by_kind(hlo).items()},
@@ -185,5 +212,7 @@ def validate(
         compiled_memory_bytes=compiled_mem,
         predicted_collective_bytes_target=report.collective_bytes_by_kind(),
         predicted_memory_bytes_target=report.peak_bytes,
+        predicted_transcendentals=transcendentals,
+        compiled_transcendentals=float(cost.get("transcendentals", 0.0)),
         hlo_text=hlo,
     )

@@ -1,11 +1,20 @@
-"""Global FLOP counts per op (before sharding), as XLA's `cost_analysis()` counts them.
+"""Global FLOP and transcendental counts per op (before sharding), as XLA's `cost_analysis()`
+counts them (measured on this jaxlib, one compiled primitive at a time):
 
 * dot_general: `2 * batch * M * N * K` = 2 x result elements x contracted elements;
-* conv_general_dilated: 2 x output elements x (input features per group x kernel window);
-* elementwise ops: one per result element; reductions and scans: one per operand element;
-* layout ops (reshape, transpose, broadcast, gather, slicing...): zero (they only move bytes).
+* conv_general_dilated: 2 x output elements x input features per group x kernel window, counting
+  only the taps that fall on the input (not on padding), as XLA does;
+* elementwise arithmetic, comparisons, selects and conversions: one flop per result element;
+  `integer_pow` one per multiply of its square-and-multiply chain (plus a divide when negative);
+* transcendental functions (exp, log, tanh, sqrt, rsqrt, pow, ...): one *transcendental* per
+  element, not a flop; a few expand into both (`logistic`: 3 flops and 1 transcendental);
+* reductions: one flop per element folded in (operand elements - result elements); argmax and
+  argmin compare and select index and value (9 per element); scans one per operand element;
+  scatter-add one per update element;
+* layout ops (reshape, transpose, broadcast, gather, slicing, copies...): zero (they move bytes).
 
-Ops inside a `scan` body are multiplied by the trip count.
+Ops inside a `scan` body are multiplied by the trip count by the caller; so is the duplication of
+fused producers (`fusion.py`).
 """
 
 from __future__ import annotations
@@ -15,20 +24,25 @@ from math import prod
 from toast_core.analysis.rules import ELEMENTWISE
 from toast_core.ir.program import Op, Program
 
+#: One transcendental per element, no flops.
+TRANSCENDENTAL = frozenset(
+    "acos acosh asin asinh atan atan2 atanh cbrt cos cosh erf erfc exp expm1 log log1p pow rsqrt "
+    "sin sinh sqrt tan tanh".split()
+)
+#: Elementwise ops XLA expands into several: (flops, transcendentals) per element.
+_EXPANDED = {"logistic": (3, 1), "exp2": (1, 1), "erf_inv": (37, 2), "lgamma": (52, 4)}
 _FREE = frozenset(
     {
-        "convert_element_type",
         "copy",
         "copy_p",
         "device_put",
         "optimization_barrier",
         "sharding_constraint",
         "stop_gradient",
-        "select_n",
     }
 )
-_COUNT_RESULT = frozenset(ELEMENTWISE) - _FREE
-_COUNT_OPERAND = frozenset(
+_COUNT_RESULT = frozenset(ELEMENTWISE) - _FREE - TRANSCENDENTAL - set(_EXPANDED)
+_REDUCE = frozenset(
     {
         "reduce_sum",
         "reduce_max",
@@ -37,33 +51,95 @@ _COUNT_OPERAND = frozenset(
         "reduce_and",
         "reduce_or",
         "reduce_xor",
-        "argmax",
-        "argmin",
-        "cumsum",
-        "cumprod",
-        "cummax",
-        "cummin",
-        "cumlogsumexp",
-        "scatter-add",
-        "scatter_add",
     }
 )
+_ARG_REDUCE = frozenset({"argmax", "argmin"})
+_SCAN = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"})
+_SCATTER_ADD = frozenset({"scatter-add", "scatter_add"})
+
+
+def _result_size(op: Op, program: Program) -> int:
+    return sum(program.values[r].size for r in op.results)
+
+
+def _integer_pow_flops(y: int) -> int:
+    """Multiplies of x**|y| by repeated squaring, plus the reciprocal when y < 0."""
+    n = abs(int(y))
+    if n == 0:
+        return 0
+    return (n.bit_length() - 1) + (bin(n).count("1") - 1) + (1 if y < 0 else 0)
+
+
+def _valid_taps(
+    n_in: int, n_out: int, window: int, stride: int, pad_lo: int, lhs_dil: int, rhs_dil: int
+) -> int:
+    """Kernel taps, summed over output positions, that land on a real input element (not on
+    padding or on the holes of a dilated input): XLA counts only those."""
+    extent = (n_in - 1) * lhs_dil + 1
+    taps = 0
+    for o in range(n_out):
+        for k in range(window):
+            pos = o * stride + k * rhs_dil - pad_lo
+            taps += 0 <= pos < extent and pos % lhs_dil == 0
+    return taps
+
+
+def _conv_flops(op: Op, program: Program) -> float:
+    """2 x batch x output features x input features per group x valid taps per spatial dim."""
+    dn = dict(op.param("dimension_numbers"))
+    lhs_spec, rhs_spec, out_spec = dn["lhs_spec"], dn["rhs_spec"], dn["out_spec"]
+    lhs = program.values[op.operands[0]].shape
+    rhs = program.values[op.operands[1]].shape
+    out = program.values[op.results[0]].shape
+    n_spatial = len(lhs_spec) - 2
+    strides = op.param("window_strides", (1,) * n_spatial)
+    padding = op.param("padding", ((0, 0),) * n_spatial)
+    lhs_dil = op.param("lhs_dilation", None) or (1,) * n_spatial
+    rhs_dil = op.param("rhs_dilation", None) or (1,) * n_spatial
+    taps = 1
+    for i in range(n_spatial):
+        taps *= _valid_taps(
+            lhs[lhs_spec[2 + i]],
+            out[out_spec[2 + i]],
+            rhs[rhs_spec[2 + i]],
+            strides[i],
+            padding[i][0],
+            lhs_dil[i],
+            rhs_dil[i],
+        )
+    return 2.0 * out[out_spec[0]] * out[out_spec[1]] * rhs[rhs_spec[1]] * taps
 
 
 def op_flops(op: Op, program: Program) -> float:
-    """FLOPs of one execution of `op` on whole (unsharded) arrays."""
+    """Flops of one execution of `op` on whole (unsharded) arrays, transcendentals excluded."""
     values = program.values
-    if op.primitive == "dot_general":
+    p = op.primitive
+    if p == "dot_general":
         (lc, _), _ = op.param("dimension_numbers")
         lhs = values[op.operands[0]].shape
         return 2.0 * values[op.results[0]].size * prod(lhs[d] for d in lc)
-    if op.primitive == "conv_general_dilated":
-        dn = dict(op.param("dimension_numbers"))
-        rhs = values[op.operands[1]].shape
-        out_features = rhs[dn["rhs_spec"][0]]
-        return 2.0 * values[op.results[0]].size * prod(rhs) / max(out_features, 1)
-    if op.primitive in _COUNT_RESULT:
-        return float(sum(values[r].size for r in op.results))
-    if op.primitive in _COUNT_OPERAND:
+    if p == "conv_general_dilated":
+        return _conv_flops(op, program)
+    if p == "integer_pow":
+        return float(_result_size(op, program) * _integer_pow_flops(op.param("y", 2)))
+    if p in _EXPANDED:
+        return float(_result_size(op, program) * _EXPANDED[p][0])
+    if p in _COUNT_RESULT:
+        return float(_result_size(op, program))
+    if p in _REDUCE or p in _ARG_REDUCE:
+        folded = values[op.operands[0]].size - values[op.results[0]].size
+        return float(folded * (9 if p in _ARG_REDUCE else 1))
+    if p in _SCAN:
         return float(values[op.operands[0]].size)
+    if p in _SCATTER_ADD:  # one add per update element
+        return float(values[op.operands[2]].size)
+    return 0.0
+
+
+def op_transcendentals(op: Op, program: Program) -> float:
+    """Transcendental evaluations of one execution of `op` on whole arrays."""
+    if op.primitive in TRANSCENDENTAL:
+        return float(_result_size(op, program))
+    if op.primitive in _EXPANDED:
+        return float(_result_size(op, program) * _EXPANDED[op.primitive][1])
     return 0.0

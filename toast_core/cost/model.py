@@ -6,6 +6,8 @@ per-device shapes follow, and every cut and every sharded reduction implies a co
 * **Compute** per op (roofline): `max(flops_local / (peak_flops_per_s * efficiency),
   bytes_local / hbm_bytes_per_s)`, where an op's work is divided by the shard counts of the factors
   it computes over (not those it must replicate), and bytes are the local operands and results.
+  Flops are counted as XLA counts them (`flops.py`, transcendentals apart but priced alike), once
+  per loop fusion that computes the op (`fusion.py`); bytes only for values fusion materializes.
 * **Sharded reductions**: a reduction factor on mesh axes R leaves each result partial over R: an
   all-reduce of the local result, or a reduce-scatter when every consumer (across a cut) wants a dim
   sharded on that axis (FSDP's gradients).
@@ -39,9 +41,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from toast_core.analysis import Analysis
-from toast_core.analysis.rules import ELEMENTWISE
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
-from toast_core.cost.flops import op_flops
+from toast_core.cost.flops import op_flops, op_transcendentals
+from toast_core.cost.fusion import fusion_copies, materialized
 from toast_core.errors import ToastError, bad_value
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
 from toast_core.strategy.layout import REGION_BOUNDARIES, axis_bits, layout
@@ -80,6 +82,7 @@ class OpCost:
     flops: float  # per device, all executions
     bytes: float
     time_s: float
+    transcendentals: float = 0.0  # per device, all executions
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class CostReport:
     flops_per_device: float
     total_flops: float
     persistent_bytes: float
+    transcendentals_per_device: float = 0.0
     collectives: tuple[Collective, ...] = ()
     op_costs: tuple[OpCost, ...] = field(default=(), repr=False)
     memory_timeline: tuple[float, ...] = field(default=(), repr=False)
@@ -126,6 +130,7 @@ class CostReport:
             "ideal_s": self.ideal_s,
             "efficiency": self.efficiency,
             "flops_per_device": self.flops_per_device,
+            "transcendentals_per_device": self.transcendentals_per_device,
             "comm_bytes_by_kind": self.collective_bytes_by_kind(),
         }
 
@@ -139,6 +144,17 @@ class Score:
     comm_s: float
     peak_bytes: float
     fits: bool
+
+
+def reduction_flops(collectives, program, once: bool = False) -> float:
+    """The adds of all-reduces and reduce-scatters (one per element of the full buffer), which
+    XLA's `cost_analysis()` counts as flops; `once` counts a loop body's collectives once."""
+    total = 0.0
+    for c in collectives:
+        if c.kind in ("all-reduce", "reduce-scatter"):
+            v = program.values[c.value]
+            total += c.bytes / v.nbytes * v.size * (1 if once else c.count)
+    return total
 
 
 class Evaluator:
@@ -168,14 +184,16 @@ class Evaluator:
 
         n_ops = len(prog.ops)
         self.trip = np.array([op.trip_count for op in prog.ops], dtype=np.float64)
-        self.op_flops = np.array([op_flops(op, prog) for op in prog.ops]) * self.trip
+        is_mat = materialized(prog)
+        executions = self.trip * np.array(fusion_copies(prog, is_mat), dtype=np.float64)
+        self.op_flops = np.array([op_flops(op, prog) for op in prog.ops]) * executions
+        self.op_trans = np.array([op_transcendentals(op, prog) for op in prog.ops]) * executions
         self.total_flops = float(self.op_flops.sum())
         self.nbytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
-        self.materialized = materialized = _materialized(prog)
         rows = [
             []
             if op.primitive in REGION_BOUNDARIES
-            else [v for v in list(op.operands) + list(op.results) if materialized[v]]
+            else [v for v in list(op.operands) + list(op.results) if is_mat[v]]
             for op in prog.ops
         ]
         indptr = np.zeros(n_ops + 1, dtype=np.int64)
@@ -323,10 +341,15 @@ class Evaluator:
         return fine_logdeg, value_local, op_logdeg
 
     def _compute(self, value_local, op_logdeg):
-        flops_local = self.op_flops * np.exp2(-op_logdeg)
+        """Per-op local flops, transcendentals, HBM bytes and roofline time (a transcendental
+        costs the compute units as much as a flop)."""
+        share = np.exp2(-op_logdeg)
+        flops_local, trans_local = self.op_flops * share, self.op_trans * share
         bytes_local = (self.op_values @ value_local) * self.trip
-        t = np.maximum(flops_local / self.peak_flops, bytes_local / self.hw.hbm_bytes_per_s)
-        return flops_local, bytes_local, t
+        t = np.maximum(
+            (flops_local + trans_local) / self.peak_flops, bytes_local / self.hw.hbm_bytes_per_s
+        )
+        return flops_local, trans_local, bytes_local, t
 
     def _memory(self, value_local, masks):
         """(persistent bytes, live bytes after each op). Resharded copies made at cuts live from
@@ -348,7 +371,7 @@ class Evaluator:
     def score(self, masks: np.ndarray) -> Score:
         """Fast path: step time and peak memory of a fine-class mask assignment."""
         _, value_local, op_logdeg = self._local(masks)
-        _, _, t = self._compute(value_local, op_logdeg)
+        _, _, _, t = self._compute(value_local, op_logdeg)
         compute_s = float(t.sum())
         comm_s = self._comm_s(masks, value_local)
         persistent, timeline = self._memory(value_local, masks)
@@ -361,7 +384,7 @@ class Evaluator:
         if masks is None:
             masks = strategy.fine_masks(self.ana, self.mesh)
         _, value_local, op_logdeg = self._local(masks)
-        flops_local, bytes_local, t = self._compute(value_local, op_logdeg)
+        flops_local, trans_local, bytes_local, t = self._compute(value_local, op_logdeg)
         collectives = self._collectives(masks, value_local)
         comm_s = sum(c.time_s * c.count for c in collectives)
         compute_s = float(t.sum())
@@ -373,7 +396,12 @@ class Evaluator:
         prog = self.ana.program
         op_costs = tuple(
             OpCost(
-                i, prog.ops[i].primitive, float(flops_local[i]), float(bytes_local[i]), float(t[i])
+                i,
+                prog.ops[i].primitive,
+                float(flops_local[i]),
+                float(bytes_local[i]),
+                float(t[i]),
+                float(trans_local[i]),
             )
             for i in range(len(prog.ops))
         )
@@ -386,9 +414,10 @@ class Evaluator:
             fits=peak <= self.capacity_bytes,
             ideal_s=ideal,
             efficiency=ideal / step if step > 0 else 1.0,
-            flops_per_device=float(flops_local.sum()) + self._reduction_flops(collectives),
+            flops_per_device=float(flops_local.sum()) + reduction_flops(collectives, prog),
             total_flops=self.total_flops,
             persistent_bytes=persistent,
+            transcendentals_per_device=float(trans_local.sum()),
             collectives=tuple(collectives),
             op_costs=op_costs,
             memory_timeline=tuple((timeline + persistent).tolist()),
@@ -450,16 +479,6 @@ class Evaluator:
         ms = ms & self.real_axes  # a collective over a size-1 mesh axis is no collective at all
         keep = (ms != 0) & (vs > 0)
         return kinds[keep], ms[keep], vs[keep], ops[keep], vals[keep]
-
-    def _reduction_flops(self, collectives) -> float:
-        """The adds of all-reduces and reduce-scatters (one per element), which XLA's
-        `cost_analysis()` counts as flops."""
-        prog = self.ana.program
-        total = 0.0
-        for c in collectives:
-            if c.kind in ("all-reduce", "reduce-scatter"):
-                total += c.bytes / prog.values[c.value].nbytes * prog.values[c.value].size * c.count
-        return total
 
     def _reshards(self, masks: np.ndarray):
         """Cached for the last mask vector: communication and memory both need it."""
@@ -602,43 +621,3 @@ def _checked_inputs(ana, mesh, hw, kw: dict):
     if kw.get("memory_headroom", 0.0) == 1.0:
         raise ToastError(bad_value("memory_headroom", 1.0, "a number in [0, 1)"))
     return ana, mesh, hw
-
-
-#: Ops XLA fuses into loops: elementwise maps, layout changes, and reductions (as fusion roots).
-FUSIBLE = frozenset(ELEMENTWISE) | {
-    "broadcast_in_dim",
-    "reshape",
-    "squeeze",
-    "expand_dims",
-    "transpose",
-    "iota",
-    "slice",
-    "concatenate",
-    "pad",
-    "dynamic_slice",
-    "rev",
-    "reduce_sum",
-    "reduce_max",
-    "reduce_min",
-    "reduce_prod",
-    "argmax",
-    "argmin",
-}
-
-
-def _materialized(prog) -> list[bool]:
-    """Whether each value is written to and read from HBM, under XLA-style loop fusion: a value
-    made by a fusible op and read only by fusible ops stays in registers (never materialized).
-    Program inputs and outputs, and values a non-fusible op makes or reads, are materialized."""
-    producers = prog.producers()
-    uses = prog.uses()
-    out = []
-    for v in prog.values:
-        p = producers[v.id]
-        if p is None or v.is_output or prog.ops[p].primitive not in FUSIBLE:
-            out.append(True)
-            continue
-        out.append(
-            not uses[v.id] or any(prog.ops[o].primitive not in FUSIBLE for o, _ in uses[v.id])
-        )
-    return out
