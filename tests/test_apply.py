@@ -165,6 +165,29 @@ def check_random_strategy(data, workload) -> None:
     what = f"{strategy.shardings} options {strategy.options} on {spec}: {fidelity(check)}"
     assert check.numerics_ok, f"max abs error {check.max_abs_error}; {what}"
     assert check.flops_ratio == pytest.approx(1.0, abs=0.05), what
+    # Cuts that move a dim between mesh axes: XLA permutes shards; the total moved must agree.
+    predicted = sum(check.predicted_collective_bytes.values())
+    compiled = sum(check.compiled_collective_bytes.values())
+    assert predicted == pytest.approx(compiled, rel=0.25, abs=64), what
+
+
+def test_a_dim_moving_between_mesh_axes_at_a_cut_is_a_collective_permute():
+    """A weight dim on (data, model) read on (model,) alone: the shards a device needs are not the
+    ones a gather over `data` would give it, so XLA permutes them first."""
+    fn, args, ana = zoo("mlp")
+    spec, mesh = meshes("4x2")
+    strategy = tc.Strategy.make(
+        ana,
+        {"N1.0": ("model",), "N1.2": ("data", "model"), "N2.0": ("model",)},
+        ((0, 0), (1, 0), (2, 1)),
+    )
+    check = tc.validate(fn, args, ana, strategy, mesh, HW)
+    assert check.numerics_ok
+    permuted = check.compiled_collective_bytes["collective-permute"]
+    assert permuted > 0
+    assert check.predicted_collective_bytes["collective-permute"] == pytest.approx(permuted)
+    report = tc.estimate(ana, strategy, spec, HW)
+    assert any("resharded" in c.cause for c in report.collectives if c.kind == "collective-permute")
 
 
 @settings(max_examples=10, deadline=None)

@@ -13,7 +13,8 @@ per-device shapes follow, and every cut and every sharded reduction implies a co
   sharded on that axis (FSDP's gradients).
 * **Cuts** (and reshape conflicts): at a cut use the value is resharded to what the consumer wants;
   per mesh axis: held by the value and not the use -> all-gather; moved to another dim ->
-  all-to-all; only the use -> a local slice (free).
+  all-to-all; only the use -> a local slice (free); a dim that trades some mesh axes for others
+  -> a collective-permute of shards (plus an all-gather when it ends up coarser), as XLA does.
 * **Replicate factors** on sharded dims force an all-gather of the operand; **permute** factors a
   collective-permute of a one-row halo.
 * Collective times use the ring alpha-beta model of `collectives.py`, composed per mesh axis. They
@@ -157,6 +158,28 @@ def reduction_flops(collectives, program, once: bool = False) -> float:
     return total
 
 
+@dataclass(frozen=True)
+class _Reshards:
+    """Distinct reshards of one strategy (value, first reading op, first and last reader, new
+    buffer size / local bytes) and their collectives (kind, mesh axes, V / local bytes, index of
+    their reshard)."""
+
+    value: np.ndarray
+    op: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    buffer: np.ndarray
+    kind: np.ndarray
+    mask: np.ndarray
+    factor: np.ndarray
+    of: np.ndarray
+
+    @staticmethod
+    def empty() -> _Reshards:
+        i, f = np.zeros(0, dtype=np.int64), np.zeros(0)
+        return _Reshards(i, i, i, i, f, i, i, f, i)
+
+
 class Evaluator:
     """Compiled cost model for one (analysis, mesh, hardware); strategies as fine-class masks."""
 
@@ -174,6 +197,8 @@ class Evaluator:
         self.overlap = float(overlap)
         self._donate = bool(donate_outputs)
         self._last_reshards = None
+        self._exact_cache: dict = {}
+        self._layout_ids: dict[bytes, int] = {}
         self.capacity_bytes = hw.hbm_capacity_bytes * (1.0 - memory_headroom)
         prog = ana.program
         lay = layout(ana)
@@ -220,6 +245,7 @@ class Evaluator:
         self.c0 = np.zeros((len(COLLECTIVE_KINDS), n_masks))
         self.c1 = np.zeros((len(COLLECTIVE_KINDS), n_masks))
         self.mask_ways = np.ones(n_masks)
+        self.n_bits = np.array([bin(m).count("1") for m in range(n_masks)], dtype=np.int64)
         for m in range(1, n_masks):
             axes = self.mask_axes(m)
             self.mask_ways[m] = float(np.prod([self.mesh.size(a) for a in axes]))
@@ -299,6 +325,7 @@ class Evaluator:
                         per.append((opi, vid, int(fine[a]), int(ana.nda.atom_size[a])))
         self.rep = np.array(rep, dtype=np.int64).reshape(-1, 3)
         self.per = np.array(per, dtype=np.int64).reshape(-1, 4)
+        self.halos = {(opi, vid) for opi, vid, _, _ in per}
 
     def _liveness(self) -> None:
         prog = self.ana.program
@@ -358,12 +385,11 @@ class Evaluator:
         b = value_local[self.live_ids]
         np.add.at(delta, self.born, b)
         np.add.at(delta, self.dies, -b)
-        gather, moved, first, lo, hi = self._reshards(masks)
-        if len(first):
-            vals = self.site_value[first]
-            extra = value_local[vals] * self.mask_ways[gather[first]]
-            np.add.at(delta, lo, extra)
-            np.add.at(delta, hi + 1, -extra)
+        r = self._reshards(masks)
+        if len(r.value):
+            extra = value_local[r.value] * r.buffer
+            np.add.at(delta, r.lo, extra)
+            np.add.at(delta, r.hi + 1, -extra)
         timeline = np.cumsum(delta)[: self.n_ops]
         persistent = float(value_local[self.persistent_ids].sum())
         return persistent, timeline
@@ -442,15 +468,12 @@ class Evaluator:
                 v = value_local[vals]
                 parts.append((np.full(len(act), AR), m & ~scatter, v, ops, vals))
                 parts.append((np.full(len(act), RS), scatter, v, ops, vals))
-        # Cuts and reshape conflicts -> reshard at the use (all-gather, all-to-all or a free slice).
-        # XLA reshards a value once per target layout and reuses the buffer at every such use.
-        gather, moved, first, _, _ = self._reshards(masks)
-        if len(first):
-            vals, ops = self.site_value[first], self.site_op[first]
-            local = value_local[vals]
-            g, mv = gather[first], moved[first]
-            parts.append((np.full(len(first), AG), g, local * self.mask_ways[g], ops, vals))
-            parts.append((np.full(len(first), A2A), mv, local * self.mask_ways[mv], ops, vals))
+        # Cuts and reshape conflicts -> reshard at the use (see `_compute_reshards`).
+        r = self._reshards(masks)
+        if len(r.kind):
+            vals = r.value[r.of]
+            v = value_local[vals] * r.factor
+            parts.append((r.kind, r.mask, v, r.op[r.of], vals))
         # Replicate factors on sharded dims -> all-gather of the operand.
         if len(self.rep):
             m = masks[self.rep[:, 2]]
@@ -487,32 +510,116 @@ class Evaluator:
             self._last_reshards = (key, self._compute_reshards(masks))
         return self._last_reshards[1]
 
-    def _compute_reshards(self, masks: np.ndarray):
-        """Per reshard site: gathered and moved mesh axes; and, per distinct (value, gathered,
-        moved) reshard, its first site and the first and last op that read the new buffer."""
-        if not len(self.sites):
-            e = np.zeros(0, dtype=np.int64)
-            return e, e, e, e, e
+    def _compute_reshards(self, masks: np.ndarray) -> _Reshards:
+        """The reshards at cut uses, one per distinct (value, target layout) since XLA reshards a
+        value once per target layout and reuses the buffer at every such use.
+
+        Per mesh axis: held by the value and not the use -> all-gather; held by both on different
+        dims -> all-to-all (after the gathers, as XLA orders them); only by the use -> a free local
+        slice. That is exact while each dim keeps its leading axes and only gains or loses axes at
+        its end. A dim that loses some axes and gains others, or whose axes change while it holds
+        several, goes through `_exact_reshard` (XLA permutes the shards there)."""
         ext = np.append(masks, 0)
-        vm = np.bitwise_or.reduce(ext[self.site_vf], axis=2)
-        um = np.bitwise_or.reduce(ext[self.site_uf], axis=2)
+        vsub, usub = ext[self.site_vf], ext[self.site_uf]
+        vm = np.bitwise_or.reduce(vsub, axis=2)
+        um = np.bitwise_or.reduce(usub, axis=2)
         hv = np.bitwise_or.reduce(vm, axis=1)
         hu = np.bitwise_or.reduce(um, axis=1)
         same = np.bitwise_or.reduce(vm & um, axis=1)
         gather = hv & ~hu & self.real_axes
         moved = hv & hu & ~same & self.real_axes
-        active = np.flatnonzero(gather | moved)
+        lose, gain = vm & ~um & self.real_axes, um & ~vm & self.real_axes
+        several = (self.n_bits[vm & self.real_axes] > 1) | (self.n_bits[um & self.real_axes] > 1)
+        changed = ((vm ^ um) & self.real_axes) != 0
+        odd = (((lose != 0) & (gain != 0)) | (several & changed)).any(axis=1)
+        active = np.flatnonzero(((gather | moved) != 0) | odd)
         if not len(active):
-            e = np.zeros(0, dtype=np.int64)
-            return gather, moved, e, e, e
-        key = (self.site_value[active] << 16) | (gather[active] << 8) | moved[active]
+            return _Reshards.empty()
+        key = (gather[active] << 8) | moved[active]
+        for j in np.flatnonzero(odd[active]).tolist():
+            i = int(active[j])
+            target = usub[i].tobytes()
+            key[j] = (1 << 18) | self._layout_ids.setdefault(target, len(self._layout_ids))
+        key |= self.site_value[active] << 20
         uniq, first_idx, inverse = np.unique(key, return_index=True, return_inverse=True)
         ops = self.site_op[active]
         lo = np.full(len(uniq), np.iinfo(np.int64).max)
         hi = np.full(len(uniq), -1)
         np.minimum.at(lo, inverse, ops)
         np.maximum.at(hi, inverse, ops)
-        return gather, moved, active[first_idx], lo, hi
+        first = active[first_idx]
+        kinds, mks, factors, of = [], [], [], []
+        buffer = np.ones(len(first))
+        for r, i in enumerate(first.tolist()):
+            if odd[i]:
+                colls, buffer[r] = self._exact_reshard(vsub[i], usub[i])
+            else:
+                g, mv = int(gather[i]), int(moved[i])
+                ways = self.mask_ways[g]
+                colls = ((AG, g, ways), (A2A, mv, ways * self.mask_ways[mv]))
+                buffer[r] = ways
+            for kind, mask, factor in colls:
+                if mask:
+                    kinds.append(kind), mks.append(mask), factors.append(factor), of.append(r)
+        return _Reshards(
+            value=self.site_value[first],
+            op=self.site_op[first],
+            lo=lo,
+            hi=hi,
+            buffer=buffer,
+            kind=np.array(kinds, dtype=np.int64),
+            mask=np.array(mks, dtype=np.int64),
+            factor=np.array(factors, dtype=np.float64),
+            of=np.array(of, dtype=np.int64),
+        )
+
+    def _exact_reshard(self, vsub: np.ndarray, usub: np.ndarray):
+        """Collectives (kind, mesh axes, V / local bytes) and new-buffer size / local bytes of one
+        reshard, from the ordered mesh axes of every dim (sub-factors major first), as XLA's
+        partitioner does it (measured): each dim keeps the axes its value and use layouts share
+        as a prefix; an axis leaving one dim for another moves by all-to-all; a dim that loses
+        axes X and gains axes Y exchanges shards by collective-permute (of the target shard when
+        Y splits at least as finely as X, else of the local shard followed by an all-gather up to
+        the target shard); a dim that only loses axes is all-gathered."""
+        key = (vsub.tobytes(), usub.tobytes(), vsub.shape)
+        hit = self._exact_cache.get(key)
+        if hit is not None:
+            return hit
+        real = self.real_axes
+
+        def ordered(subs) -> list[int]:
+            return [
+                a for m in subs.tolist() for a in range(self.n_axes) if m >> a & 1 and real >> a & 1
+            ]
+
+        lost, gained = [], []
+        for tv, tu in zip(map(ordered, vsub), map(ordered, usub)):
+            k = 0
+            while k < min(len(tv), len(tu)) and tv[k] == tu[k]:
+                k += 1
+            lost.append(sum(1 << a for a in tv[k:]))
+            gained.append(sum(1 << a for a in tu[k:]))
+        moved = 0
+        for d, x in enumerate(lost):
+            for e, y in enumerate(gained):
+                if d != e:
+                    moved |= x & y
+        colls, buffer, plain = [], 1.0, 0
+        for x, y in zip(lost, gained):
+            x, y = x & ~moved, y & ~moved
+            if x and y:
+                g, s = self.mask_ways[x], self.mask_ways[y]
+                colls.append((CP, x | y, g / s if s >= g else 1.0))
+                if s < g:
+                    colls.append((AG, x, g / s))
+                buffer *= g / s
+            elif x:
+                plain |= x
+        ways = self.mask_ways[plain]
+        colls += [(AG, plain, ways), (A2A, moved, ways * self.mask_ways[moved])]
+        result = (tuple(c for c in colls if c[1]), buffer * ways)
+        self._exact_cache[key] = result
+        return result
 
     def _comm_s(self, masks, value_local) -> float:
         kinds, ms, vs, ops, _ = self._collective_arrays(masks, value_local)
@@ -536,7 +643,10 @@ class Evaluator:
                 "scattered into its sharded consumers",
                 "all-gather": f"{value.display()} gathered before {op.where()}",
                 "all-to-all": f"{value.display()} resharded (dim moved) before {op.where()}",
-                "collective-permute": f"halo of {value.display()} at {op.where()}",
+                "collective-permute": f"halo of {value.display()} at {op.where()}"
+                if (opi, vid) in self.halos
+                else f"{value.display()} resharded (shards permuted between mesh axes) before "
+                f"{op.where()}",
             }[kind]
             out.append(
                 Collective(
