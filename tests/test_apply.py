@@ -240,3 +240,15 @@ def test_shard_rejects_bad_meshes():
     _, only_data = meshes("8")
     with pytest.raises(tc.StrategyError, match="'model'"):
         tc.shard(fn, ana, strategy, only_data)
+
+
+def test_validate_refuses_a_run_this_host_cannot_hold_before_allocating():
+    big = jax.ShapeDtypeStruct((1 << 20, 1 << 15), jnp.float32)  # 128 GiB
+
+    def double(x):
+        return x * 2.0
+
+    ana = tc.analyze(tc.trace(double, big))
+    spec, mesh = meshes("8")
+    with pytest.raises(tc.ToastError, match=r"validate: .* GiB of host memory"):
+        tc.validate(double, (big,), ana, tc.Strategy(), mesh, HW)

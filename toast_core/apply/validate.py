@@ -19,6 +19,7 @@ Wall time on simulated devices means nothing and is never measured.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,6 +33,7 @@ from toast_core.apply.shard import mesh_spec_of, shard
 from toast_core.cost import estimate
 from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.cost.model import reduction_flops
+from toast_core.errors import ToastError
 from toast_core.mesh import HardwareSpec
 from toast_core.strategy import Strategy
 
@@ -163,6 +165,21 @@ def cpu_memory_bytes(report) -> float:
     return max(report.peak_bytes, float(timeline[last]) + results + held)
 
 
+def _check_host_memory(ana: Analysis, report, n_devices: int, check_numerics: bool) -> None:
+    """Refuse, before allocating anything, a run that cannot fit in this host's memory: every
+    simulated device lives in it, and the unsharded reference run needs the inputs once more."""
+    need = cpu_memory_bytes(report) * n_devices
+    if check_numerics:
+        need += sum(ana.program.values[i].nbytes for i in ana.program.inputs)
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > 0.6 * have:
+        raise ToastError(
+            f"validate: running this strategy on {n_devices} simulated devices needs about "
+            f"{need / 2**30:.1f} GiB of host memory and this machine has {have / 2**30:.1f} GiB; "
+            "validate a smaller size of the model (the cost model itself needs no memory)"
+        )
+
+
 def validate(
     fn: Callable,
     example_args: tuple,
@@ -176,6 +193,7 @@ def validate(
     """Compiles the sharded function with XLA, runs it, and compares it with the prediction."""
     ms = mesh_spec_of(mesh)
     report = estimate(ana, strategy, ms, hw, donate_outputs=False)
+    _check_host_memory(ana, report, ms.n_devices, check_numerics)
     sharded = shard(fn, ana, strategy, mesh)
     args = concrete_args(tuple(example_args))
     compiled = sharded.lower(*args).compile()
