@@ -172,7 +172,7 @@ def _check_host_memory(ana: Analysis, report, n_devices: int, check_numerics: bo
     if check_numerics:
         need += sum(ana.program.values[i].nbytes for i in ana.program.inputs)
     have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if need > 0.6 * have:
+    if need > 1.25 * have:  # the prediction is within ~15 % of XLA's: refuse only hopeless runs
         raise ToastError(
             f"validate: running this strategy on {n_devices} simulated devices needs about "
             f"{need / 2**30:.1f} GiB of host memory and this machine has {have / 2**30:.1f} GiB; "

@@ -514,9 +514,9 @@ class Evaluator:
         """The reshards at cut uses, one per distinct (value, target layout) since XLA reshards a
         value once per target layout and reuses the buffer at every such use.
 
-        Per mesh axis: held by the value and not the use -> all-gather; held by both on different
-        dims -> all-to-all (after the gathers, as XLA orders them); only by the use -> a free local
-        slice. That is exact while each dim keeps its leading axes and only gains or loses axes at
+        Per mesh axis: held by the value and not the use -> all-gather (one per dim, see
+        `_gathers`); held by both on different dims -> all-to-all (after the gathers, as XLA orders
+        them); only by the use -> a free local slice. That is exact while each dim keeps its leading axes and only gains or loses axes at
         its end. A dim that loses some axes and gains others, or whose axes change while it holds
         several, goes through `_exact_reshard` (XLA permutes the shards there)."""
         ext = np.append(masks, 0)
@@ -554,10 +554,8 @@ class Evaluator:
             if odd[i]:
                 colls, buffer[r] = self._exact_reshard(vsub[i], usub[i])
             else:
-                g, mv = int(gather[i]), int(moved[i])
-                ways = self.mask_ways[g]
-                colls = ((AG, g, ways), (A2A, mv, ways * self.mask_ways[mv]))
-                buffer[r] = ways
+                colls, buffer[r] = self._gathers(lose[i] & ~int(hu[i]))
+                colls.append((A2A, int(moved[i]), buffer[r] * self.mask_ways[int(moved[i])]))
             for kind, mask, factor in colls:
                 if mask:
                     kinds.append(kind), mks.append(mask), factors.append(factor), of.append(r)
@@ -572,6 +570,17 @@ class Evaluator:
             factor=np.array(factors, dtype=np.float64),
             of=np.array(of, dtype=np.int64),
         )
+
+    def _gathers(self, per_dim: np.ndarray) -> tuple[list, float]:
+        """All-gathers of the axes each dim loses: XLA gathers one dim at a time, the last dim
+        first, each over a buffer grown by the previous ones. Returns them (kind, axes, V / local
+        bytes) and the gathered buffer size / local bytes."""
+        out, grown = [], 1.0
+        for m in reversed(per_dim.tolist()):
+            if m:
+                grown *= self.mask_ways[m]
+                out.append((AG, m, grown))
+        return out, grown
 
     def _exact_reshard(self, vsub: np.ndarray, usub: np.ndarray):
         """Collectives (kind, mesh axes, V / local bytes) and new-buffer size / local bytes of one
@@ -604,7 +613,7 @@ class Evaluator:
             for e, y in enumerate(gained):
                 if d != e:
                     moved |= x & y
-        colls, buffer, plain = [], 1.0, 0
+        colls, buffer, plain = [], 1.0, []
         for x, y in zip(lost, gained):
             x, y = x & ~moved, y & ~moved
             if x and y:
@@ -613,10 +622,9 @@ class Evaluator:
                 if s < g:
                     colls.append((AG, x, g / s))
                 buffer *= g / s
-            elif x:
-                plain |= x
-        ways = self.mask_ways[plain]
-        colls += [(AG, plain, ways), (A2A, moved, ways * self.mask_ways[moved])]
+            plain.append(0 if y else x)
+        gathers, ways = self._gathers(np.array(plain, dtype=np.int64))
+        colls += gathers + [(A2A, moved, ways * self.mask_ways[moved])]
         result = (tuple(c for c in colls if c[1]), buffer * ways)
         self._exact_cache[key] = result
         return result
