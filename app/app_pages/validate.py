@@ -112,7 +112,8 @@ st.subheader("Predicted vs compiled (per device)")
 ui.table(rows, key="validation_table")
 st.caption(
     "Collective bytes are compared as XLA's CPU backend lowers them (a reduce-scatter becomes an "
-    "all-reduce plus a slice). Memory is argument + output + temp - aliased bytes."
+    "all-reduce plus a slice), and a loop body's flops and collectives once, as XLA reports them. "
+    "Memory is argument + output + temp - aliased bytes."
 )
 target = {k: v for k, v in report.predicted_collective_bytes_target.items() if v}
 if target:
