@@ -30,7 +30,7 @@ TRANSCENDENTAL = frozenset(
     "sin sinh sqrt tan tanh".split()
 )
 #: Elementwise ops XLA expands into several: (flops, transcendentals) per element.
-_EXPANDED = {"logistic": (3, 1), "exp2": (1, 1), "erf_inv": (37, 2), "lgamma": (52, 4)}
+EXPANDED = {"logistic": (3, 1), "exp2": (1, 1), "erf_inv": (37, 2), "lgamma": (52, 4)}
 _FREE = frozenset(
     {
         "copy",
@@ -41,7 +41,7 @@ _FREE = frozenset(
         "stop_gradient",
     }
 )
-_COUNT_RESULT = frozenset(ELEMENTWISE) - _FREE - TRANSCENDENTAL - set(_EXPANDED)
+_COUNT_RESULT = frozenset(ELEMENTWISE) - _FREE - TRANSCENDENTAL - set(EXPANDED)
 _REDUCE = frozenset(
     {
         "reduce_sum",
@@ -122,8 +122,8 @@ def op_flops(op: Op, program: Program) -> float:
         return _conv_flops(op, program)
     if p == "integer_pow":
         return float(_result_size(op, program) * _integer_pow_flops(op.param("y", 2)))
-    if p in _EXPANDED:
-        return float(_result_size(op, program) * _EXPANDED[p][0])
+    if p in EXPANDED:
+        return float(_result_size(op, program) * EXPANDED[p][0])
     if p in _COUNT_RESULT:
         return float(_result_size(op, program))
     if p in _REDUCE or p in _ARG_REDUCE:
@@ -140,6 +140,6 @@ def op_transcendentals(op: Op, program: Program) -> float:
     """Transcendental evaluations of one execution of `op` on whole arrays."""
     if op.primitive in TRANSCENDENTAL:
         return float(_result_size(op, program))
-    if op.primitive in _EXPANDED:
-        return float(_result_size(op, program) * _EXPANDED[op.primitive][1])
+    if op.primitive in EXPANDED:
+        return float(_result_size(op, program) * EXPANDED[op.primitive][1])
     return 0.0

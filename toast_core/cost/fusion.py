@@ -14,45 +14,36 @@ one copy and reads its result.
 from __future__ import annotations
 
 from toast_core.analysis.rules import ELEMENTWISE
-from toast_core.cost.flops import TRANSCENDENTAL
+from toast_core.cost.flops import EXPANDED, TRANSCENDENTAL
 from toast_core.ir.program import Program
 
-#: Ops XLA fuses into loops: elementwise maps, layout changes, and reductions (as fusion roots).
-FUSIBLE = frozenset(ELEMENTWISE) | {
-    "broadcast_in_dim",
-    "reshape",
-    "squeeze",
-    "expand_dims",
-    "transpose",
-    "iota",
-    "slice",
-    "concatenate",
-    "pad",
-    "dynamic_slice",
-    "rev",
-    "reduce_sum",
-    "reduce_max",
-    "reduce_min",
-    "reduce_prod",
-    "argmax",
-    "argmin",
-}
+#: Reductions XLA fuses with the elementwise ops feeding them (as fusion roots).
+_REDUCTIONS = frozenset(
+    {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin"}
+)
+
+#: Ops XLA fuses into loops: elementwise maps, layout changes, and reductions.
+FUSIBLE = (
+    frozenset(ELEMENTWISE)
+    | {
+        "broadcast_in_dim",
+        "reshape",
+        "squeeze",
+        "expand_dims",
+        "transpose",
+        "iota",
+        "slice",
+        "concatenate",
+        "pad",
+        "dynamic_slice",
+        "rev",
+    }
+    | _REDUCTIONS
+)
 
 #: Fusible ops XLA computes once even when several fusions read them (measured: exp, log, tanh,
 #: sqrt, logistic, divisions... are kept once; sin, cos and tan are duplicated like cheap ops).
-NOT_DUPLICATED = (TRANSCENDENTAL - {"sin", "cos", "tan"}) | {
-    "logistic",
-    "exp2",
-    "erf_inv",
-    "lgamma",
-    "div",
-    "reduce_sum",
-    "reduce_max",
-    "reduce_min",
-    "reduce_prod",
-    "argmax",
-    "argmin",
-}
+NOT_DUPLICATED = (TRANSCENDENTAL - {"sin", "cos", "tan"}) | set(EXPANDED) | {"div"} | _REDUCTIONS
 
 
 def materialized(prog: Program) -> list[bool]:
