@@ -133,9 +133,7 @@ def mesh_of(text: str) -> tc.MeshSpec:
 @st.cache_resource(show_spinner=False, max_entries=64)
 def baselines(key: str, mesh_text: str, _ana: tc.Analysis) -> dict:
     """name -> (Strategy or None, reason it does not apply)."""
-    from toast_core.search.baselines import all_baselines
-
-    return dict(all_baselines(_ana, mesh_of(mesh_text)))
+    return tc.baselines.all(_ana, mesh_of(mesh_text))
 
 
 def strategy_key(strategy: tc.Strategy) -> tuple:
@@ -167,33 +165,25 @@ def baseline_reports(loaded: Loaded, mesh_text: str, hw_name: str) -> dict:
 
 
 def check_pins(loaded: Loaded, mesh_text: str, hw_name: str, pins: tuple[str, ...]) -> None:
-    """Raises PinError if the pins name nothing or contradict each other (or the mesh)."""
-    pins_, forbids = split_pins(pins)
-    _checked_pins(loaded.key, mesh_text, tuple(pins_), tuple(forbids), loaded.ana)
+    """Raises PinError if the pins (forbids among them) name nothing or contradict each other
+    (or the mesh)."""
+    _checked_pins(loaded.key, mesh_text, tuple(pins), loaded.ana)
 
 
 @st.cache_resource(show_spinner=False, max_entries=256)
-def _checked_pins(key: str, mesh_text: str, pins: tuple, forbids: tuple, _ana) -> tc.Strategy:
-    return tc.check_pins(_ana, mesh_of(mesh_text), pins, forbids)
+def _checked_pins(key: str, mesh_text: str, pins: tuple, _ana) -> tc.Strategy:
+    return tc.check_pins(_ana, mesh_of(mesh_text), pins)
 
 
 @st.cache_resource(show_spinner=False, max_entries=256)
 def quick_search(key: str, mesh_text: str, hw_name: str, pins: tuple[str, ...], _ana):
     """The best plan after seeding alone (baselines and greedy descents, no tree search)."""
-    pins_, forbids = split_pins(pins)
     events = tc.search_iter(
         _ana,
         mesh_of(mesh_text),
         tc.hardware(hw_name),
         budget_s=None,
         num_simulations=0,
-        pins=pins_,
-        forbids=forbids,
+        pins=pins,
     )
     return next(iter(events))
-
-
-def split_pins(items) -> tuple[list[str], list[str]]:
-    """Pins and forbids (`!`-prefixed) from one list, for `search_iter(pins=, forbids=)`."""
-    items = [p.strip() for p in items]
-    return [p for p in items if not p.startswith("!")], [p for p in items if p.startswith("!")]

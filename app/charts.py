@@ -215,13 +215,17 @@ def named_dim_graph(ana, flt: GraphFilter = GraphFilter()) -> graphviz.Digraph:
 
 
 def state_owners(ana) -> dict[int, int]:
-    """Value id -> the parameter it mirrors (optimizer moments, updated parameters), by pytree path
-    suffix and shape: `opt_state.mu.blocks[0].w` and `out[0].blocks[0].w` -> `params.blocks[0].w`."""
+    """Value id -> the parameter it mirrors: an optimizer moment by pytree path suffix and shape
+    (`opt_state.mu.blocks[0].w` -> `params.blocks[0].w`), an output through the input it
+    replaces (`Value.updates`, recorded at trace time)."""
     prog = ana.program
     owner: dict[int, int] = {}
     by_tail: dict[tuple[str, tuple[int, ...]], int] = {}
     for vid in dict.fromkeys(prog.inputs + prog.outputs):
         v = prog.values[vid]
+        if v.updates is not None and v.updates in owner:
+            owner[vid] = owner[v.updates]
+            continue
         parts = v.name.split(".")
         match = None
         for i in range(1, len(parts)):

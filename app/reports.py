@@ -16,7 +16,7 @@ def dim_label(ana: tc.Analysis, dim_name: str) -> str:
     """Label of a named dim or of a part of one after cuts (`N3.1` -> part 1 of N3's label)."""
     base, _, part = dim_name.partition(".")
     try:
-        label = ana.named_dim(base).label
+        label = ana.named_dim(tc.parent_name(dim_name)).label
     except tc.ToastError:
         return ""
     return f"{label}, part {part}" if part else label
@@ -28,8 +28,8 @@ def decision_rows(ana: tc.Analysis, strategy: tc.Strategy, pins=()) -> list[dict
     rows = []
     for names, axes in _grouped_shardings(strategy):
         name = names[0]
-        pin = f"{name}@{fmt_axes(axes)}"
-        parent = name.split(".")[0]
+        pin = tc.dim_pin(name, axes)
+        parent = tc.parent_name(name)
         many = len(names) > 2  # the parts of one named dim after cuts, all on the same axes
         rows.append(
             {
@@ -37,13 +37,13 @@ def decision_rows(ana: tc.Analysis, strategy: tc.Strategy, pins=()) -> list[dict
                 "named dim": f"{parent} ({len(names)} parts)" if many else name,
                 "what": dim_label(ana, parent if many else name),
                 "mesh axes": fmt_axes(axes),
-                "pinned": "yes" if pin in pinned or f"{parent}@{fmt_axes(axes)}" in pinned else "",
+                "pinned": "yes" if pin in pinned or tc.dim_pin(parent, axes) in pinned else "",
             }
         )
     for k, o in strategy.options:
         c = ana.conflict(k)
         desc = c.options[o].description if o < len(c.options) else ""
-        pin = f"K{k}={o}"
+        pin = tc.option_pin(k, o)
         rows.append(
             {
                 "decision": pin,
@@ -62,7 +62,7 @@ def _grouped_shardings(strategy: tc.Strategy) -> list[tuple[list[str], tuple[str
     all on `data` is one row, not nineteen); order of first appearance kept."""
     groups: dict[tuple[str, tuple[str, ...]], list[str]] = {}
     for name, axes in strategy.shardings:
-        key = (name.split(".")[0] if "." in name else name, tuple(axes))
+        key = (tc.parent_name(name), tuple(axes))
         groups.setdefault(key, []).append(name)
 
     def part(name: str) -> int:
@@ -72,10 +72,8 @@ def _grouped_shardings(strategy: tc.Strategy) -> list[tuple[list[str], tuple[str
 
 
 def decisions_as_pins(strategy: tc.Strategy) -> list[str]:
-    """The strategy's decisions written as pins (`N3@data+model`, `K2=0`)."""
-    return [f"K{k}={o}" for k, o in strategy.options] + [
-        f"{name}@{fmt_axes(axes)}" for name, axes in strategy.shardings
-    ]
+    """The strategy's decisions written as pins (`K2=0`, `N3@data+model`)."""
+    return tc.strategy_pins(strategy)
 
 
 def strategy_diff(old: tc.Strategy, new: tc.Strategy) -> list[dict]:

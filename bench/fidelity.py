@@ -43,7 +43,6 @@ def main() -> None:
 
     import toast_core as tc
     from demos import MODEL_ZOO
-    from toast_core.search.baselines import all_baselines
 
     hw = tc.hardware(args.hardware)
     rows, rankings = [], []
@@ -56,7 +55,7 @@ def main() -> None:
                 np.array(jax.devices()[: mesh.n_devices]).reshape(mesh.axis_sizes), mesh.axis_names
             )
             pred_total, comp_total = {}, {}
-            for name, (strategy, _why) in all_baselines(ana, mesh).items():
+            for name, (strategy, _why) in tc.baselines.all(ana, mesh).items():
                 if strategy is None or name == "replicated":
                     continue
                 rep = tc.validate(w.fn, w.args, ana, strategy, jm, hw)

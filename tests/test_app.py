@@ -403,9 +403,8 @@ def test_export_json_snippet_report_and_import(gpt_tiny):
 
 def test_reports_diff_and_pins_are_consistent(gpt_tiny):
     mesh = tc.MeshSpec.parse("data=2,model=4")
-    from toast_core.search.baselines import all_baselines
 
-    base = all_baselines(gpt_tiny, mesh)
+    base = tc.baselines.all(gpt_tiny, mesh)
     dp, fsdp = base["data_parallel"][0], base["fsdp"][0]
     rows = reports.strategy_diff(dp, fsdp)
     assert {r["decision"] for r in rows} >= {f"K{k}" for k, _ in fsdp.options}

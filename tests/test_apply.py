@@ -15,6 +15,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import lookup
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -24,10 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 import toast_core as tc
 from demos import MODEL_ZOO
-from toast_core.cost import evaluator
 from toast_core.cost.collectives import COLLECTIVE_KINDS
-from toast_core.search.baselines import all_baselines
-from toast_core.search.space import DecisionSpace
 
 pytestmark = pytest.mark.slow
 
@@ -104,7 +102,7 @@ def assert_faithful(check, what: str, flops_rel: float, memory_rel: float) -> No
 def test_mlp_baselines_compile_match_numerics_and_predictions(mesh_key):
     fn, args, ana = zoo("mlp")
     spec, mesh = meshes(mesh_key)
-    applied = {n: s for n, (s, _) in all_baselines(ana, spec).items() if s is not None}
+    applied = {n: s for n, (s, _) in tc.baselines.all(ana, spec).items() if s is not None}
     expected = {"replicated", "data_parallel", "fsdp", "megatron"}
     if len(spec.axis_names) > 1:
         expected.add("dp_megatron")
@@ -128,7 +126,7 @@ GPT_CASES = [("2x4", name) for name in GPT_ON_2X4] + [
 def test_every_gpt_baseline_applicable_on_2x4_is_covered():
     _, _, ana = zoo("gpt")
     spec, _ = meshes("2x4")
-    applicable = {n for n, (s, _) in all_baselines(ana, spec).items() if s is not None}
+    applicable = {n for n, (s, _) in tc.baselines.all(ana, spec).items() if s is not None}
     assert applicable == set(GPT_ON_2X4)
 
 
@@ -136,7 +134,7 @@ def test_every_gpt_baseline_applicable_on_2x4_is_covered():
 def test_gpt_baselines_compile_match_numerics_and_predictions(mesh_key, name):
     fn, args, ana = zoo("gpt")
     spec, mesh = meshes(mesh_key)
-    strategy, why = all_baselines(ana, spec)[name]
+    strategy, why = tc.baselines.all(ana, spec)[name]
     assert strategy is not None, why
     check = tc.validate(fn, args, ana, strategy, mesh, HW)
     assert_faithful(check, f"gpt {name} on {spec}", flops_rel=0.05, memory_rel=0.30)
@@ -146,15 +144,7 @@ def test_gpt_baselines_compile_match_numerics_and_predictions(mesh_key, name):
 
 
 def random_legal_strategy(data, ana: tc.Analysis, mesh: tc.MeshSpec) -> tc.Strategy:
-    """A legal strategy drawn by walking the search's legal actions (shards and conflict cuts)."""
-    space = DecisionSpace(ana, mesh, evaluator(ana, mesh, HW))
-    state = space.root
-    for _ in range(data.draw(st.integers(1, 7), label="steps")):
-        actions = [a for a in space.actions(state) if a[0] != "stop"]
-        if not actions:
-            break
-        state = space.apply(state, data.draw(st.sampled_from(actions), label="action"))
-    return space.to_strategy(state, name="random")
+    return lookup.random_legal_strategy(data, ana, mesh, (1, 7), "random")
 
 
 def check_random_strategy(data, workload) -> None:

@@ -14,7 +14,6 @@ import pytest
 import toast_core as tc
 import toast_core.cli as cli
 from demos import MODEL_ZOO
-from toast_core.search.baselines import all_baselines
 
 TOAST = Path(sys.executable).parent / "toast"
 USER_FILE = textwrap.dedent(
@@ -136,7 +135,7 @@ def test_compare_json_agrees_with_the_api(capsys):
     assert code == 0
     doc = json.loads(out)
     mesh, hw = tc.MeshSpec({"data": 8}), tc.hardware("h100-80gb")
-    baselines = all_baselines(mlp_analysis(), mesh)
+    baselines = tc.baselines.all(mlp_analysis(), mesh)
     assert set(doc) == set(baselines)
     for name, (strategy, why) in baselines.items():
         if strategy is None:

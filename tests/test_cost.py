@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import lookup
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -19,10 +20,7 @@ from lookup import dim_name, value_id
 import toast_core as tc
 from demos import MODEL_ZOO
 from toast_core.apply.hlo import mesh_axes_of_group, parse_collectives
-from toast_core.cost import evaluator
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
-from toast_core.search.baselines import all_baselines
-from toast_core.search.space import DecisionSpace
 
 HW = tc.hardware("tpu-v5e")
 MESH_2X4 = tc.MeshSpec({"data": 2, "model": 4})
@@ -253,7 +251,7 @@ def test_roofline_of_a_sharded_matmul_by_hand(mlp_fwd):
 @pytest.mark.parametrize("strategy_name", ["replicated", "data_parallel", "fsdp", "dp_megatron"])
 def test_every_op_follows_the_roofline_and_compute_is_their_sum(gpt_train, strategy_name):
     _, ana = gpt_train
-    strategy = all_baselines(ana, MESH_2X4)[strategy_name][0]
+    strategy = tc.baselines.all(ana, MESH_2X4)[strategy_name][0]
     report = tc.estimate(ana, strategy, MESH_2X4, HW)
     peak = HW.peak_flops_per_s * HW.flops_efficiency
     for cost in report.op_costs:
@@ -292,7 +290,7 @@ def test_sharding_divides_the_work(gpt_train):
 
 def test_efficiency_is_ideal_over_step_time(mlp_train):
     _, ana = mlp_train
-    for name, (strategy, _) in all_baselines(ana, MESH_2X4).items():
+    for name, (strategy, _) in tc.baselines.all(ana, MESH_2X4).items():
         if strategy is None:
             continue
         r = tc.estimate(ana, strategy, MESH_2X4, HW)
@@ -305,8 +303,8 @@ def test_overlap_hides_communication(mlp_train):
     _, ana = mlp_train
     strategy = tc.baselines.data_parallel(ana, MESH_8)
     none = tc.estimate(ana, strategy, MESH_8, HW)
-    half = tc.estimate(ana, strategy, MESH_8, HW, overlap=0.5)
-    full = tc.estimate(ana, strategy, MESH_8, HW, overlap=1.0)
+    half = tc.estimate(ana, strategy, MESH_8, HW, tc.CostOptions(overlap=0.5))
+    full = tc.estimate(ana, strategy, MESH_8, HW, tc.CostOptions(overlap=1.0))
     assert none.comm_s > 0
     assert half.step_time_s == pytest.approx(none.compute_s + 0.5 * none.comm_s)
     assert full.step_time_s == pytest.approx(none.compute_s)
@@ -330,7 +328,7 @@ def test_memory_falls_with_sharding(mlp_train, gpt_train):
     for _, ana in (mlp_train, gpt_train):
         peak = {
             name: tc.estimate(ana, s, MESH_8, HW).peak_bytes
-            for name, (s, _) in all_baselines(ana, MESH_8).items()
+            for name, (s, _) in tc.baselines.all(ana, MESH_8).items()
             if s is not None
         }
         assert peak["data_parallel"] < peak["replicated"]
@@ -357,7 +355,7 @@ def test_memory_timeline_is_attributable(gpt_train):
 def test_donated_outputs_reuse_their_inputs(mlp_train):
     _, ana = mlp_train
     donated = tc.estimate(ana, tc.Strategy(), MESH_8, HW)
-    kept = tc.estimate(ana, tc.Strategy(), MESH_8, HW, donate_outputs=False)
+    kept = tc.estimate(ana, tc.Strategy(), MESH_8, HW, tc.CostOptions(donate_outputs=False))
     # Without donation the new weights w1, w2 are extra buffers live at the end of the step.
     end = kept.memory_timeline[-1] - donated.memory_timeline[-1]
     assert end == pytest.approx((64 * 128 + 128 * 32) * F32)
@@ -372,10 +370,14 @@ def test_fits_compares_peak_with_capacity_minus_headroom(mlp_train):
     assert dp.capacity_bytes == fsdp.capacity_bytes == pytest.approx(90_000)
     assert dp.peak_bytes > 90_000 and not dp.fits
     assert fsdp.peak_bytes <= 90_000 and fsdp.fits
-    tight = tc.estimate(ana, tc.baselines.fsdp(ana, MESH_8), MESH_8, hw, memory_headroom=0.6)
+    tight = tc.estimate(
+        ana, tc.baselines.fsdp(ana, MESH_8), MESH_8, hw, tc.CostOptions(memory_headroom=0.6)
+    )
     assert tight.capacity_bytes == pytest.approx(40_000)
     assert tight.fits == (tight.peak_bytes <= 40_000)
-    roomy = tc.estimate(ana, tc.baselines.data_parallel(ana, MESH_8), MESH_8, hw, memory_headroom=0)
+    roomy = tc.estimate(
+        ana, tc.baselines.data_parallel(ana, MESH_8), MESH_8, hw, tc.CostOptions(memory_headroom=0)
+    )
     assert roomy.capacity_bytes == 100_000
 
 
@@ -391,7 +393,7 @@ def test_every_collective_is_attributed(gpt_train, mesh):
     _, ana = gpt_train
     prog = ana.program
     seen = 0
-    for name, (strategy, _) in all_baselines(ana, mesh).items():
+    for name, (strategy, _) in tc.baselines.all(ana, mesh).items():
         if strategy is None:
             continue
         report = tc.estimate(ana, strategy, mesh, HW)
@@ -450,14 +452,7 @@ def test_collective_time_is_monotone_and_size_one_axes_are_free(axes, kind, v1, 
 
 
 def random_legal_strategy(data, ana: tc.Analysis, mesh: tc.MeshSpec) -> tc.Strategy:
-    space = DecisionSpace(ana, mesh, evaluator(ana, mesh, HW))
-    state = space.root
-    for _ in range(data.draw(st.integers(0, 6), label="steps")):
-        actions = [a for a in space.actions(state) if a[0] != "stop"]
-        if not actions:
-            break
-        state = space.apply(state, data.draw(st.sampled_from(actions), label="action"))
-    return space.to_strategy(state)
+    return lookup.random_legal_strategy(data, ana, mesh, (0, 6), "")
 
 
 @settings(max_examples=20)
@@ -494,9 +489,14 @@ def test_size_one_mesh_axes_change_nothing(data):
         (lambda ana: tc.estimate(ana, tc.Strategy(), MESH_8, 3), "hardware=3"),
         (lambda ana: tc.estimate(ana, None, MESH_8, HW), "strategy=None"),
         (lambda ana: tc.estimate("ana", tc.Strategy(), MESH_8, HW), "ana='str'"),
-        (lambda ana: tc.estimate(ana, tc.Strategy(), MESH_8, HW, overlap=1.5), "overlap=1.5"),
         (
-            lambda ana: tc.estimate(ana, tc.Strategy(), MESH_8, HW, memory_headroom=-1),
+            lambda ana: tc.estimate(ana, tc.Strategy(), MESH_8, HW, tc.CostOptions(overlap=1.5)),
+            "overlap=1.5",
+        ),
+        (
+            lambda ana: tc.estimate(
+                ana, tc.Strategy(), MESH_8, HW, tc.CostOptions(memory_headroom=-1)
+            ),
             "memory_headroom=-1",
         ),
         (lambda ana: tc.MeshSpec({"data": 0}), "axes['data']=0"),

@@ -17,7 +17,6 @@ from jax.sharding import Mesh
 
 import toast_core as tc
 from demos import MODEL_ZOO
-from toast_core.search.baselines import all_baselines
 from toast_core.search.exhaustive import exhaustive_search
 
 HW = tc.hardware("tpu-v5e")
@@ -61,7 +60,9 @@ def search(ana, mesh=MESH_2X4, hw=HW, sims=30, **kw) -> tc.SearchResult:
 def best_feasible_baseline_s(ana, mesh, hw) -> float:
     times = [
         r.step_time_s
-        for r in (tc.estimate(ana, s, mesh, hw) for s, _ in all_baselines(ana, mesh).values() if s)
+        for r in (
+            tc.estimate(ana, s, mesh, hw) for s, _ in tc.baselines.all(ana, mesh).values() if s
+        )
         if r.fits
     ]
     return min(times)
@@ -230,7 +231,6 @@ def test_bad_pin_syntax_names_the_text(text):
         ([], ["!K9=0"], "K9"),
         ([], ["!K0=7"], "!K0=7"),
         ([], ["!N0@bogus"], "'bogus'"),
-        (["!N0@data"], [], "forbids"),
         ([], ["N0@data"], "pins"),
     ],
 )
@@ -238,6 +238,15 @@ def test_pins_that_name_nothing_raise_pin_error(pins, forbids, shown):
     with pytest.raises(tc.PinError) as info:
         search(mlp(), sims=1, pins=pins, forbids=forbids)
     assert shown in str(info.value)
+
+
+def test_forbids_may_be_given_among_the_pins():
+    ana = mlp()
+    b = dim_of(ana, "batch.x", 0)
+    apart = search(ana, sims=10, forbids=[f"!N{b}@data"])
+    among = search(ana, sims=10, pins=[f"!N{b}@data"])
+    assert among.best == apart.best
+    assert "data" not in among.best.axes_of(f"N{b}")
 
 
 def test_ambiguous_value_pin_lists_the_candidates():
@@ -280,7 +289,7 @@ def test_when_nothing_fits_the_least_infeasible_plan_is_flagged_loudly():
     assert not result.feasible and not result.report.fits
     assert result.warnings and "NO MEMORY-FEASIBLE" in result.warnings[0]
     # The least infeasible: no baseline and no state of the whole decision space needs less.
-    for strategy, _ in all_baselines(ana, MESH_8).values():
+    for strategy, _ in tc.baselines.all(ana, MESH_8).values():
         if strategy is not None:
             assert result.report.peak_bytes <= tc.estimate(ana, strategy, MESH_8, hw).peak_bytes
     optimum, _, _ = exhaustive_search(ana, MESH_8, hw)

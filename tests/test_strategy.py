@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 
+import lookup
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,8 +14,6 @@ from lookup import dim_name, value_id
 
 import toast_core as tc
 from demos import MODEL_ZOO
-from toast_core.cost import evaluator
-from toast_core.search.space import DecisionSpace
 from toast_core.strategy.strategy import SCHEMA_VERSION
 
 MESH = tc.MeshSpec({"data": 2, "model": 4})
@@ -71,11 +70,15 @@ def test_make_rejects_bad_options(mlp_train):
     assert "options[K0]=7" in raised(lambda: tc.Strategy.make(mlp_train, {}, options={0: 7}))
     assert "conflict=9" in raised(lambda: tc.Strategy.make(mlp_train, {}, options={9: 0}))
     assert "K0" in raised(lambda: tc.Strategy.make(mlp_train, {}, options=[(0, 0), (0, 1)]))
-    # After a cut the named dim is split: its old name no longer exists.
+    # After a cut the named dim is split: its whole name means every part (as in pins), a part
+    # that does not exist is an error.
     conflict = mlp_train.conflicts[0]
     whole = f"N{conflict.named_dims[0]}"
-    message = raised(lambda: tc.Strategy.make(mlp_train, {whole: "data"}, options={0: 0}))
-    assert repr(whole) in message
+    split = tc.Strategy.make(mlp_train, {whole: "data"}, options={0: 0})
+    parts = [d.name for d in split.resolution(mlp_train).dims if d.name.startswith(whole + ".")]
+    assert len(parts) > 1 and {n for n, _ in split.shardings} == set(parts)
+    message = raised(lambda: tc.Strategy.make(mlp_train, {whole + ".9": "data"}, options={0: 0}))
+    assert repr(whole + ".9") in message
 
 
 # -- validate ---------------------------------------------------------------------------------
@@ -179,15 +182,7 @@ def test_bad_json_raises_strategy_error(mlp_train, text, shown):
 
 
 def random_legal_strategy(data, ana: tc.Analysis, mesh: tc.MeshSpec) -> tc.Strategy:
-    """A legal strategy drawn by walking the search's own legal actions from the root."""
-    space = DecisionSpace(ana, mesh, evaluator(ana, mesh, HW))
-    state = space.root
-    for _ in range(data.draw(st.integers(0, 8), label="steps")):
-        actions = [a for a in space.actions(state) if a[0] != "stop"]
-        if not actions:
-            break
-        state = space.apply(state, data.draw(st.sampled_from(actions), label="action"))
-    return space.to_strategy(state, name="random")
+    return lookup.random_legal_strategy(data, ana, mesh, (0, 8), "random")
 
 
 @settings(max_examples=30)

@@ -15,7 +15,6 @@ from jax.sharding import Mesh
 import toast_core as tc
 from demos import MODEL_ZOO
 from toast_core.apply.hlo import parse_collectives
-from toast_core.search.baselines import all_baselines
 
 MESH = tc.MeshSpec({"data": 2, "model": 4})
 HW = tc.hardware("tpu-v5e")
@@ -51,7 +50,7 @@ def test_zoo_model_end_to_end(name, jax_mesh):
     assert check.numerics_ok, (name, check.max_abs_error)
     assert_compute_matches_xla(name, check)
     # A sharded strategy too, so the comparison exercises collectives.
-    strategy = all_baselines(ana, MESH)["data_parallel"][0]
+    strategy = tc.baselines.all(ana, MESH)["data_parallel"][0]
     check = tc.validate(w.fn, w.args, ana, strategy, jax_mesh, HW)
     assert check.numerics_ok, (name, check.max_abs_error)
     assert_compute_matches_xla(name, check)
@@ -70,7 +69,7 @@ def test_scan_and_unrolled_gpt_price_data_parallel_alike():
     times = {}
     for name in ("gpt", "gpt-scan"):
         _, ana = _analysis(name)
-        strategy = all_baselines(ana, MESH)["data_parallel"][0]
+        strategy = tc.baselines.all(ana, MESH)["data_parallel"][0]
         report = tc.estimate(ana, strategy, MESH, HW)
         times[name] = (report.step_time_s, report.comm_s, report.flops_per_device)
     unrolled, scanned = times["gpt"], times["gpt-scan"]
@@ -81,8 +80,7 @@ def test_scan_and_unrolled_gpt_price_data_parallel_alike():
 
 
 def test_repeated_layers_form_decision_groups():
-    from toast_core.cost import evaluator
-    from toast_core.search.space import DecisionSpace
+    from toast_core.strategy import constrain, space_of
 
     w = MODEL_ZOO["gpt"](size="gpt2", n_layers=6)
     ana = tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
@@ -90,13 +88,14 @@ def test_repeated_layers_form_decision_groups():
     assert ana.dim_groups and all(len(g) == 6 for g in ana.dim_groups)
     self_groups = [g for g in ana.conflict_groups if ana.conflicts[g[0]].kind == "self"]
     assert [len(g) for g in self_groups] == [6]
-    space = DecisionSpace(ana, MESH, evaluator(ana, MESH, HW))
+    space = space_of(ana, MESH)
     units = space.units(())
     # The search decides each kind of per-layer dim once, not once per layer.
     assert len(units) <= len(ana.named_dims) - 5 * len(ana.dim_groups)
     # A pin still singles out one layer: its named dim leaves its group.
     layer0 = ana.named_dims[ana.dim_groups[0][0]]
-    pinned = DecisionSpace(ana, MESH, evaluator(ana, MESH, HW), pins=[f"{layer0.name}@model"])
-    grouped = [u for u in pinned.units(pinned.root.options) if len(u.dims) == 5]
+    pinned = constrain(space, [f"{layer0.name}@model"])
+    pinned_units = space.units(pinned.root.options, pinned.pinned_fines)
+    grouped = [u for u in pinned_units if len(u.dims) == 5]
     assert grouped, "the other five layers stay grouped"
-    assert all(layer0.name not in u.dims for u in pinned.units(pinned.root.options))
+    assert all(layer0.name not in u.dims for u in pinned_units)

@@ -5,32 +5,40 @@ prog = tc.trace(fn, *example_args)
 ana = tc.analyze(prog)
 mesh, hw = tc.MeshSpec({"data": 2, "model": 4}), tc.hardware("tpu-v5e")
 result = tc.search(ana, mesh, hw, budget_s=10)
-sharded_fn = tc.shard(fn, ana, result.best, jax_mesh)
+sharded_fn = tc.shard(fn, ana, result.best, tc.jax_mesh(mesh))
 """
 
 from toast_core.analysis import Analysis, Conflict, ConflictOption, NamedDim, analyze
-from toast_core.apply import ValidationReport, partition_specs, shard, validate
-from toast_core.cost import CostReport, estimate
+from toast_core.apply import ValidationReport, jax_mesh, partition_specs, shard, validate
+from toast_core.cost import CostOptions, CostReport, estimate
 from toast_core.errors import PinError, StrategyError, ToastError, TraceError
 from toast_core.ir import Program, trace
 from toast_core.mesh import HARDWARE_PRESETS, HardwareSpec, MeshSpec, hardware
 from toast_core.search import (
-    Pin,
     SearchEvent,
     SearchResult,
+    SearchSettings,
     baselines,
-    check_pins,
-    parse_pin,
     search,
     search_iter,
 )
-from toast_core.strategy import Strategy
+from toast_core.strategy import (
+    Pin,
+    Strategy,
+    check_pins,
+    dim_pin,
+    option_pin,
+    parent_name,
+    parse_pin,
+    strategy_pins,
+)
 
 __all__ = [
     "HARDWARE_PRESETS",
     "Analysis",
     "Conflict",
     "ConflictOption",
+    "CostOptions",
     "CostReport",
     "HardwareSpec",
     "MeshSpec",
@@ -40,6 +48,7 @@ __all__ = [
     "Program",
     "SearchEvent",
     "SearchResult",
+    "SearchSettings",
     "Strategy",
     "StrategyError",
     "ToastError",
@@ -48,13 +57,18 @@ __all__ = [
     "analyze",
     "baselines",
     "check_pins",
+    "dim_pin",
     "estimate",
     "hardware",
+    "jax_mesh",
+    "option_pin",
+    "parent_name",
     "parse_pin",
     "partition_specs",
     "search",
     "search_iter",
     "shard",
+    "strategy_pins",
     "trace",
     "validate",
 ]

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from toast_core.fmt import fmt_bytes, fmt_s
+
 
 class CliError(Exception):
     pass
@@ -60,22 +62,6 @@ def _user_path(target: str) -> str | None:
     if ":" in target and target.split(":", 1)[0].endswith(".py"):
         return target.rsplit(":", 1)[0]
     return None
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
-
-
-def _fmt_s(t: float) -> str:
-    if t >= 1:
-        return f"{t:.3f} s"
-    if t >= 1e-3:
-        return f"{t * 1e3:.3f} ms"
-    return f"{t * 1e6:.1f} us"
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -152,7 +138,7 @@ def cmd_analyze(args) -> int:
             nd.name,
             nd.size,
             nd.label,
-            _fmt_bytes(nd.bytes_covered),
+            fmt_bytes(nd.bytes_covered),
             len(nd.members),
             "yes" if nd.has_reduction else "",
             len(nd.replication_ops) or "",
@@ -180,7 +166,7 @@ def cmd_analyze(args) -> int:
             for site in c.sites[:2]:
                 print(f"      at {site.text}")
             for o in c.options:
-                print(f"      option {o.index}: {o.description} ({_fmt_bytes(o.bytes)})")
+                print(f"      option {o.index}: {o.description} ({fmt_bytes(o.bytes)})")
     for d in ana.diagnostics:
         print(f"diagnostic: {d}")
     return 0
@@ -195,10 +181,10 @@ def _mesh_hw(args):
 def _report_row(name, r):
     return [
         name,
-        _fmt_s(r.step_time_s),
-        _fmt_s(r.compute_s),
-        _fmt_s(r.comm_s),
-        _fmt_bytes(r.peak_bytes),
+        fmt_s(r.step_time_s),
+        fmt_s(r.compute_s),
+        fmt_s(r.comm_s),
+        fmt_bytes(r.peak_bytes),
         "yes" if r.fits else "NO",
         f"{r.efficiency:.1%}",
     ]
@@ -206,12 +192,11 @@ def _report_row(name, r):
 
 def cmd_compare(args) -> int:
     import toast_core as tc
-    from toast_core.search.baselines import all_baselines
 
     _, _, ana, _ = _analyze(args)
     mesh, hw = _mesh_hw(args)
     rows, doc = [], {}
-    for name, (strategy, why) in all_baselines(ana, mesh).items():
+    for name, (strategy, why) in tc.baselines.all(ana, mesh).items():
         if strategy is None:
             rows.append([name, "n/a", "", "", "", "", why])
             doc[name] = {"applicable": False, "reason": why}
@@ -223,7 +208,7 @@ def cmd_compare(args) -> int:
         print(json.dumps(doc, indent=2, default=list))
         return 0
     print(
-        f"{ana.program.name} on {mesh} of {hw.name} (capacity {_fmt_bytes(hw.hbm_capacity_bytes)}/device)"
+        f"{ana.program.name} on {mesh} of {hw.name} (capacity {fmt_bytes(hw.hbm_capacity_bytes)}/device)"
     )
     print(_table(rows, ["strategy", "step", "compute", "comm", "peak mem", "fits", "efficiency"]))
     return 0
@@ -251,7 +236,7 @@ def cmd_search(args) -> int:
             frac = min(ev.elapsed_s / budget, 1.0) if budget else 0.0
             bar = "#" * int(30 * frac)
             print(
-                f"\r[{bar:<30}] {ev.elapsed_s:5.1f}s best {_fmt_s(ev.best_step_time_s)} "
+                f"\r[{bar:<30}] {ev.elapsed_s:5.1f}s best {fmt_s(ev.best_step_time_s)} "
                 f"{'fits' if ev.best_fits else 'DOES NOT FIT'} | {ev.evals_per_s:.0f} evals/s "
                 f"| tree {ev.tree_size}",
                 end="",
@@ -311,10 +296,6 @@ def cmd_validate(args) -> int:
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={max(n, 8)}"
-    import jax
-    import numpy as np
-    from jax.sharding import Mesh
-
     fn, ex_args, ana, _ = _analyze(args)
     mesh, hw = _mesh_hw(args)
     if args.strategy:
@@ -323,9 +304,7 @@ def cmd_validate(args) -> int:
             raise CliError(f"expected a strategy JSON file, got `--strategy={args.strategy}`")
         strategy = tc.Strategy.from_json(path.read_text(), ana)
     else:
-        from toast_core.search.baselines import all_baselines
-
-        baselines = all_baselines(ana, mesh)
+        baselines = tc.baselines.all(ana, mesh)
         if args.baseline not in baselines:
             raise CliError(
                 f"expected a baseline ({', '.join(baselines)}), got `--baseline={args.baseline}`"
@@ -333,10 +312,10 @@ def cmd_validate(args) -> int:
         strategy, why = baselines[args.baseline]
         if strategy is None:
             raise CliError(f"baseline {args.baseline} does not apply: {why}")
-    devices = jax.devices()
-    if len(devices) < mesh.n_devices:
-        raise CliError(f"mesh {mesh} needs {mesh.n_devices} devices, {len(devices)} available")
-    jmesh = Mesh(np.array(devices[: mesh.n_devices]).reshape(mesh.axis_sizes), mesh.axis_names)
+    try:
+        jmesh = tc.jax_mesh(mesh)
+    except tc.ToastError as exc:
+        raise CliError(str(exc)) from None
     rep = tc.validate(fn, ex_args, ana, strategy, jmesh, hw)
     if args.json:
         print(json.dumps(rep.to_dict(), indent=2))

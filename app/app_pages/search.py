@@ -57,14 +57,14 @@ def _add_pin(text: str) -> None:
 def _add_dim_pin() -> None:
     ss = st.session_state
     axes = ss.pin_axes
-    prefix = "!" if ss.pin_mode == "forbid" else ""
-    _add_pin(f"{prefix}{ss.pin_dim}@{axes}")
+    _add_pin(tc.dim_pin(ss.pin_dim, axes, forbid=ss.pin_mode == "forbid"))
 
 
 def _add_conflict_pin() -> None:
     ss = st.session_state
-    prefix = "!" if ss.pin_k_mode == "forbid" else ""
-    _add_pin(f"{prefix}{ss.pin_conflict}={ss.pin_option}")
+    option = None if ss.pin_option == "none" else int(ss.pin_option)
+    conflict = ana.conflict(ss.pin_conflict).id
+    _add_pin(tc.option_pin(conflict, option, forbid=ss.pin_k_mode == "forbid"))
 
 
 def _add_typed_pin() -> None:
@@ -265,7 +265,6 @@ def record(ev: tc.SearchEvent) -> None:
 
 
 def run_search() -> None:
-    pins, forbids = cached.split_pins(ws["pins"])
     n_sims = int(st.session_state.num_simulations) or None
     events = tc.search_iter(
         ana,
@@ -274,8 +273,7 @@ def run_search() -> None:
         budget_s=float(st.session_state.budget_s),
         num_simulations=n_sims,
         seed=int(st.session_state.seed),
-        pins=pins,
-        forbids=forbids,
+        pins=tuple(ws["pins"]),
     )
     try:
         first = next(events)  # bad pins fail here, before anything is overwritten

@@ -17,14 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from toast_core.analysis import Analysis
 from toast_core.errors import ToastError, bad_value
 from toast_core.ir.trace import run_with_constraints
 from toast_core.mesh import MeshSpec
-from toast_core.strategy import Strategy
-from toast_core.strategy.layout import layout
+from toast_core.strategy import Strategy, space_of
 
 
 def mesh_spec_of(mesh: Mesh | MeshSpec) -> MeshSpec:
@@ -34,6 +34,21 @@ def mesh_spec_of(mesh: Mesh | MeshSpec) -> MeshSpec:
     if isinstance(mesh, Mesh):
         return MeshSpec(dict(zip(mesh.axis_names, mesh.devices.shape)))
     raise ToastError(bad_value("mesh", mesh, "a jax.sharding.Mesh or a tc.MeshSpec"))
+
+
+def jax_mesh(mesh: MeshSpec, devices=None) -> Mesh:
+    """A `jax.sharding.Mesh` of the first `mesh.n_devices` devices (or of `devices`) shaped like
+    the MeshSpec, with its axis names (Auto axes, which accept sharding constraints)."""
+    if not isinstance(mesh, MeshSpec):
+        raise ToastError(bad_value("mesh", mesh, "a tc.MeshSpec"))
+    devices = list(jax.devices() if devices is None else devices)
+    if len(devices) < mesh.n_devices:
+        raise ToastError(
+            f"mesh {mesh} needs {mesh.n_devices} devices, {len(devices)} available "
+            "(simulate more with XLA_FLAGS=--xla_force_host_platform_device_count=N)"
+        )
+    grid = np.array(devices[: mesh.n_devices], dtype=object).reshape(mesh.axis_sizes)
+    return Mesh(grid, mesh.axis_names)
 
 
 def _entry(axes: tuple[str, ...]):
@@ -48,20 +63,13 @@ class _Specs:
     def __init__(self, ana: Analysis, strategy: Strategy, mesh: MeshSpec) -> None:
         self.masks = strategy.fine_masks(ana, mesh)
         self.ana, self.mesh = ana, mesh
-        self.lay = layout(ana)
-
-    def _axes(self, fines) -> tuple[str, ...]:
-        out: list[str] = []
-        for f in fines:
-            m = int(self.masks[f])
-            out += [a for i, a in enumerate(self.mesh.axis_names) if m >> i & 1]
-        return tuple(out)
+        self.space = space_of(ana, mesh)
 
     def value(self, vid: int) -> PartitionSpec:
-        return PartitionSpec(*(_entry(self._axes(d)) for d in self.lay.value_dim_fine[vid]))
+        return PartitionSpec(*map(_entry, self.space.value_axes(self.masks, vid)))
 
     def use(self, opi: int, pos: int) -> PartitionSpec:
-        return PartitionSpec(*(_entry(self._axes(d)) for d in self.lay.use_dim_fine[(opi, pos)]))
+        return PartitionSpec(*map(_entry, self.space.use_axes(self.masks, opi, pos)))
 
     def cut_uses(self) -> dict[tuple[int, int], PartitionSpec]:
         """Uses whose sharding differs from their value's (cuts and reshape conflicts)."""

@@ -30,7 +30,7 @@ from jax.sharding import Mesh
 from toast_core.analysis import Analysis
 from toast_core.apply.hlo import collective_bytes_by_kind
 from toast_core.apply.shard import mesh_spec_of, shard
-from toast_core.cost import estimate
+from toast_core.cost import CostOptions, estimate
 from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.cost.model import reduction_flops
 from toast_core.errors import ToastError
@@ -192,7 +192,7 @@ def validate(
 ) -> ValidationReport:
     """Compiles the sharded function with XLA, runs it, and compares it with the prediction."""
     ms = mesh_spec_of(mesh)
-    report = estimate(ana, strategy, ms, hw, donate_outputs=False)
+    report = estimate(ana, strategy, ms, hw, CostOptions(donate_outputs=False))
     _check_host_memory(ana, report, ms.n_devices, check_numerics)
     sharded = shard(fn, ana, strategy, mesh)
     args = concrete_args(tuple(example_args))

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
-from toast_core.cost.model import Collective, CostReport, Evaluator, Score, estimate, evaluator
+from toast_core.cost.model import (
+    Collective,
+    CostOptions,
+    CostReport,
+    Evaluator,
+    Score,
+    estimate,
+    evaluator,
+)
 
-__all__ = ["Collective", "CostReport", "Evaluator", "Score", "estimate", "evaluator"]
+__all__ = ["Collective", "CostOptions", "CostReport", "Evaluator", "Score", "estimate", "evaluator"]

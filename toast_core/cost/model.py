@@ -36,6 +36,7 @@ recomputes the same numbers with attribution (`CostReport`).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,8 +48,9 @@ from toast_core.cost.flops import op_flops, op_transcendentals
 from toast_core.cost.fusion import fusion_copies, materialized
 from toast_core.errors import ToastError, bad_value
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
-from toast_core.strategy.layout import REGION_BOUNDARIES, axis_bits, layout
-from toast_core.strategy.strategy import Strategy
+from toast_core.strategy import Strategy, mesh_axes
+from toast_core.strategy.layout import REGION_BOUNDARIES, layout
+from toast_core.strategy.memo import per_analysis
 
 KIND_INDEX = {k: i for i, k in enumerate(COLLECTIVE_KINDS)}
 AG, AR, A2A, CP, RS = (
@@ -180,31 +182,56 @@ class _Reshards:
         return _Reshards(i, i, i, i, f, i, i, f, i)
 
 
+@dataclass(frozen=True, slots=True)
+class CostOptions:
+    """How a step is priced, beyond the mesh and the hardware (the evaluator's key).
+
+    `overlap`: the fraction of communication hidden behind compute (0: none, the default);
+    `donate_outputs`: an output that replaces a same-shaped persistent input reuses its buffer;
+    `memory_headroom`: the fraction of HBM kept free (a plan fits under (1 - headroom) x HBM).
+    """
+
+    overlap: float = 0.0
+    donate_outputs: bool = True
+    memory_headroom: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name, low, high in (("overlap", 0.0, 1.0), ("memory_headroom", 0.0, 1.0)):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not low <= value <= high
+            ):
+                raise ToastError(bad_value(name, value, f"a number in [{low:g}, {high:g}]"))
+        if self.memory_headroom == 1.0:
+            raise ToastError(bad_value("memory_headroom", 1.0, "a number in [0, 1)"))
+        if not isinstance(self.donate_outputs, bool):
+            raise ToastError(bad_value("donate_outputs", self.donate_outputs, "True or False"))
+
+
 class Evaluator:
-    """Compiled cost model for one (analysis, mesh, hardware); strategies as fine-class masks."""
+    """Compiled cost model for one (analysis, mesh, hardware); strategies as fine-class masks.
+    Get one with `evaluator(...)`, which builds it once per key."""
 
     def __init__(
-        self,
-        ana: Analysis,
-        mesh: MeshSpec,
-        hw: HardwareSpec,
-        *,
-        overlap: float = 0.0,
-        donate_outputs: bool = True,
-        memory_headroom: float = 0.1,
+        self, ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, options: CostOptions
     ) -> None:
-        self.ana, self.mesh, self.hw = ana, mesh, hw
-        self.overlap = float(overlap)
-        self._donate = bool(donate_outputs)
+        self.ana, self.mesh, self.hw, self.options = ana, mesh, hw, options
+        self.overlap = float(options.overlap)
+        self._donate = options.donate_outputs
+        # Memos of pure functions of their keys; safe to share between threads (see _reshards).
         self._last_reshards = None
         self._exact_cache: dict = {}
         self._layout_ids: dict[bytes, int] = {}
-        self.capacity_bytes = hw.hbm_capacity_bytes * (1.0 - memory_headroom)
+        self._layout_ids_lock = threading.Lock()
+        self.capacity_bytes = hw.hbm_capacity_bytes * (1.0 - options.memory_headroom)
         prog = ana.program
         lay = layout(ana)
         self.lay = lay
-        self.n_axes = len(mesh.axis_names)
-        self.log2n = np.log2(np.asarray(mesh.axis_sizes, dtype=np.float64))
+        self.axes = mesh_axes(mesh)
+        self.n_axes = self.axes.n
+        self.log2n = self.axes.log2_sizes
         self._collective_coefficients()
 
         n_ops = len(prog.ops)
@@ -241,22 +268,18 @@ class Evaluator:
     def _collective_coefficients(self) -> None:
         """t(kind, axes, V) = c0 + c1 * V for V > 0, for every subset of mesh axes (a bitmask)."""
         n_masks = 1 << self.n_axes
-        self.real_axes = sum(1 << i for i, size in enumerate(self.mesh.axis_sizes) if size > 1)
+        self.real_axes = self.axes.real
         self.c0 = np.zeros((len(COLLECTIVE_KINDS), n_masks))
         self.c1 = np.zeros((len(COLLECTIVE_KINDS), n_masks))
-        self.mask_ways = np.ones(n_masks)
-        self.n_bits = np.array([bin(m).count("1") for m in range(n_masks)], dtype=np.int64)
+        self.mask_ways = self.axes.ways.astype(np.float64)
+        self.n_bits = self.axes.n_bits
         for m in range(1, n_masks):
-            axes = self.mask_axes(m)
-            self.mask_ways[m] = float(np.prod([self.mesh.size(a) for a in axes]))
+            axes = self.axes.names_of(m)
             for kind, k in KIND_INDEX.items():
                 t1 = collective_time_s(kind, 1e6, axes, self.mesh, self.hw)
                 t2 = collective_time_s(kind, 2e6, axes, self.mesh, self.hw)
                 self.c1[k, m] = (t2 - t1) / 1e6
                 self.c0[k, m] = t1 - self.c1[k, m] * 1e6
-
-    def mask_axes(self, mask: int) -> tuple[str, ...]:
-        return tuple(a for i, a in enumerate(self.mesh.axis_names) if mask >> i & 1)
 
     def _reduction_sites(self) -> None:
         ana, prog = self.ana, self.ana.program
@@ -332,11 +355,6 @@ class Evaluator:
         n_ops = len(prog.ops)
         producers = prog.producers()
         uses = prog.uses()
-        persistent_in = {
-            (v.name.split(".", 1)[-1], v.shape, v.dtype)
-            for v in (prog.values[i] for i in prog.inputs)
-            if v.is_persistent
-        }
         born, dies, live_ids, persistent = [], [], [], []
         for v in prog.values:
             if producers[v.id] is None:
@@ -345,9 +363,8 @@ class Evaluator:
                 continue
             last = max((u[0] for u in uses[v.id]), default=producers[v.id])
             if v.is_output:
-                key = (v.output_name.split(".", 1)[-1], v.shape, v.dtype)
-                if self._donate and key in persistent_in:
-                    continue
+                if self._donate and v.updates is not None:
+                    continue  # written into the buffer of the input it replaces
                 last = n_ops - 1
             born.append(producers[v.id])
             dies.append(last)
@@ -361,7 +378,7 @@ class Evaluator:
     # -- evaluation -----------------------------------------------------------------------------
 
     def _local(self, masks: np.ndarray):
-        bits = axis_bits(masks, self.n_axes)
+        bits = self.axes.bits(masks)
         fine_logdeg = bits.T @ self.log2n
         value_local = self.nbytes * np.exp2(-(self.lay.value_fine @ fine_logdeg))
         op_logdeg = self.lay.op_work_fine @ fine_logdeg
@@ -504,11 +521,15 @@ class Evaluator:
         return kinds[keep], ms[keep], vs[keep], ops[keep], vals[keep]
 
     def _reshards(self, masks: np.ndarray):
-        """Cached for the last mask vector: communication and memory both need it."""
+        """Memoized for the last mask vector: communication and memory both need it. The memo is
+        one (key, value) tuple replaced whole, so a thread never reads another's value."""
         key = masks.tobytes()
-        if self._last_reshards is None or self._last_reshards[0] != key:
-            self._last_reshards = (key, self._compute_reshards(masks))
-        return self._last_reshards[1]
+        last = self._last_reshards
+        if last is not None and last[0] == key:
+            return last[1]
+        value = self._compute_reshards(masks)
+        self._last_reshards = (key, value)
+        return value
 
     def _compute_reshards(self, masks: np.ndarray) -> _Reshards:
         """The reshards at cut uses, one per distinct (value, target layout) since XLA reshards a
@@ -539,7 +560,9 @@ class Evaluator:
         for j in np.flatnonzero(odd[active]).tolist():
             i = int(active[j])
             target = usub[i].tobytes()
-            key[j] = (1 << 18) | self._layout_ids.setdefault(target, len(self._layout_ids))
+            with self._layout_ids_lock:
+                layout_id = self._layout_ids.setdefault(target, len(self._layout_ids))
+            key[j] = (1 << 18) | layout_id
         key |= self.site_value[active] << 20
         uniq, first_idx, inverse = np.unique(key, return_index=True, return_inverse=True)
         ops = self.site_op[active]
@@ -659,7 +682,7 @@ class Evaluator:
             out.append(
                 Collective(
                     kind,
-                    self.mask_axes(m),
+                    self.axes.names_of(m),
                     float(v),
                     float(result),
                     float(t),
@@ -690,52 +713,33 @@ def estimate(
     strategy: Strategy,
     mesh: MeshSpec,
     hw: HardwareSpec,
-    *,
-    overlap: float = 0.0,
-    donate_outputs: bool = True,
-    memory_headroom: float = 0.1,
+    options: CostOptions | None = None,
 ) -> CostReport:
     """Prices `strategy` on `mesh` of `hw` chips: compute, collectives, memory (see module essay)."""
     if not isinstance(strategy, Strategy):
         raise ToastError(bad_value("strategy", strategy, "a tc.Strategy"))
-    return evaluator(
-        ana,
-        mesh,
-        hw,
-        overlap=overlap,
-        donate_outputs=donate_outputs,
-        memory_headroom=memory_headroom,
-    ).report(strategy)
+    return evaluator(ana, mesh, hw, options).report(strategy)
 
 
-def evaluator(ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, **kw) -> Evaluator:
-    """The compiled evaluator for (ana, mesh, hw, options), cached on the analysis.
+def evaluator(
+    ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, options: CostOptions | None = None
+) -> Evaluator:
+    """The compiled evaluator for (ana, mesh, hw, options), built once per key.
 
     `hw` may also be a preset name or a dict of HardwareSpec fields; a bad argument raises a
     ToastError naming it.
     """
-    ana, mesh, hw = _checked_inputs(ana, mesh, hw, kw)
-    key = ("evaluator", mesh, hw, tuple(sorted(kw.items())))
-    if key not in ana.cache:
-        ana.cache[key] = Evaluator(ana, mesh, hw, **kw)
-    return ana.cache[key]
-
-
-def _checked_inputs(ana, mesh, hw, kw: dict):
-    """Bad arguments fail here with a ToastError, not deep inside the evaluator."""
     if not isinstance(ana, Analysis):
         raise ToastError(bad_value("ana", type(ana).__name__, "an Analysis from tc.analyze"))
     if not isinstance(mesh, MeshSpec):
         raise ToastError(bad_value("mesh", mesh, "a tc.MeshSpec such as MeshSpec({'data': 8})"))
-    hw = hardware(hw)
-    for name, low, high in (("overlap", 0.0, 1.0), ("memory_headroom", 0.0, 1.0)):
-        value = kw.get(name, low)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not low <= value <= high
-        ):
-            raise ToastError(bad_value(name, value, f"a number in [{low:g}, {high:g}]"))
-    if kw.get("memory_headroom", 0.0) == 1.0:
-        raise ToastError(bad_value("memory_headroom", 1.0, "a number in [0, 1)"))
-    return ana, mesh, hw
+    if options is None:
+        options = CostOptions()
+    if not isinstance(options, CostOptions):
+        raise ToastError(bad_value("options", options, "a tc.CostOptions"))
+    return _evaluator(ana, mesh, hardware(hw), options)
+
+
+@per_analysis(max_keys=8)
+def _evaluator(ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, options: CostOptions) -> Evaluator:
+    return Evaluator(ana, mesh, hw, options)

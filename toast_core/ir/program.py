@@ -49,6 +49,7 @@ class Value:
     name: str
     source: str = ""
     output_name: str | None = None
+    updates: int | None = None  # an output: the persistent input it replaces (same path, shape)
 
     @property
     def rank(self) -> int:

@@ -455,6 +455,7 @@ def trace(fn: Callable, *args: Any, param_argnums: tuple[int, ...] | None = None
     for var, const in zip(jaxpr.constvars, closed.consts):
         env[var] = b._constant(var, const)
     input_ids = []
+    persistent_by_key: dict[tuple, int] = {}  # (path inside its argument, shape, dtype) -> input
     for i, var in enumerate(jaxpr.invars):
         arg_index = arg_of_leaf[i] if i < len(arg_of_leaf) else -1
         name = in_names[i] if i < len(in_names) else f"in{i}"
@@ -469,6 +470,10 @@ def trace(fn: Callable, *args: Any, param_argnums: tuple[int, ...] | None = None
         vid = b.new_value(var.aval, role, name)
         env[var] = vid
         input_ids.append(vid)
+        if role in ("parameter", "state"):
+            sub_path = in_subpaths[i] if i < len(in_subpaths) else ""
+            key = (sub_path, _shape(var.aval), _dtype_name(var.aval))
+            persistent_by_key.setdefault(key, vid)
     b.walk(jaxpr, env, (), 1, 0, True)
 
     output_ids = []
@@ -482,11 +487,10 @@ def trace(fn: Callable, *args: Any, param_argnums: tuple[int, ...] | None = None
             op_index = b.add_op("copy", [src], [vid], source="")
             b.steps.append(_Step(None, (src,), (vid,), op_index))
         v = b.values[vid]
-        b.values[vid] = Value(v.id, v.shape, v.dtype, v.role, v.name, v.source, out_names[k])
-        if v.role == "intermediate" and not v.name.startswith("out"):
-            b.values[vid] = Value(
-                v.id, v.shape, v.dtype, v.role, out_names[k], v.source, out_names[k]
-            )
+        path, _ = out_leaves_with_path[k]
+        updates = persistent_by_key.get((_keystr(path[1:]), v.shape, v.dtype))
+        name = out_names[k] if v.role == "intermediate" and not v.name.startswith("out") else v.name
+        b.values[vid] = Value(v.id, v.shape, v.dtype, v.role, name, v.source, out_names[k], updates)
         output_ids.append(vid)
     handle = TraceHandle(
         steps=tuple(b.steps),

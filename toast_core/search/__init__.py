@@ -1,20 +1,29 @@
-"""Search over the named-dim decision space: baselines, MCTS, exhaustive enumeration."""
+"""Search over the decision space: baselines, MCTS (mctx split), exhaustive enumeration.
+
+`types` (actions, settings, events) <- `env` (legal actions under pins) <- `tree`, `selection`,
+`scoring`, `seeding` <- `mcts` (the loop: `search_iter`, `search`); `baselines` builds textbook
+strategies from tactics; `exhaustive` enumerates tiny spaces for the optimality gap.
+"""
 
 from toast_core.search import baselines
-from toast_core.search.mcts import SearchEvent, SearchResult, search, search_iter
-from toast_core.search.pins import Pin, parse_pin, parse_pins
-from toast_core.search.space import DecisionSpace, State, check_pins
+from toast_core.search.mcts import search, search_iter
+from toast_core.search.types import (
+    Resolve,
+    SearchEvent,
+    SearchResult,
+    SearchSettings,
+    Shard,
+    Stop,
+)
 
 __all__ = [
-    "DecisionSpace",
-    "Pin",
+    "Resolve",
     "SearchEvent",
     "SearchResult",
-    "State",
+    "SearchSettings",
+    "Shard",
+    "Stop",
     "baselines",
-    "check_pins",
-    "parse_pin",
-    "parse_pins",
     "search",
     "search_iter",
 ]

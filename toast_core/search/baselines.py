@@ -19,7 +19,7 @@ the batch named dim of the data input *is* data parallelism through the whole pr
   model axis, with attention's sequence conflicts resolved by resharding one side (the gathered
   K/V option when it is legal).
 
-Each returns a Strategy, or None when the model's structure does not allow it; `all_baselines`
+Each returns a Strategy, or None when the model's structure does not allow it; `all`
 also says why.
 """
 
@@ -32,6 +32,7 @@ from toast_core.analysis import Analysis
 from toast_core.errors import StrategyError
 from toast_core.mesh import MeshSpec
 from toast_core.strategy import Strategy, resolve
+from toast_core.strategy.memo import per_analysis
 
 MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp", "mlp")
 
@@ -327,20 +328,24 @@ def sequence_parallel(ana: Analysis, mesh: MeshSpec) -> Strategy | None:
     return _sequence_parallel(ana, mesh, "sequence_parallel")[0]
 
 
-def all_baselines(ana: Analysis, mesh: MeshSpec) -> dict[str, tuple[Strategy | None, str]]:
-    """Every baseline with the reason it does not apply (empty when it does)."""
-    key = ("baselines", mesh)
-    if key not in ana.cache:
-        ana.cache[key] = {
-            "replicated": (replicated(ana, mesh), ""),
-            "data_parallel": _data_parallel(ana, mesh, mesh.axis_names, "data_parallel"),
-            "fsdp": _fsdp(ana, mesh, "fsdp"),
-            "megatron": _megatron(ana, mesh, "megatron"),
-            "dp_megatron": _dp_megatron(ana, mesh, "dp_megatron"),
-            "expert_parallel": _expert_parallel(ana, mesh, "expert_parallel"),
-            "sequence_parallel": _sequence_parallel(ana, mesh, "sequence_parallel"),
-        }
-    return ana.cache[key]
+@per_analysis(max_keys=8)
+def _every(ana: Analysis, mesh: MeshSpec) -> dict[str, tuple[Strategy | None, str]]:
+    return {
+        "replicated": (replicated(ana, mesh), ""),
+        "data_parallel": _data_parallel(ana, mesh, mesh.axis_names, "data_parallel"),
+        "fsdp": _fsdp(ana, mesh, "fsdp"),
+        "megatron": _megatron(ana, mesh, "megatron"),
+        "dp_megatron": _dp_megatron(ana, mesh, "dp_megatron"),
+        "expert_parallel": _expert_parallel(ana, mesh, "expert_parallel"),
+        "sequence_parallel": _sequence_parallel(ana, mesh, "sequence_parallel"),
+    }
+
+
+def all(ana: Analysis, mesh: MeshSpec) -> dict[str, tuple[Strategy | None, str]]:  # noqa: A001
+    """Every baseline (`tc.baselines.all`) with the reason it does not apply (empty when it
+    does); built once per (analysis, mesh). This module shadows the builtin `all`: do not use
+    the builtin here."""
+    return dict(_every(ana, mesh))
 
 
 def _parameter_count(ana: Analysis, nd) -> int:

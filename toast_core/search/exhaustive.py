@@ -9,12 +9,13 @@ measured (bench/search_quality.py).
 from __future__ import annotations
 
 from toast_core.analysis import Analysis
-from toast_core.cost import evaluator
+from toast_core.cost import CostOptions, evaluator
 from toast_core.errors import ToastError
 from toast_core.mesh import HardwareSpec, MeshSpec
-from toast_core.search.mcts import _better
-from toast_core.search.space import DecisionSpace
-from toast_core.strategy import Strategy
+from toast_core.search.env import Environment
+from toast_core.search.scoring import better
+from toast_core.search.types import Stop
+from toast_core.strategy import Strategy, constrain, space_of
 
 
 def exhaustive_search(
@@ -25,20 +26,21 @@ def exhaustive_search(
     pins=(),
     forbids=(),
     max_states: int = 20000,
-    memory_headroom: float = 0.1,
+    cost_options: CostOptions | None = None,
 ) -> tuple[Strategy, float, int]:
     """(best strategy, its step time, states enumerated). Raises if the space exceeds max_states."""
-    ev = evaluator(ana, mesh, hw, overlap=0.0, memory_headroom=memory_headroom)
-    space = DecisionSpace(ana, mesh, ev, pins, forbids)
-    seen = {space.root.key}
-    frontier = [space.root]
-    best_state, best = space.root, ev.score(space.root.masks)
+    ev = evaluator(ana, mesh, hw, cost_options)
+    space = space_of(ana, mesh)
+    env = Environment(space, constrain(space, pins, forbids))
+    seen = {env.root.key}
+    frontier = [env.root]
+    best_state, best = env.root, ev.score(env.root.masks)
     while frontier:
         state = frontier.pop()
-        for action in space.actions(state):
-            if action[0] == "stop":
+        for action in env.legal_actions(state):
+            if isinstance(action, Stop):
                 continue
-            nxt = space.apply(state, action)
+            nxt = env.apply(state, action)
             if nxt.key in seen:
                 continue
             seen.add(nxt.key)
@@ -48,7 +50,7 @@ def exhaustive_search(
                     "exhaustive search is for tiny programs"
                 )
             s = ev.score(nxt.masks)
-            if _better(s, best):
+            if better(s, best):
                 best_state, best = nxt, s
             frontier.append(nxt)
-    return space.to_strategy(best_state, "exhaustive"), best.step_time_s, len(seen)
+    return env.to_strategy(best_state, "exhaustive"), best.step_time_s, len(seen)

@@ -14,6 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from toast_core.analysis import Analysis
+from toast_core.strategy.memo import per_analysis
 
 #: Pseudo-ops that only mark region boundaries: no work, no memory traffic.
 REGION_BOUNDARIES = frozenset(
@@ -30,6 +31,8 @@ class Layout:
     value_dim_fine: tuple[tuple[tuple[int, ...], ...], ...]  # value -> dim -> fine classes
     use_dim_fine: dict  # (op, position) -> dim -> fine classes
     split_dims: tuple[tuple[int, int, tuple[int, ...]], ...]  # (value, dim, fines) with >1 fine
+    split_fines: np.ndarray  # [split dims, widest split]: their fine classes (pad: n_fine)
+    split_owners: tuple[tuple[int, int], ...]  # split dim -> (value, dim)
 
 
 def _csr(rows: list[list[int]], n_cols: int) -> sp.csr_matrix:
@@ -42,10 +45,9 @@ def _csr(rows: list[list[int]], n_cols: int) -> sp.csr_matrix:
     return m
 
 
+@per_analysis(max_keys=1)
 def layout(ana: Analysis) -> Layout:
-    """The incidence matrices of `ana` (cached on the analysis)."""
-    if "layout" in ana.cache:
-        return ana.cache["layout"]
+    """The incidence matrices of `ana`, built once per analysis (see `memo.py`)."""
     fine = ana.fine_of_atom
     nda = ana.nda
     value_dim_fine = tuple(
@@ -71,7 +73,11 @@ def layout(ana: Analysis) -> Layout:
         for d, fines in enumerate(dims)
         if len(fines) > 1
     )
-    out = Layout(
+    width = max((len(f) for _, _, f in split_dims), default=0)
+    split_fines = np.full((len(split_dims), width), ana.n_fine, dtype=np.int64)
+    for i, (_, _, f) in enumerate(split_dims):
+        split_fines[i, : len(f)] = f
+    return Layout(
         value_fine=_csr(value_rows, ana.n_fine),
         use_fine=_csr(use_rows, ana.n_fine),
         use_keys=use_keys,
@@ -79,52 +85,6 @@ def layout(ana: Analysis) -> Layout:
         value_dim_fine=value_dim_fine,
         use_dim_fine=use_dim_fine,
         split_dims=split_dims,
+        split_fines=split_fines,
+        split_owners=tuple((v, d) for v, d, _ in split_dims),
     )
-    ana.cache["layout"] = out
-    return out
-
-
-def axis_bits(masks: np.ndarray, n_axes: int) -> np.ndarray:
-    """[n_axes, n] 0/1 matrix: bit a of each mask."""
-    return ((masks[None, :] >> np.arange(n_axes)[:, None]) & 1).astype(np.float64)
-
-
-def double_axis_slots(
-    matrix: sp.csr_matrix, masks: np.ndarray, n_axes: int
-) -> list[tuple[int, int]]:
-    """(row, axis) pairs where a row (value or op) would hold one mesh axis twice."""
-    bits = axis_bits(masks, n_axes)
-    out = []
-    for a in range(n_axes):
-        counts = matrix @ bits[a]
-        for row in np.flatnonzero(counts > 1.5).tolist():
-            out.append((row, a))
-    return out
-
-
-def strided_dims(lay: Layout, masks: np.ndarray, fine_size: np.ndarray, ways: np.ndarray):
-    """(value, dim) pairs where a minor sub-factor is sharded while a more major one is not
-    fully split: that would be a strided layout, which no PartitionSpec expresses."""
-    if not lay.split_dims:
-        return []
-    fines, owners = _split_arrays(lay, len(masks))
-    m = np.append(masks, 0)[fines]  # [split dims, sub-factors]
-    sizes = np.append(fine_size, 1)[fines]
-    whole = ways[m] == sizes  # the sub-factor is completely split
-    # A sub-factor k > 0 may be sharded only if every more major one is completely split.
-    major_whole = np.logical_and.accumulate(whole, axis=1)
-    bad = (m[:, 1:] != 0) & ~major_whole[:, :-1]
-    return [owners[i] for i in np.flatnonzero(bad.any(axis=1)).tolist()]
-
-
-def _split_arrays(lay: Layout, n_fine: int):
-    """Split dims padded into [dim, sub-factor] fine-class arrays (pad = n_fine, mask 0)."""
-    cached = getattr(lay, "_split_cache", None)
-    if cached is None:
-        width = max(len(f) for _, _, f in lay.split_dims)
-        fines = np.full((len(lay.split_dims), width), n_fine, dtype=np.int64)
-        for i, (_, _, f) in enumerate(lay.split_dims):
-            fines[i, : len(f)] = f
-        cached = (fines, [(v, d) for v, d, _ in lay.split_dims])
-        object.__setattr__(lay, "_split_cache", cached)
-    return cached

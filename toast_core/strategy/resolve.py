@@ -11,6 +11,7 @@ a resolution is a small union-find over fine classes, cached per set of options.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
@@ -21,6 +22,7 @@ from scipy.sparse import csgraph
 
 from toast_core.analysis import Analysis
 from toast_core.errors import StrategyError, ToastError, bad_value
+from toast_core.strategy.memo import per_analysis
 
 RESOLUTION_CACHE_SIZE = 2048
 
@@ -89,33 +91,56 @@ def normalize_options(ana: Analysis, options) -> tuple[tuple[int, int], ...]:
     return tuple(sorted(pairs.items()))
 
 
-def _candidate_ends(ana: Analysis) -> np.ndarray:
-    """([candidate edge, 2] fine classes at both ends, rows of each option's cut edges)."""
-    if "candidate_ends" not in ana.cache:
+class _Resolver:
+    """The resolutions of one analysis: candidate cut ends computed once, and a bounded LRU of
+    resolutions keyed by option set (a long search visits many). Safe to share between threads:
+    entries are pure functions of their keys and the LRU is locked."""
+
+    def __init__(self, ana: Analysis) -> None:
         fine = ana.fine_of_atom
-        ends = [
-            (int(fine[ana.nda.medges[e].value_atom]), int(fine[ana.nda.medges[e].use_atom]))
-            for e in ana.candidate_edges.tolist()
-        ]
-        row = {e: i for i, e in enumerate(ana.candidate_edges.tolist())}
-        option_rows = {
+        edges = ana.candidate_edges.tolist()
+        self.ends = np.array(
+            [
+                (int(fine[ana.nda.medges[e].value_atom]), int(fine[ana.nda.medges[e].use_atom]))
+                for e in edges
+            ],
+            dtype=np.int64,
+        ).reshape(-1, 2)
+        row = {e: i for i, e in enumerate(edges)}
+        self.option_rows = {
             (c.id, o.index): np.array([row[e] for e in o.cuts], dtype=np.int64)
             for c in ana.conflicts
             for o in c.options
         }
-        ana.cache["candidate_ends"] = (np.array(ends, dtype=np.int64).reshape(-1, 2), option_rows)
-    return ana.cache["candidate_ends"]
+        self.lru: OrderedDict = OrderedDict()
+        self.lock = threading.Lock()
+
+
+@per_analysis(max_keys=1)
+def _resolver(ana: Analysis) -> _Resolver:
+    return _Resolver(ana)
 
 
 def resolve(ana: Analysis, options=()) -> Resolution:
-    """The named dims after cutting the M-edges of the chosen options (cached)."""
+    """The named dims after cutting the M-edges of the chosen options (memoized per analysis)."""
     opts = normalize_options(ana, options)
-    cache = ana.cache.setdefault("resolutions", OrderedDict())
-    if opts in cache:
-        cache.move_to_end(opts)
-        return cache[opts]
+    r = _resolver(ana)
+    with r.lock:
+        hit = r.lru.get(opts)
+        if hit is not None:
+            r.lru.move_to_end(opts)
+            return hit
+    res = _resolve(ana, r, opts)
+    with r.lock:
+        r.lru[opts] = res
+        if len(r.lru) > RESOLUTION_CACHE_SIZE:
+            r.lru.popitem(last=False)
+    return res
+
+
+def _resolve(ana: Analysis, r: _Resolver, opts) -> Resolution:
     n = ana.n_fine
-    ends, option_rows = _candidate_ends(ana)
+    ends, option_rows = r.ends, r.option_rows
     keep = np.ones(len(ana.candidate_edges), dtype=bool)
     for k, o in opts:
         keep[option_rows[(k, o)]] = False
@@ -139,8 +164,4 @@ def resolve(ana: Analysis, options=()) -> Resolution:
         name = f"N{p}" if n_parts[p] == 1 else f"N{p}.{k}"
         fines = tuple(by_dim[bounds[i] : bounds[i + 1]].tolist())
         dims.append(ResolvedDim(name, p, int(ana.named_dims[p].size), fines))
-    res = Resolution(opts, tuple(dims), fine_to_dim)
-    cache[opts] = res
-    if len(cache) > RESOLUTION_CACHE_SIZE:  # a long search visits many option sets
-        cache.popitem(last=False)
-    return res
+    return Resolution(opts, tuple(dims), fine_to_dim)

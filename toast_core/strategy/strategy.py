@@ -20,8 +20,9 @@ import numpy as np
 from toast_core.analysis import Analysis
 from toast_core.errors import StrategyError, bad_value
 from toast_core.mesh import MeshSpec
-from toast_core.strategy.layout import double_axis_slots, layout, strided_dims
+from toast_core.strategy.refs import RefError, named_dim_parts
 from toast_core.strategy.resolve import Resolution, normalize_options, resolve
+from toast_core.strategy.space import State, StrategySpace, space_of
 
 SCHEMA_VERSION = 1
 
@@ -51,7 +52,7 @@ class Strategy:
         problems: list[str] = []
         for key, axes in (shardings or {}).items():
             try:
-                dim_name = _dim_name(ana, res, key)
+                dim_names = _dim_names(ana, res, key)
             except StrategyError as exc:
                 problems.append(str(exc))
                 continue
@@ -59,10 +60,10 @@ class Strategy:
                 axes = (axes,)
             axes = tuple(axes or ())
             if not all(isinstance(a, str) for a in axes):
-                problems.append(bad_value(f"shardings[{dim_name}]", axes, "mesh axis names"))
+                problems.append(bad_value(f"shardings[{key}]", axes, "mesh axis names"))
                 continue
             if axes:
-                out[dim_name] = axes
+                out.update((n, axes) for n in dim_names)
         if problems:
             raise StrategyError("; ".join(problems))
         return Strategy(tuple(sorted(out.items())), opts, name)
@@ -84,96 +85,26 @@ class Strategy:
     def fine_masks(self, ana: Analysis, mesh: MeshSpec) -> np.ndarray:
         """Mesh-axis bitmask per fine class (bit i = mesh axis i); validates first."""
         self.validate(ana, mesh)
-        return self._masks(ana, mesh)
-
-    def _masks(self, ana: Analysis, mesh: MeshSpec) -> np.ndarray:
-        res = self.resolution(ana)
-        masks = np.zeros(ana.n_fine, dtype=np.int64)
-        index = {a: i for i, a in enumerate(mesh.axis_names)}
-        for dim_name, axes in self.shardings:
-            m = 0
-            for a in axes:
-                m |= 1 << index[a]
-            for f in res.by_name(dim_name).fine:
-                masks[f] = m
-        return masks
+        return space_of(ana, mesh).masks_of(self.shardings, self.options)
 
     def validate(self, ana: Analysis, mesh: MeshSpec) -> None:
         """Raises one StrategyError listing every problem (all of them, not just the first)."""
-        key = ("valid", self, mesh)
-        if ana.cache.get(key):
-            return
-        problems: list[str] = []
-        try:
-            res = self.resolution(ana)
-        except StrategyError as exc:
-            raise StrategyError(f"strategy {self.name or ''}: {exc}") from None
-        names = {d.name for d in res.dims}
-        well_formed = []  # entries whose own names and axes are fine, checked together below
-        for dim_name, axes in self.shardings:
-            if dim_name not in names:
-                problems.append(
-                    bad_value("named dim", dim_name, "a named dim after the chosen cuts")
-                )
-                continue
-            unknown = [a for a in axes if a not in mesh.axis_names]
-            if unknown:
-                problems.append(
-                    bad_value(f"shardings[{dim_name}]", unknown[0], f"a mesh axis of {mesh}")
-                )
-                continue
-            if len(set(axes)) != len(axes):
-                problems.append(bad_value(f"shardings[{dim_name}]", axes, "distinct mesh axes"))
-                continue
-            size = res.by_name(dim_name).size
-            ways = int(np.prod([mesh.size(a) for a in axes]))
-            if size % ways:
-                problems.append(
-                    f"named dim {dim_name} of size {size} is not divisible by mesh axes "
-                    f"{'x'.join(axes)} ({ways} ways)"
-                )
-                continue
-            well_formed.append((dim_name, axes))
-        # Clashes between entries are checked on the well-formed ones, so that one error lists
-        # every problem rather than only the first kind found.
-        partial = Strategy(tuple(well_formed), self.options, self.name)
-        problems += partial._double_axis_problems(ana, mesh)
+        problems = space_of(ana, mesh).problems(self.shardings, self.options, self.name)
         if problems:
             shown = "; ".join(problems[:6])
             more = f" (+{len(problems) - 6} more)" if len(problems) > 6 else ""
             which = f"illegal strategy {self.name!r}" if self.name else "illegal strategy"
             raise StrategyError(f"{which}: {shown}{more}")
-        ana.cache[key] = True
 
-    def _double_axis_problems(self, ana: Analysis, mesh: MeshSpec) -> list[str]:
-        masks = self._masks(ana, mesh)
-        lay = layout(ana)
-        problems = []
-        for row, a in double_axis_slots(lay.value_fine, masks, len(mesh.axis_names))[:3]:
-            v = ana.program.values[row]
-            problems.append(
-                f"value {v.display()} would hold mesh axis {mesh.axis_names[a]!r} twice "
-                f"({self.notation_of(ana, mesh, row)}): resolve its conflict or choose another axis"
-            )
-        if not problems:
-            ways = _mask_ways(mesh)
-            for vid, d in strided_dims(lay, masks, ana.fine_size, ways)[:3]:
-                v = ana.program.values[vid]
-                problems.append(
-                    f"value {v.display()} dim {d} would shard a minor sub-factor while its major "
-                    f"one is whole ({self.notation_of(ana, mesh, vid)}): a strided layout"
-                )
-        if not problems:
-            for row, a in double_axis_slots(lay.use_fine, masks, len(mesh.axis_names))[:3]:
-                opi, pos = lay.use_keys[row]
-                op = ana.program.ops[opi]
-                v = ana.program.values[op.operands[pos]]
-                problems.append(
-                    f"{op.where()} would read {v.display()} with mesh axis "
-                    f"{mesh.axis_names[a]!r} on two dims: resolve the conflict there or choose "
-                    "another axis"
-                )
-        return problems
+    @staticmethod
+    def from_state(space: StrategySpace, state: State, name: str = "") -> Strategy:
+        """The strategy of a search state (already legal by construction)."""
+        shardings = tuple(sorted(space.shardings_of(state).items()))
+        return Strategy(shardings, normalize_options(space.ana, state.options), name)
+
+    def to_state(self, space: StrategySpace) -> State:
+        """The search state of this strategy (names checked, legality not)."""
+        return State(tuple(self.options), space.masks_of(self.shardings, self.options))
 
     # -- presentation ---------------------------------------------------------------------------
 
@@ -181,27 +112,14 @@ class Strategy:
         self, ana: Analysis, mesh: MeshSpec, value_id: int
     ) -> tuple[tuple[str, ...], ...]:
         """Mesh axes of each dim of a value (major sub-factors first)."""
-        masks = self._masks(ana, mesh)
-        dims = layout(ana).value_dim_fine[value_id]
-        return tuple(_axes_of_fines(dims[d], masks, mesh) for d in range(len(dims)))
+        space = space_of(ana, mesh)
+        return space.value_axes(space.masks_of(self.shardings, self.options), value_id)
 
     def notation_of(self, ana: Analysis, mesh: MeshSpec, value_id: int) -> str:
         """`params.w1[N0, N1_model]` - named dims with their mesh axes as subscripts."""
-        masks = self._masks(ana, mesh)
-        res = self.resolution(ana)
-        v = ana.program.values[value_id]
-        parts = []
-        for fines, size in zip(layout(ana).value_dim_fine[value_id], v.shape):
-            if not fines:
-                parts.append(str(size))
-                continue
-            sub = []
-            for f in fines:
-                axes = _axes_of_fines((f,), masks, mesh)
-                nm = res.dims[int(res.fine_to_dim[f])].name
-                sub.append(nm + ("_" + "_".join(axes) if axes else ""))
-            parts.append("*".join(sub))
-        return f"{v.name}[{', '.join(parts)}]"
+        space = space_of(ana, mesh)
+        masks = space.masks_of(self.shardings, self.options)
+        return space.notation(masks, self.resolution(ana), value_id)
 
     def describe(self, ana: Analysis, mesh: MeshSpec) -> list[str]:
         """One line per program input and output in scaling-book notation."""
@@ -246,35 +164,9 @@ class Strategy:
         return Strategy.make(ana, shardings, options, str(doc.get("name", "")))
 
 
-def _axes_of_fines(fines, masks: np.ndarray, mesh: MeshSpec) -> tuple[str, ...]:
-    out = []
-    for f in fines:
-        m = int(masks[f])
-        out += [a for i, a in enumerate(mesh.axis_names) if m >> i & 1]
-    return tuple(out)
-
-
-def _dim_name(ana: Analysis, res: Resolution, key) -> str:
-    names = res.names
-    if isinstance(key, int | np.integer):
-        key = f"N{int(key)}"
-    if isinstance(key, str) and key in names:
-        return key
-    if isinstance(key, str):
-        for nd in ana.named_dims:
-            if nd.label == key and nd.name in names:
-                return nd.name
-    raise StrategyError(
-        bad_value("shardings", key, "a named dim name (N3, or N3.1 after a cut), id or label")
-    )
-
-
-def _mask_ways(mesh: MeshSpec) -> np.ndarray:
-    """Number of shards of every mesh-axis bitmask."""
-    n = len(mesh.axis_names)
-    out = np.ones(1 << n, dtype=np.int64)
-    for m in range(1 << n):
-        for i, size in enumerate(mesh.axis_sizes):
-            if m >> i & 1:
-                out[m] *= size
-    return out
+def _dim_names(ana: Analysis, res: Resolution, key) -> tuple[str, ...]:
+    """The named dims (after cuts) a `shardings` key refers to (see `refs.named_dim_parts`)."""
+    try:
+        return tuple(d.name for d in named_dim_parts(ana, res, key))
+    except RefError as exc:
+        raise StrategyError(bad_value("shardings", key, exc.expected)) from None

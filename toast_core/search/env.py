@@ -1,0 +1,133 @@
+"""The search environment: legal actions and transitions over a `StrategySpace` under pins.
+
+States are `StrategySpace` states (conflict options + a mesh-axis mask per fine class); the
+environment adds the user's `Constraints` (pinned units leave the decision, forbidden axes and
+options are masked) and is the one place that says which actions are legal and what they do:
+
+* `Resolve(g, o)` resolves every conflict of decision group g with option o; cuts only split named
+  dims, whose parts inherit their mesh axes, so it never makes a state illegal;
+* `Shard(u, a)` adds mesh axis a to every fine class of unit u, if `legality.why_illegal_shard`
+  allows it;
+* `Stop()` ends the episode.
+
+Both the tree (which lists every legal action) and the rollout (which samples a few candidates
+and checks them one at a time, much cheaper than listing) go through the same checks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from toast_core.search.types import Action, Resolve, Shard, Stop
+from toast_core.strategy import Constraints, State, Strategy, StrategySpace, Unit
+
+#: Rollout weight of a conflict resolution, against log(1 + bytes covered) for a shard.
+RESOLVE_WEIGHT = 8.0
+#: Candidates a rollout step samples before it gives up.
+ROLLOUT_TRIES = 12
+
+
+class Environment:
+    def __init__(self, space: StrategySpace, constraints: Constraints) -> None:
+        self.space, self.constraints = space, constraints
+        self.ana, self.mesh = space.ana, space.mesh
+        self.n_axes = space.axes.n
+        self.root = constraints.root
+        self.groups = space.conflict_groups
+
+    # -- units and groups ----------------------------------------------------------------------
+
+    def units(self, state: State) -> tuple[Unit, ...]:
+        return self.space.units(state.options, self.constraints.pinned_fines)
+
+    def open_groups(self, state: State) -> list[int]:
+        """Decision groups with no conflict resolved yet (by the state or a pin)."""
+        done = {k for k, _ in state.options} | self.constraints.fixed_conflicts
+        return [g for g, grp in enumerate(self.groups) if not any(k in done for k in grp)]
+
+    def n_options(self, g: int) -> int:
+        return min(len(self.ana.conflicts[k].options) for k in self.groups[g])
+
+    def may_resolve(self, g: int, o: int) -> bool:
+        forbidden = self.constraints.forbidden_options
+        return not any((k, o) in forbidden for k in self.groups[g])
+
+    def why_illegal_shard(self, state: State, unit: Unit, a: int, counts=None) -> str | None:
+        forbidden = self.constraints.forbidden_bits(unit.fines)
+        return self.space.why_illegal_shard(state, unit, a, counts, forbidden)
+
+    # -- actions -------------------------------------------------------------------------------
+
+    def legal_actions(self, state: State) -> list[Action]:
+        """Every legal action from `state`: resolutions, shards, then stop."""
+        out: list[Action] = [
+            Resolve(g, o)
+            for g in self.open_groups(state)
+            for o in range(self.n_options(g))
+            if self.may_resolve(g, o)
+        ]
+        out += self.shard_actions(state)
+        out.append(Stop())
+        return out
+
+    def shard_actions(self, state: State, units=None) -> list[Shard]:
+        """Legal shards of `units` (indices; all by default)."""
+        counts = self.space.axis_counts(state.masks)
+        all_units = self.units(state)
+        picked = range(len(all_units)) if units is None else units
+        return [
+            Shard(u, a)
+            for u in picked
+            for a in range(self.n_axes)
+            if self.why_illegal_shard(state, all_units[u], a, counts) is None
+        ]
+
+    def apply(self, state: State, action: Action) -> State:
+        if isinstance(action, Resolve):
+            chosen = {(k, action.option) for k in self.groups[action.group]}
+            return State(tuple(sorted(set(state.options) | chosen)), state.masks)
+        if isinstance(action, Shard):
+            unit = self.units(state)[action.unit]
+            masks = state.masks.copy()
+            masks[list(unit.fines)] |= 1 << action.axis
+            return State(state.options, masks)
+        return state
+
+    def random_action(self, state: State, rng: np.random.Generator) -> Action | None:
+        """A random legal action for rollouts (large units more often), or None when a few
+        sampled candidates were all illegal."""
+        units = self.units(state)
+        groups = self.open_groups(state)
+        n_shard = len(units) * self.n_axes
+        weights = np.array(
+            [math.log1p(u.bytes_covered) for u in units for _ in range(self.n_axes)]
+            + [RESOLVE_WEIGHT] * len(groups)
+        )
+        if not len(weights):
+            return None
+        counts = self.space.axis_counts(state.masks)
+        for _ in range(ROLLOUT_TRIES):
+            i = int(rng.choice(len(weights), p=weights / weights.sum()))
+            if i < n_shard:
+                u, a = divmod(i, self.n_axes)
+                if self.why_illegal_shard(state, units[u], a, counts) is None:
+                    return Shard(u, a)
+            else:
+                g = groups[i - n_shard]
+                o = int(rng.integers(self.n_options(g)))
+                if self.may_resolve(g, o):
+                    return Resolve(g, o)
+        return None
+
+    # -- conversion ----------------------------------------------------------------------------
+
+    def admits(self, state: State) -> bool:
+        return self.constraints.admits(state)
+
+    def to_strategy(self, state: State, name: str = "") -> Strategy:
+        return Strategy.from_state(self.space, state, name)
+
+    def from_strategy(self, strategy: Strategy) -> State:
+        return strategy.to_state(self.space)

@@ -1,0 +1,91 @@
+"""Seeding the search: the baselines, and greedy descents by the cost model.
+
+Before the tree search, every baseline that honours the pins is scored (so the search never
+returns worse than them) and greedy descents from the best baseline and from the root give a
+strong anytime answer; after it, a greedy descent polishes the best state found.
+"""
+
+from __future__ import annotations
+
+import time
+
+from toast_core.search import baselines
+from toast_core.search.env import Environment
+from toast_core.search.scoring import Scorer, better
+from toast_core.search.types import Resolve, Shard, Stop
+from toast_core.strategy import State
+
+
+def score_baselines(scorer: Scorer, env: Environment) -> tuple[dict, dict]:
+    """Scores the root and every baseline. Returns (step time of each baseline that fits,
+    None otherwise; the same restricted to baselines that honour the pins). Only those that
+    honour the pins count as states the search found."""
+    scorer.score(env.root)
+    every, admitted = {}, {}
+    for name, (strategy, _) in baselines.all(env.ana, env.mesh).items():
+        if strategy is None:
+            every[name] = admitted[name] = None
+            continue
+        state = env.from_strategy(strategy)
+        if env.admits(state):
+            s = scorer.score(state)
+            admitted[name] = s.step_time_s if s.fits else None
+        else:
+            s = scorer.ev.score(state.masks)
+            admitted[name] = None
+        every[name] = s.step_time_s if s.fits else None
+    return every, admitted
+
+
+def descend(scorer: Scorer, env: Environment, deadline: float | None = None) -> None:
+    """Greedy descents from the best state so far (usually the best baseline), then the root."""
+    starts = [scorer.best_state]
+    if scorer.best_state.key != env.root.key:
+        starts.append(env.root)
+    for start in starts:
+        greedy(scorer, env, start, deadline=deadline)
+
+
+def greedy(
+    scorer: Scorer,
+    env: Environment,
+    state: State,
+    max_steps: int = 64,
+    deadline: float | None = None,
+) -> State:
+    """Steepest descent by the cost model over single actions.
+
+    Resolving a conflict changes no cost by itself (parts inherit their mesh axes); its value
+    shows only once a part is sharded differently. So a resolution is scored together with the
+    best way to shard one of the parts it creates (a two-step look-ahead).
+    """
+    current, cur = state, scorer.score(state)
+    for _ in range(max_steps):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        best_next, best_s = None, cur
+        for a in env.legal_actions(current):
+            if isinstance(a, Stop):
+                continue
+            nxt = env.apply(current, a)
+            candidates = [nxt] if isinstance(a, Shard) else follow_ups(env, nxt, a)
+            for cand in candidates:
+                s = scorer.score(cand)
+                if better(s, best_s):
+                    best_next, best_s = cand, s
+        if best_next is None:
+            break
+        current, cur = best_next, best_s
+    return current
+
+
+def follow_ups(env: Environment, state: State, resolve: Resolve) -> list[State]:
+    """States that shard one part of the named dims a resolution just split."""
+    parents = {d for k in env.groups[resolve.group] for d in env.ana.conflicts[k].named_dims}
+    res_dims = {d.name: d.parent for d in env.space.resolution(state.options).dims}
+    picked = [
+        u
+        for u, unit in enumerate(env.units(state))
+        if any(res_dims.get(n) in parents for n in unit.dims)
+    ]
+    return [env.apply(state, a) for a in env.shard_actions(state, picked)]

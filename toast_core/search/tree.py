@@ -1,0 +1,75 @@
+"""The search tree: nodes in a transposition table keyed by canonical state.
+
+Decisions commute (sharding N1 then N2 is sharding N2 then N1), so states are keyed canonically
+and the tree is a DAG: a state reached by two paths is one node. Each node keeps its untried
+actions in expansion order (popped from the end: the units that cover the most bytes first, then
+resolutions, stop last), its children by action, its visit count and summed reward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from toast_core.search.types import Action, Resolve, Shard, Stop, action_order
+from toast_core.strategy import State
+
+
+class Node:
+    __slots__ = ("state", "visits", "value", "children", "untried", "terminal")
+
+    def __init__(self, state: State, actions: list[Action]) -> None:
+        self.state = state
+        self.visits = 0
+        self.value = 0.0
+        self.children: dict[Action, Node] = {}
+        self.untried = actions
+        self.terminal = len(actions) <= 1
+
+    def ordered_children(self) -> list[Node]:
+        return [c for _, c in sorted(self.children.items(), key=lambda kv: action_order(kv[0]))]
+
+    def is_exhausted(self) -> bool:
+        """Every child expanded, terminal and fully tried."""
+        return not self.untried and all(
+            c.terminal and not c.untried for c in self.children.values()
+        )
+
+
+def expansion_order(actions: list[Action]) -> list[Action]:
+    """Untried actions as a stack: popped from the end, large units first, stop last."""
+    shard = [a for a in actions if isinstance(a, Shard)]
+    resolve = [a for a in actions if isinstance(a, Resolve)]
+    stop = [a for a in actions if isinstance(a, Stop)]
+    return stop + list(reversed(resolve)) + list(reversed(shard))
+
+
+class Tree:
+    """Nodes by state key; `legal_actions` lists a new node's actions."""
+
+    def __init__(self, legal_actions: Callable[[State], list[Action]]) -> None:
+        self.legal_actions = legal_actions
+        self.table: dict[tuple, Node] = {}
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def node(self, state: State) -> Node:
+        n = self.table.get(state.key)
+        if n is None:
+            n = Node(state, expansion_order(self.legal_actions(state)))
+            self.table[state.key] = n
+        return n
+
+    def expand(self, node: Node, apply: Callable[[State, Action], State]) -> Node:
+        """Adds the next untried action's child (a stop child is a fresh terminal leaf)."""
+        action = node.untried.pop()
+        child_state = apply(node.state, action)
+        child = Node(child_state, []) if isinstance(action, Stop) else self.node(child_state)
+        node.children[action] = child
+        return child
+
+
+def backup(path: list[Node], reward: float) -> None:
+    for n in path:
+        n.visits += 1
+        n.value += reward

@@ -1,0 +1,130 @@
+"""The search's records: actions, settings, progress events and the result.
+
+Actions are typed (after mctx's `types`): `Shard(unit, axis)` adds a mesh axis to a unit of
+decision, `Resolve(group, option)` resolves every conflict of a decision group with one option,
+`Stop()` ends an episode. New kinds of decision (rematerialization) become new action types; the
+environment is the only place that knows how each changes a state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from toast_core.cost import CostOptions, CostReport
+from toast_core.errors import ToastError, bad_value
+from toast_core.strategy import Strategy
+
+
+@dataclass(frozen=True, slots=True)
+class Resolve:
+    """Resolve every conflict of decision group `group` with option `option`."""
+
+    group: int
+    option: int
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """Add mesh axis `axis` (an index into the mesh's axes) to unit `unit` of the space."""
+
+    unit: int
+    axis: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """End the episode: the state is the strategy."""
+
+
+Action = Resolve | Shard | Stop
+
+
+def action_order(action: Action) -> tuple:
+    """A total order of actions (resolutions, then shards, then stop) for deterministic trees."""
+    if isinstance(action, Resolve):
+        return (0, action.group, action.option)
+    if isinstance(action, Shard):
+        return (1, action.unit, action.axis)
+    return (2,)
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """Everything a search is told besides the analysis, mesh and hardware.
+
+    Budgets in seconds (`budget_s`) and/or simulations (`num_simulations`): at least one; with
+    `num_simulations` set and `budget_s=None` the search is deterministic for a seed. `pins` may
+    hold forbids (`!N3@data`) too; `forbids` is kept for the contract of DESIGN.md §9.
+    """
+
+    budget_s: float | None = 10.0
+    num_simulations: int | None = None
+    seed: int = 0
+    pins: tuple = ()
+    forbids: tuple = ()
+    cost_options: CostOptions = field(default_factory=CostOptions)
+    report_every_s: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.budget_s is None and self.num_simulations is None:
+            raise ToastError(
+                bad_value("budget_s", None, "a time budget when num_simulations is None")
+            )
+        if self.budget_s is not None and not (
+            isinstance(self.budget_s, int | float) and self.budget_s > 0
+        ):
+            raise ToastError(bad_value("budget_s", self.budget_s, "a positive number of seconds"))
+        if self.num_simulations is not None and (
+            not isinstance(self.num_simulations, int) or self.num_simulations < 0
+        ):
+            raise ToastError(
+                bad_value("num_simulations", self.num_simulations, "a non-negative int")
+            )
+        if not isinstance(self.cost_options, CostOptions):
+            raise ToastError(bad_value("cost_options", self.cost_options, "a tc.CostOptions"))
+        for name in ("pins", "forbids"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, (value,))
+            elif value is None:
+                object.__setattr__(self, name, ())
+            else:
+                object.__setattr__(self, name, tuple(value))
+
+
+def settings_of(kw: dict) -> SearchSettings:
+    """SearchSettings from keywords, with a one-line error for an unknown keyword."""
+    unknown = sorted(set(kw) - set(SearchSettings.__dataclass_fields__))
+    if unknown:
+        allowed = ", ".join(SearchSettings.__dataclass_fields__)
+        raise ToastError(bad_value("search keyword", unknown[0], f"one of {allowed}"))
+    return SearchSettings(**kw)
+
+
+@dataclass(frozen=True)
+class SearchEvent:
+    iteration: int
+    elapsed_s: float
+    best_step_time_s: float
+    best_peak_bytes: float
+    best_fits: bool
+    best_strategy: Strategy
+    tree_size: int
+    evaluations: int
+    evals_per_s: float
+    done: bool = False
+    baselines: dict = field(default_factory=dict)  # name -> step time (fits) or None
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    best: Strategy
+    report: CostReport
+    feasible: bool
+    iterations: int
+    evaluations: int
+    elapsed_s: float
+    history: tuple[tuple[int, float, float], ...] = ()  # (iteration, elapsed_s, best step time)
+    baselines: dict = field(default_factory=dict)  # name -> step time (feasible) or None
+    warnings: tuple[str, ...] = ()
+    time_to_best_baseline_s: float | None = None

@@ -1,0 +1,172 @@
+"""The legality rules of a strategy, in one place, in a whole and an incremental form.
+
+A strategy is legal on a mesh when
+
+1. every named dim it shards exists under its chosen conflict options, names mesh axes of the
+   mesh, each once, and its size is divisible by their shard count (no silent padding);
+2. no value and no operand use holds one mesh axis on two dims (an unresolved self-conflict or
+   axis clash: `scores[S_model, T_model]` cannot be laid out);
+3. no dim split into sub-factors (`[D]` read as `[H, Dh]`) shards a minor sub-factor while a
+   more major one is not completely split: that would be a strided layout, which no
+   `PartitionSpec` expresses.
+
+`strategy_problems` checks a whole strategy and returns every problem (the error lists them
+together). `why_illegal_shard` checks one search step, "add mesh axis a to unit u", against the
+same rules using counts the search keeps up to date, so that the search can never build a state
+that `Strategy.validate` would reject.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import scipy.sparse as sp
+
+from toast_core.errors import StrategyError, bad_value
+
+if TYPE_CHECKING:
+    from toast_core.strategy.space import StrategySpace, Unit
+
+#: At most this many problems of each kind are spelled out in one error.
+SHOWN_PER_KIND = 3
+
+
+# -- the rules, on arrays ------------------------------------------------------------------------
+
+
+def indivisible(size: int, ways: int) -> bool:
+    """Rule 1: a dim of `size` cannot be split `ways` ways evenly."""
+    return size % ways != 0
+
+
+def double_axis_rows(matrix: sp.csr_matrix, bits: np.ndarray) -> list[tuple[int, int]]:
+    """Rule 2: (row, mesh axis) pairs where a row of `matrix` (a value or a use, counting its
+    atoms per fine class) would hold one mesh axis twice; `bits` is `MeshAxes.bits(masks)`."""
+    out = []
+    for a in range(len(bits)):
+        counts = matrix @ bits[a]
+        for row in np.flatnonzero(counts > 1.5).tolist():
+            out.append((row, a))
+    return out
+
+
+def strided_rows(split_fines: np.ndarray, masks_ext: np.ndarray, sizes_ext, ways) -> np.ndarray:
+    """Rule 3: which split dims (rows of `split_fines`, fine classes major first, padded with a
+    class of mask 0 and size 1) would be strided under the masks."""
+    m = masks_ext[split_fines]
+    whole = ways[m] == sizes_ext[split_fines]  # the sub-factor is completely split
+    # A sub-factor k > 0 may be sharded only if every more major one is completely split.
+    major_whole = np.logical_and.accumulate(whole, axis=1)
+    return ((m[:, 1:] != 0) & ~major_whole[:, :-1]).any(axis=1)
+
+
+# -- the whole form ------------------------------------------------------------------------------
+
+
+def strategy_problems(space: StrategySpace, shardings, options, name: str = "") -> list[str]:
+    """Every problem of the strategy (shardings: named dim name -> mesh axes; options: chosen
+    conflict options), rules 1-3; an empty list when it is legal."""
+    try:
+        res = space.resolution(options)
+    except StrategyError as exc:
+        raise StrategyError(f"strategy {name or ''}: {exc}") from None
+    mesh, ax = space.mesh, space.axes
+    problems: list[str] = []
+    well_formed = []  # entries whose own names and axes are fine, checked together below
+    for dim_name, axes in shardings:
+        if dim_name not in res.names:
+            problems.append(bad_value("named dim", dim_name, "a named dim after the chosen cuts"))
+            continue
+        unknown = [a for a in axes if a not in ax.names]
+        if unknown:
+            problems.append(
+                bad_value(f"shardings[{dim_name}]", unknown[0], f"a mesh axis of {mesh}")
+            )
+            continue
+        if len(set(axes)) != len(axes):
+            problems.append(bad_value(f"shardings[{dim_name}]", axes, "distinct mesh axes"))
+            continue
+        size = res.by_name(dim_name).size
+        ways = int(ax.ways[ax.mask(axes)])
+        if indivisible(size, ways):
+            problems.append(
+                f"named dim {dim_name} of size {size} is not divisible by mesh axes "
+                f"{'x'.join(axes)} ({ways} ways)"
+            )
+            continue
+        well_formed.append((dim_name, axes))
+    # Clashes between entries are checked on the well-formed ones, so that one error lists
+    # every problem rather than only the first kind found.
+    masks = space.masks_of(well_formed, options)
+    problems += _layout_problems(space, masks, res)
+    return problems
+
+
+def _layout_problems(space: StrategySpace, masks: np.ndarray, res) -> list[str]:
+    """Rules 2 and 3 on fine-class masks, in the order values, strided splits, uses."""
+    ana, lay, ax = space.ana, space.layout, space.axes
+    bits = ax.bits(masks)
+    problems = []
+    for row, a in double_axis_rows(lay.value_fine, bits)[:SHOWN_PER_KIND]:
+        v = ana.program.values[row]
+        problems.append(
+            f"value {v.display()} would hold mesh axis {ax.names[a]!r} twice "
+            f"({space.notation(masks, res, row)}): resolve its conflict or choose another axis"
+        )
+    if not problems and len(lay.split_fines):
+        ext = np.append(masks, 0)
+        sizes = np.append(ana.fine_size, 1)
+        bad = np.flatnonzero(strided_rows(lay.split_fines, ext, sizes, ax.ways))
+        for i in bad[:SHOWN_PER_KIND].tolist():
+            vid, d = lay.split_owners[i]
+            v = ana.program.values[vid]
+            problems.append(
+                f"value {v.display()} dim {d} would shard a minor sub-factor while its major "
+                f"one is whole ({space.notation(masks, res, vid)}): a strided layout"
+            )
+    if not problems:
+        for row, a in double_axis_rows(lay.use_fine, bits)[:SHOWN_PER_KIND]:
+            opi, pos = lay.use_keys[row]
+            op = ana.program.ops[opi]
+            v = ana.program.values[op.operands[pos]]
+            problems.append(
+                f"{op.where()} would read {v.display()} with mesh axis {ax.names[a]!r} on two "
+                "dims: resolve the conflict there or choose another axis"
+            )
+    return problems
+
+
+# -- the incremental form ------------------------------------------------------------------------
+
+
+def why_illegal_shard(
+    space: StrategySpace, masks: np.ndarray, unit: Unit, a: int, counts, forbidden: int = 0
+) -> str | None:
+    """None if adding mesh axis `a` to every fine class of `unit` keeps the state legal, else
+    the reason. `counts` is `space.axis_counts(masks)`; `forbidden` the mesh axes the user
+    forbids on the unit."""
+    ax = space.axes
+    bit = 1 << a
+    if int(masks[unit.fines[0]]) & bit:
+        return "already on that mesh axis"
+    if forbidden & bit:
+        return "forbidden by the user"
+    # Rule 1 for every distinct mask among the unit's parts (after a resolution, parts of
+    # different named dims with one signature may already hold different mesh axes).
+    for m in np.unique(masks[list(unit.fines)]).tolist():
+        if indivisible(unit.size, int(ax.ways[m | bit])):
+            return f"size {unit.size} is not divisible by {int(ax.ways[m | bit])} shards"
+    for (rows, add), cnt in zip(space.touch(unit.fines), (counts[0][:, a], counts[1][:, a])):
+        if np.any(cnt[rows] + add > 1.5):
+            return "a value or op would hold that mesh axis twice"
+    splits = space.splits_touching(unit.fines)
+    if len(splits):
+        ext = np.append(masks, 0)
+        fines = space.layout.split_fines[splits]
+        new = ext[fines] | np.where(np.isin(fines, unit.fines), bit, 0)
+        ext_new = ext.copy()
+        ext_new[fines] = new
+        if strided_rows(fines, ext_new, space.fine_size_ext, ax.ways).any():
+            return "it would shard a minor sub-factor of a split dim (strided)"
+    return None

@@ -1,0 +1,266 @@
+"""`StrategySpace`: the decision space of one analysis on one mesh, owned in one place.
+
+A **state** is a set of chosen conflict options plus a mesh-axis bitmask per fine class (see
+`resolve.py` for fine classes and `axes.py` for masks); every state is a complete strategy (what
+is not sharded is replicated), so anything can be scored at any time. The space knows
+
+* the **units** of decision under a set of options: named dims (after cuts) with the same
+  structural signature, such as the same dim of every repeated layer, decided together so that a
+  96-layer model is not 96 times harder;
+* **legality** (`legality.py`): whole strategies and single steps, by the same rules;
+* **conversion** between states and `Strategy` records, and the scaling-book notation of values.
+
+Spaces are memoized per (analysis, mesh) by `space_of`; everything they cache is a pure function
+of its key, bounded, and locked, so one space is safe to share between threads (two browser
+sessions searching the same model). Pins are not part of a space: `pins.constrain` turns them
+into a `Constraints` record that the search applies on top.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from toast_core.analysis import Analysis
+from toast_core.errors import StrategyError
+from toast_core.mesh import MeshSpec
+from toast_core.strategy import legality
+from toast_core.strategy.axes import mesh_axes
+from toast_core.strategy.layout import layout
+from toast_core.strategy.memo import per_analysis
+from toast_core.strategy.resolve import Resolution, resolve
+
+_LAYER_FREE = re.compile(r"\[\d+\]|#\d+|\d+$")
+_CACHE_SIZE = 4096
+
+
+@dataclass(frozen=True)
+class State:
+    """Chosen conflict options (sorted (conflict, option) pairs) and a mask per fine class."""
+
+    options: tuple[tuple[int, int], ...]
+    masks: np.ndarray
+
+    @property
+    def key(self) -> tuple:
+        return (self.options, self.masks.tobytes())
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """Named dims (after cuts) decided together: the same dim of repeated layers."""
+
+    dims: tuple[str, ...]
+    fines: tuple[int, ...]
+    size: int
+    bytes_covered: float
+
+
+class _Lru:
+    """A bounded, locked mapping for values that are pure functions of their keys."""
+
+    def __init__(self, size: int = _CACHE_SIZE) -> None:
+        self.size, self.data, self.lock = size, OrderedDict(), threading.Lock()
+
+    def get(self, key, make):
+        with self.lock:
+            hit = self.data.get(key)
+        if hit is None:
+            hit = make()
+            with self.lock:
+                self.data[key] = hit
+                if len(self.data) > self.size:
+                    self.data.popitem(last=False)
+        return hit
+
+
+class StrategySpace:
+    """The decision space of `ana` on `mesh` (get one with `space_of(ana, mesh)`)."""
+
+    def __init__(self, ana: Analysis, mesh: MeshSpec) -> None:
+        self.ana, self.mesh = ana, mesh
+        self.axes = mesh_axes(mesh)
+        self.layout = layout(ana)
+        self.fine_size_ext = np.append(ana.fine_size, 1)
+        self.fine_sig = self._fine_signatures()
+        nbytes = np.array([v.nbytes for v in ana.program.values], dtype=np.float64)
+        self.fine_bytes = np.asarray(self.layout.value_fine.T @ nbytes).ravel()
+        self._value_cols = self.layout.value_fine.tocsc()
+        self._use_cols = self.layout.use_fine.tocsc()
+        self._splits_of_fine: dict[int, list[int]] = {}
+        for i, (_, _, fines) in enumerate(self.layout.split_dims):
+            for f in fines:
+                self._splits_of_fine.setdefault(f, []).append(i)
+        groups = [tuple(g) for g in ana.conflict_groups]
+        grouped = {c for g in groups for c in g}
+        groups += [(c.id,) for c in ana.conflicts if c.id not in grouped]
+        # A group can be resolved only with an option every member has.
+        self.conflict_groups = tuple(
+            sorted(g for g in groups if min(len(ana.conflicts[k].options) for k in g) > 0)
+        )
+        self._units, self._touch, self._splits = _Lru(), _Lru(), _Lru()
+        self._valid = _Lru()
+
+    # -- resolutions and masks -----------------------------------------------------------------
+
+    def resolution(self, options) -> Resolution:
+        return resolve(self.ana, options)
+
+    def masks_of(self, shardings, options) -> np.ndarray:
+        """Mask per fine class of (named dim name, mesh axes) pairs under `options` (names
+        checked, legality not: see `problems`)."""
+        res = self.resolution(options)
+        masks = np.zeros(self.ana.n_fine, dtype=np.int64)
+        for dim_name, axes in shardings:
+            masks[list(res.by_name(dim_name).fine)] = self.axes.mask(axes)
+        return masks
+
+    def shardings_of(self, state: State) -> dict[str, tuple[str, ...]]:
+        """Named dim name -> mesh axes of a state (replicated dims left out)."""
+        out = {}
+        for d in self.resolution(state.options).dims:
+            m = int(state.masks[d.fine[0]])
+            if m:
+                out[d.name] = self.axes.names_of(m)
+        return out
+
+    # -- legality ------------------------------------------------------------------------------
+
+    def problems(self, shardings, options, name: str = "") -> list[str]:
+        """Every legality problem of a strategy (see `legality.py`); memoized per strategy."""
+        key = (tuple(shardings), tuple(options))
+        return self._valid.get(
+            key, lambda: tuple(legality.strategy_problems(self, shardings, options, name))
+        )
+
+    def axis_counts(self, masks: np.ndarray):
+        """([values, axes], [uses, axes]): how many atoms of each row hold each mesh axis."""
+        bits = self.axes.bits(masks).T
+        return (self.layout.value_fine @ bits, self.layout.use_fine @ bits)
+
+    def touch(self, fines: tuple[int, ...]):
+        """Rows (values, uses) holding these fine classes, with how many atoms each holds."""
+
+        def make():
+            out = []
+            for cols in (self._value_cols, self._use_cols):
+                add = np.asarray(cols[:, list(fines)].sum(axis=1)).ravel()
+                rows = np.flatnonzero(add)
+                out.append((rows, add[rows]))
+            return out
+
+        return self._touch.get(fines, make)
+
+    def splits_touching(self, fines: tuple[int, ...]) -> np.ndarray:
+        """Rows of `layout.split_fines` (dims split into sub-factors) holding these classes."""
+
+        def make():
+            rows = sorted({i for f in fines for i in self._splits_of_fine.get(f, ())})
+            return np.array(rows, dtype=np.int64)
+
+        return self._splits.get(fines, make)
+
+    def why_illegal_shard(self, state: State, unit: Unit, a: int, counts=None, forbidden=0):
+        """None if adding mesh axis `a` to `unit` is legal in `state`, else the reason."""
+        if counts is None:
+            counts = self.axis_counts(state.masks)
+        return legality.why_illegal_shard(self, state.masks, unit, a, counts, forbidden)
+
+    # -- units ---------------------------------------------------------------------------------
+
+    def units(self, options, exclude: frozenset = frozenset()) -> tuple[Unit, ...]:
+        """The units of decision under `options`, largest bytes covered first; named dims of
+        size 1 and those holding a fine class of `exclude` (pinned) are left out."""
+        return self._units.get(
+            (tuple(options), exclude), lambda: self._make_units(options, exclude)
+        )
+
+    def _make_units(self, options, exclude: frozenset) -> tuple[Unit, ...]:
+        res = self.resolution(options)
+        # Signature of each resolved dim: its size and the sorted signatures of its fine classes.
+        order = np.lexsort((self.fine_sig, res.fine_to_dim))
+        dim_sorted = res.fine_to_dim[order]
+        bounds = np.searchsorted(dim_sorted, np.arange(len(res.dims) + 1))
+        sig_sorted = self.fine_sig[order]
+        by_sig: dict[tuple, list] = {}
+        for i, d in enumerate(res.dims):
+            if d.size == 1 or not exclude.isdisjoint(d.fine):
+                continue
+            key = (d.size, sig_sorted[bounds[i] : bounds[i + 1]].tobytes())
+            by_sig.setdefault(key, []).append(d)
+        units = []
+        for (size, _), dims in by_sig.items():
+            fines = tuple(f for d in dims for f in d.fine)
+            units.append(
+                Unit(
+                    tuple(d.name for d in dims),
+                    fines,
+                    size,
+                    float(self.fine_bytes[list(fines)].sum()),
+                )
+            )
+        units.sort(key=lambda u: (-u.bytes_covered, u.dims))
+        return tuple(units)
+
+    def _fine_signatures(self) -> np.ndarray:
+        """A hash per fine class of what it holds, independent of layer index: producer primitive,
+        source line, dim and dtype of each value atom."""
+        ana, prog = self.ana, self.ana.program
+        producers = prog.producers()
+        parts: list[list[str]] = [[] for _ in range(ana.n_fine)]
+        for v in prog.values:
+            p = producers[v.id]
+            where = (
+                f"{prog.ops[p].primitive}@{prog.ops[p].source}/{'/'.join(prog.ops[p].call_path)}"
+                if p is not None
+                else _LAYER_FREE.sub("*", v.name)
+            )
+            for d, fines in enumerate(self.layout.value_dim_fine[v.id]):
+                for s, f in enumerate(fines):
+                    parts[f].append(f"{where}|{d}|{s}|{v.dtype}|{v.shape}")
+        out = np.zeros(ana.n_fine, dtype=np.uint64)
+        for f, items in enumerate(parts):
+            h = hashlib.blake2b("\n".join(sorted(items)).encode(), digest_size=8).digest()
+            out[f] = np.frombuffer(h, dtype=np.uint64)[0]
+        return out
+
+    # -- presentation --------------------------------------------------------------------------
+
+    def value_axes(self, masks: np.ndarray, value_id: int) -> tuple[tuple[str, ...], ...]:
+        """Mesh axes of each dim of a value (major sub-factors first)."""
+        dims = self.layout.value_dim_fine[value_id]
+        return tuple(self.axes.names_of_masks(masks[list(fines)].tolist()) for fines in dims)
+
+    def use_axes(self, masks: np.ndarray, op: int, pos: int) -> tuple[tuple[str, ...], ...]:
+        """Mesh axes of each dim of an operand use (differs from its value's at a cut)."""
+        dims = self.layout.use_dim_fine[(op, pos)]
+        return tuple(self.axes.names_of_masks(masks[list(fines)].tolist()) for fines in dims)
+
+    def notation(self, masks: np.ndarray, res: Resolution, value_id: int) -> str:
+        """`params.w1[N0, N1_model]`: named dims with their mesh axes as subscripts."""
+        v = self.ana.program.values[value_id]
+        parts = []
+        for fines, size in zip(self.layout.value_dim_fine[value_id], v.shape):
+            if not fines:
+                parts.append(str(size))
+                continue
+            sub = []
+            for f in fines:
+                axes = self.axes.names_of(int(masks[f]))
+                nm = res.dims[int(res.fine_to_dim[f])].name
+                sub.append(nm + ("_" + "_".join(axes) if axes else ""))
+            parts.append("*".join(sub))
+        return f"{v.name}[{', '.join(parts)}]"
+
+
+@per_analysis(max_keys=8)
+def space_of(ana: Analysis, mesh: MeshSpec) -> StrategySpace:
+    """The decision space of `ana` on `mesh` (memoized; see `memo.py`)."""
+    if not isinstance(mesh, MeshSpec):
+        raise StrategyError(f"mesh: expected a tc.MeshSpec, got {mesh!r}")
+    return StrategySpace(ana, mesh)
