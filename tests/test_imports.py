@@ -3,7 +3,10 @@
 * Only `toast_core/ir/trace.py` touches JAX internals (`jax.extend`, `jax._src`, `jax.core`).
 * The core never imports the explorer's libraries (streamlit, plotly, graphviz) or `app`.
 * Layers point one way: ir <- analysis <- strategy <- cost <- search (apply sits on top).
-* The explorer (`app/`) reads the public API, never JAX internals.
+* The mesh specs import nothing of the core but errors; the core never imports the zoo
+  (`demos`), except the `toast` command line, which resolves zoo names.
+* The explorer (`app/`) reads the public API (`toast_core` and its public modules), never JAX
+  internals or the core's inner modules.
 
 Imports inside functions count too: every `import` statement of a module is checked.
 """
@@ -25,7 +28,10 @@ FORBIDDEN_LAYERS = {
     "analysis": ("strategy", "cost", "search", "apply"),
     "strategy": ("cost", "search", "apply"),
     "cost": ("search", "apply"),
+    "mesh": ("ir", "analysis", "strategy", "cost", "search", "apply"),
 }
+#: What the explorer may import of the core.
+PUBLIC_MODULES = ("toast_core", "toast_core.fmt", "toast_core.targets", "toast_core.errors")
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -118,6 +124,29 @@ def test_the_explorer_does_not_read_jax_internals():
     if not app.exists():
         pytest.skip("no app/ in this checkout")
     found = violations(python_files(app), lambda path, name: is_under(name, JAX_INTERNALS))
+    assert not found, "\n".join(found)
+
+
+def test_the_core_never_imports_the_zoo_but_in_the_cli():
+    cli = CORE / "cli.py"
+    found = violations(
+        python_files(CORE), lambda path, name: path != cli and is_under(name, ("demos",))
+    )
+    assert not found, "\n".join(found)
+
+
+def test_the_explorer_reads_only_the_public_api():
+    def deep(path, name):
+        if not is_under(name, ("toast_core",)):
+            return False
+        # `from toast_core import fmt` names a public module; `from toast_core.x import y`
+        # yields both toast_core.x and toast_core.x.y: judge the module part.
+        return not any(
+            name == p or name.startswith(p + ".") and name.count(".") == p.count(".") + 1
+            for p in PUBLIC_MODULES
+        )
+
+    found = violations(python_files(ROOT / "app"), deep)
     assert not found, "\n".join(found)
 
 

@@ -119,10 +119,6 @@ class Program:
     handle: object = field(default=None, compare=False, hash=False, repr=False)
 
     @property
-    def n_eqns(self) -> int:
-        return len(self.ops)
-
-    @property
     def n_tensor_dims(self) -> int:
         """Number of (value, dim) pairs: the size of the naive per-tensor decision space."""
         return sum(v.rank for v in self.values if v.role != "literal")
@@ -153,9 +149,3 @@ class Program:
             for vid in op.results:
                 out[vid] = op.index
         return out
-
-    def primitive_counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for op in self.ops:
-            counts[op.primitive] = counts.get(op.primitive, 0) + 1
-        return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
