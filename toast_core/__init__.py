@@ -10,7 +10,7 @@ sharded_fn = tc.shard(fn, ana, result.best, tc.jax_mesh(mesh))
 
 from toast_core.analysis import Analysis, Conflict, ConflictOption, NamedDim, analyze
 from toast_core.apply import ValidationReport, jax_mesh, partition_specs, shard, validate
-from toast_core.cost import CostOptions, CostReport, estimate
+from toast_core.cost import CostOptions, CostReport, Explanation, WhatIf, estimate, explain
 from toast_core.errors import PinError, StrategyError, ToastError, TraceError
 from toast_core.ir import Program, trace
 from toast_core.mesh import HARDWARE_PRESETS, HardwareSpec, MeshSpec, hardware
@@ -40,6 +40,7 @@ __all__ = [
     "ConflictOption",
     "CostOptions",
     "CostReport",
+    "Explanation",
     "HardwareSpec",
     "MeshSpec",
     "NamedDim",
@@ -54,11 +55,13 @@ __all__ = [
     "ToastError",
     "TraceError",
     "ValidationReport",
+    "WhatIf",
     "analyze",
     "baselines",
     "check_pins",
     "dim_pin",
     "estimate",
+    "explain",
     "hardware",
     "jax_mesh",
     "option_pin",

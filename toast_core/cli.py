@@ -331,6 +331,73 @@ def cmd_validate(args) -> int:
     return 0 if rep.numerics_ok else 1
 
 
+def cmd_explain(args) -> int:
+    import toast_core as tc
+
+    _, _, ana, _ = _analyze(args)
+    mesh, hw = _mesh_hw(args)
+    strategy = _strategy_arg(args, ana, mesh)
+    table = tc.explain(ana, strategy, mesh, hw)
+    if args.json:
+        doc = {
+            "strategy": json.loads(strategy.to_json(mesh, ana.program.name)),
+            "report": table.report.to_dict(),
+            "what_if": [r.to_dict() for r in table.rows],
+        }
+        print(json.dumps(doc, indent=2, default=list))
+        return 0
+    r = table.report
+    print(
+        f"{strategy.name or 'strategy'} on {mesh} of {hw.name}: step {fmt_s(r.step_time_s)}, "
+        f"comm {fmt_s(r.comm_s)}, peak {fmt_bytes(r.peak_bytes)}"
+        f"{'' if r.fits else ' (DOES NOT FIT)'}"
+    )
+    print("What if one decision changed (the rest kept), by consequence:")
+    rows = []
+    for w in table.rows[: args.top]:
+        if not w.legal:
+            continue
+        change = "; ".join([f"+{a}" for a in w.appear] + [f"-{v}" for v in w.vanish])
+        rows.append(
+            [
+                w.decision,
+                f"{w.current} -> {w.alternative}",
+                f"{w.delta_step_s * 1e3:+.3f} ms",
+                fmt_bytes(w.peak_bytes),
+                "yes" if w.fits else "NO",
+                " ".join(w.pins),
+                change[:90],
+            ]
+        )
+    print(_table(rows, ["decision", "change", "step", "peak", "fits", "pin", "collectives"]))
+    best = table.best_alternative()
+    if best is None:
+        print("No single change makes it faster: the plan is a local optimum.")
+    else:
+        print(f"Faster: {' '.join(best.pins)} ({best.delta_step_s * 1e3:+.3f} ms)")
+    return 0
+
+
+def _strategy_arg(args, ana, mesh):
+    """The strategy of `--strategy FILE` or `--baseline NAME`."""
+    import toast_core as tc
+
+    if args.strategy:
+        path = Path(args.strategy)
+        if not path.is_file():
+            raise CliError(f"expected a strategy JSON file, got `--strategy={args.strategy}`")
+        return tc.Strategy.from_json(path.read_text(), ana)
+    baselines = tc.baselines.all(ana, mesh)
+    if args.baseline not in baselines:
+        raise CliError(
+            f"expected a baseline ({', '.join(baselines)}), got `--baseline={args.baseline}`"
+        )
+    strategy, why = baselines[args.baseline]
+    if strategy is None:
+        raise CliError(f"baseline {args.baseline} does not apply: {why}")
+    return strategy
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with the CLI's one-line error format (`toast: error: ...`, exit status 2)."""
 
@@ -347,6 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("search", "MCTS search for a strategy"),
         ("compare", "baseline strategies side by side"),
         ("validate", "compile a strategy with XLA and compare with the prediction"),
+        ("explain", "what if each decision of a strategy changed: step time, memory, collectives"),
     ):
         s = sub.add_parser(name, help=help_text)
         s.add_argument("target", help="zoo model name or path/to/file.py:function")
@@ -367,13 +435,15 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--pin", action="append", help="pin, e.g. N3@model or K2=0")
             s.add_argument("--forbid", action="append", help="forbid, e.g. !N3@data")
             s.add_argument("--out", help="write the strategy JSON here")
-        if name == "validate":
+        if name in ("validate", "explain"):
             s.add_argument("--strategy", help="strategy JSON (from toast search --out)")
             s.add_argument(
                 "--baseline",
                 default="data_parallel",
-                help="baseline to validate when no --strategy is given",
+                help=f"baseline to {name} when no --strategy is given",
             )
+        if name == "explain":
+            s.add_argument("--top", type=int, default=25, help="rows to show (default 25)")
     return p
 
 
@@ -389,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
             "search": cmd_search,
             "compare": cmd_compare,
             "validate": cmd_validate,
+            "explain": cmd_explain,
         }[args.command](args)
     except (CliError, ToastError) as exc:
         print(f"toast: error: {_one_line(str(exc))}", file=sys.stderr)

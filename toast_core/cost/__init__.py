@@ -11,5 +11,17 @@ from toast_core.cost.model import (
     estimate,
     evaluator,
 )
+from toast_core.cost.whatif import Explanation, WhatIf, explain
 
-__all__ = ["Collective", "CostOptions", "CostReport", "Evaluator", "Score", "estimate", "evaluator"]
+__all__ = [
+    "Collective",
+    "CostOptions",
+    "CostReport",
+    "Evaluator",
+    "Explanation",
+    "Score",
+    "WhatIf",
+    "estimate",
+    "evaluator",
+    "explain",
+]
