@@ -6,6 +6,7 @@ import functools
 import json
 
 import lookup
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -253,3 +254,52 @@ def test_partition_specs_reject_illegal_strategies(mlp_train):
     strategy = tc.Strategy.make(mlp_train, {dim_name(mlp_train, "batch.x", 0): "nope"})
     with pytest.raises(tc.StrategyError, match="nope"):
         tc.partition_specs(mlp_train, strategy, MESH)
+
+
+def test_a_step_checks_divisibility_for_every_part_of_a_unit():
+    """Regression (fuzzer): after a resolution, one unit may group named dims that already hold
+    different mesh axes; adding an axis must keep every one of them divisible, or the search
+    builds a state that `Strategy.validate` rejects."""
+    import jax.numpy as jnp
+
+    from toast_core.strategy import State, Unit, space_of
+
+    ana = tc.analyze(tc.trace(lambda x: jnp.tanh(x) * 2.0, jnp.ones((2, 2))))
+    mesh = tc.MeshSpec({"a": 2, "b": 2, "c": 2})
+    space = space_of(ana, mesh)
+    rows, cols = (space.resolution(()).by_name(dim_name(ana, "x", d)) for d in (0, 1))
+    masks = np.zeros(ana.n_fine, dtype=np.int64)
+    masks[list(rows.fine)] = space.axes.mask("c")  # dim 0 already on c, dim 1 replicated
+    unit = Unit((cols.name, rows.name), cols.fine + rows.fine, 2, 0.0)
+    reason = space.why_illegal_shard(State((), masks), unit, space.axes.index("a"))
+    assert reason is not None and "not divisible" in reason
+    # The same step on the replicated dim alone is legal.
+    alone = Unit((cols.name,), cols.fine, 2, 0.0)
+    assert space.why_illegal_shard(State((), masks), alone, space.axes.index("a")) is None
+
+
+def test_search_survives_conflicts_without_options():
+    """Regression (fuzzer): a conv train step has reshape conflicts with no option; the rollout
+    once drew an option among zero (`integers(0)`)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    def loss(p, x0):
+        x = jnp.transpose(x0, (1, 2, 0))
+        y = lax.conv_general_dilated(
+            x, p["k"], (1,), "VALID", dimension_numbers=("NWC", "WIO", "NWC")
+        )
+        return jnp.prod(1 + 0.1 * jnp.tanh(jnp.swapaxes(y, 1, 2)), 2).sum()
+
+    def step(p, m, x0):
+        g = jax.grad(loss)(p, x0)
+        m = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g, m, g)
+        return jax.tree.map(lambda p, m: p - 1e-3 * m, p, m), m
+
+    p = {"k": jnp.ones((3, 3, 12))}
+    ana = tc.analyze(tc.trace(step, p, p, jnp.ones((3, 24, 6))))
+    assert any(not c.options for c in ana.conflicts)
+    mesh = tc.MeshSpec({"data": 2, "model": 4})
+    result = tc.search(ana, mesh, tc.hardware("tpu-v5e"), budget_s=None, num_simulations=120)
+    result.best.validate(ana, mesh)
