@@ -432,3 +432,20 @@ def test_the_found_strategy_compiles_and_matches_numerics(model, hw):
     check = tc.validate(fn, args, ana, result.best, mesh, hw)
     assert check.numerics_ok, check.max_abs_error
     assert check.flops_ratio == pytest.approx(1.0, abs=0.1)
+
+
+def test_events_show_the_top_of_the_tree():
+    ana = gpt()
+    for event in tc.search_iter(ana, MESH_2X4, HW, budget_s=None, num_simulations=40):
+        pass
+    top = event.tree_top
+    assert top and top[0].depth == 1 and top[0].parent == -1
+    first = [e for e in top if e.depth == 1]
+    assert sum(e.visits for e in first) <= 40
+    assert [e.visits for e in first] == sorted((e.visits for e in first), reverse=True)
+    for e in top:
+        assert 0.0 <= e.mean_value <= 1.0
+        if e.depth == 2:
+            parent = top[e.parent]
+            assert parent.depth == 1 and e.visits <= parent.visits
+    assert all(e.action.startswith(("shard ", "resolve ", "stop")) for e in top)

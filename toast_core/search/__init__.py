@@ -14,6 +14,7 @@ from toast_core.search.types import (
     SearchSettings,
     Shard,
     Stop,
+    TreeEdge,
 )
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "SearchSettings",
     "Shard",
     "Stop",
+    "TreeEdge",
     "baselines",
     "search",
     "search_iter",

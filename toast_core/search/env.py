@@ -121,6 +121,17 @@ class Environment:
                     return Resolve(g, o)
         return None
 
+    def describe(self, state: State, action: Action) -> str:
+        """An action in words: `shard N3, N7 on model`, `resolve K2, K5 with option 1`, `stop`."""
+        if isinstance(action, Resolve):
+            ks = ", ".join(f"K{k}" for k in self.groups[action.group])
+            return f"resolve {ks} with option {action.option}"
+        if isinstance(action, Shard):
+            dims = self.units(state)[action.unit].dims
+            shown = ", ".join(dims[:3]) + (f" (+{len(dims) - 3})" if len(dims) > 3 else "")
+            return f"shard {shown} on {self.space.axes.names[action.axis]}"
+        return "stop"
+
     # -- conversion ----------------------------------------------------------------------------
 
     def admits(self, state: State) -> bool:

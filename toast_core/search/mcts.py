@@ -44,7 +44,13 @@ from toast_core.search.env import Environment
 from toast_core.search.scoring import Scorer
 from toast_core.search.selection import uct
 from toast_core.search.tree import Tree, backup
-from toast_core.search.types import SearchEvent, SearchResult, SearchSettings, settings_of
+from toast_core.search.types import (
+    SearchEvent,
+    SearchResult,
+    SearchSettings,
+    TreeEdge,
+    settings_of,
+)
 from toast_core.strategy import State, constrain, space_of
 
 STOP_PROBABILITY = 0.25
@@ -98,6 +104,33 @@ class _Run:
             state = self.env.apply(state, action)
         return self.scorer.score(state)
 
+    def tree_top(self, width: int = 6) -> tuple[TreeEdge, ...]:
+        """The `width` most visited children of the root and of each of those (for teaching)."""
+        out: list[TreeEdge] = []
+        root = self.tree.table.get(self.env.root.key)
+        if root is None:
+            return ()
+
+        def edges(node, depth, parent):
+            kids = sorted(node.children.items(), key=lambda kv: -kv[1].visits)[:width]
+            for action, child in kids:
+                if child.visits == 0:
+                    continue
+                out.append(
+                    TreeEdge(
+                        depth,
+                        parent,
+                        self.env.describe(node.state, action),
+                        child.visits,
+                        child.value / child.visits,
+                    )
+                )
+                if depth == 1:
+                    edges(child, 2, len(out) - 1)
+
+        edges(root, 1, -1)
+        return tuple(out)
+
     def finished(self) -> bool:
         root = self.tree.node(self.env.root)
         return root.terminal or root.is_exhausted()
@@ -137,6 +170,7 @@ def search_iter(
             evals_per_s=run.scorer.evaluations / elapsed if elapsed > 0 else 0.0,
             done=done,
             baselines=dict(run.baselines),
+            tree_top=run.tree_top(),
         )
 
     run.seed()

@@ -101,6 +101,18 @@ def settings_of(kw: dict) -> SearchSettings:
     return SearchSettings(**kw)
 
 
+@dataclass(frozen=True, slots=True)
+class TreeEdge:
+    """One edge of the top of the search tree: an action from its parent, how often the search
+    went that way and the mean reward it found there (0..1; 0.55 is the best baseline's time)."""
+
+    depth: int
+    parent: int  # index of the parent edge in the event's `tree_top`, -1 for the root
+    action: str
+    visits: int
+    mean_value: float
+
+
 @dataclass(frozen=True)
 class SearchEvent:
     iteration: int
@@ -114,6 +126,7 @@ class SearchEvent:
     evals_per_s: float
     done: bool = False
     baselines: dict = field(default_factory=dict)  # name -> step time (fits) or None
+    tree_top: tuple[TreeEdge, ...] = ()  # the most visited edges of the first two levels
 
 
 @dataclass(frozen=True)
