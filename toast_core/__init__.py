@@ -9,7 +9,14 @@ sharded_fn = tc.shard(fn, ana, result.best, tc.jax_mesh(mesh))
 """
 
 from toast_core.analysis import Analysis, Conflict, ConflictOption, NamedDim, analyze
-from toast_core.apply import ValidationReport, jax_mesh, partition_specs, shard, validate
+from toast_core.apply import (
+    ValidationReport,
+    jax_mesh,
+    partition_specs,
+    plan_module,
+    shard,
+    validate,
+)
 from toast_core.cost import CostOptions, CostReport, Explanation, WhatIf, estimate, explain
 from toast_core.errors import PinError, StrategyError, ToastError, TraceError
 from toast_core.ir import Program, trace
@@ -68,6 +75,7 @@ __all__ = [
     "parent_name",
     "parse_pin",
     "partition_specs",
+    "plan_module",
     "search",
     "search_iter",
     "shard",

@@ -248,7 +248,12 @@ def cmd_search(args) -> int:
     best = last.best_strategy.with_name("search")
     report = tc.estimate(ana, best, mesh, hw)
     if args.out:
-        Path(args.out).write_text(best.to_json(mesh, ana.program.name))
+        text = (
+            tc.plan_module(ana, best, mesh)
+            if args.out.endswith(".py")
+            else best.to_json(mesh, ana.program.name)
+        )
+        Path(args.out).write_text(text)
     if args.json:
         print(
             json.dumps(
@@ -434,7 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--seed", type=int, default=0)
             s.add_argument("--pin", action="append", help="pin, e.g. N3@model or K2=0")
             s.add_argument("--forbid", action="append", help="forbid, e.g. !N3@data")
-            s.add_argument("--out", help="write the strategy JSON here")
+            s.add_argument(
+                "--out", help="write the strategy JSON here (a .py name: a module that applies it)"
+            )
         if name in ("validate", "explain"):
             s.add_argument("--strategy", help="strategy JSON (from toast search --out)")
             s.add_argument(
