@@ -438,3 +438,35 @@ def test_unknown_primitive_gets_the_fallback_and_a_diagnostic():
     assert not ana.conflicts
     # The batch dim of x and of the output are different named dims now (the op cut them).
     assert len(ana.named_dims) == 6
+
+
+# --- registries --------------------------------------------------------------------------------
+
+
+def test_registering_a_primitive_twice_is_an_error():
+    from toast_core.analysis.rules import rule
+    from toast_core.cost.flops import flop_rule
+
+    with pytest.raises(tc.ToastError, match="'add' registered twice"):
+        rule("add")(lambda op, operand_shapes, result_shapes: None)
+    with pytest.raises(tc.ToastError, match="'dot_general' registered twice"):
+        flop_rule("dot_general")(lambda op, program: (0.0, 0.0))
+    assert RULES["add"].__name__ == "elementwise_rule"
+
+
+def test_every_primitive_family_has_factor_rules():
+    from toast_core.ir import primitives as prim
+
+    families = (
+        prim.REGION_BOUNDARIES,
+        prim.ELEMENTWISE,
+        prim.REDUCTIONS,
+        prim.ARG_REDUCTIONS,
+        prim.CUMULATIVE,
+        prim.FUSIBLE_LAYOUT,
+        prim.SCATTER_ADDS,
+    )
+    for family in families:
+        assert family <= set(RULES), sorted(family - set(RULES))
+    assert prim.FUSED_REDUCTIONS <= prim.REDUCTIONS
+    assert prim.NO_OP_ELEMENTWISE | prim.TRANSCENDENTAL <= prim.ELEMENTWISE

@@ -11,19 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from toast_core.analysis.factors import FactorBuilder, OpFactors, mixed_radix_groups, split_dim
+from toast_core.ir import primitives as prim
 from toast_core.ir.program import Op
 
 Rule = Callable[[Op, list, list], OpFactors]
 RULES: dict[str, Rule] = {}
-
-
-def rule(*names: str):
-    def register(fn: Rule) -> Rule:
-        for name in names:
-            RULES[name] = fn
-        return fn
-
-    return register
+#: `@rule("name", ...)` registers a factor rule; a name registered twice raises.
+rule = prim.registrar(RULES, "factor rules")
 
 
 def factors_of(op: Op, operand_shapes: list, result_shapes: list) -> OpFactors:
@@ -41,19 +35,8 @@ def fallback_rule(op: Op, operand_shapes: list, result_shapes: list) -> OpFactor
 
 # --- elementwise ---------------------------------------------------------------------------------
 
-ELEMENTWISE = (
-    "abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e cbrt ceil "
-    "clamp clz complex conj convert_element_type copy copy_p cos cosh device_put digamma div eq "
-    "erf erf_inv erfc exp exp2 expm1 floor ge gt igamma igamma_grad_a igammac imag integer_pow "
-    "is_finite le lgamma log log1p logistic lt max min mul ne neg nextafter not optimization_barrier "
-    "or polygamma population_count pow random_gamma_grad real reduce_precision "
-    "regularized_incomplete_beta rem round rsqrt select_n sharding_constraint shift_left "
-    "shift_right_arithmetic shift_right_logical sign sin sinh sqrt square stop_gradient sub tan "
-    "tanh threefry2x32 xor zeta"
-).split()
 
-
-@rule(*ELEMENTWISE)
+@rule(*sorted(prim.ELEMENTWISE))
 def elementwise_rule(op, operand_shapes, result_shapes) -> OpFactors:
     """Result dim d ~ dim d of every operand of the same rank (rank-0 operands broadcast).
 
@@ -219,17 +202,7 @@ def conv_rule(op, operand_shapes, result_shapes) -> OpFactors:
 # --- reductions and scans -----------------------------------------------------------------------
 
 
-@rule(
-    "argmax",
-    "argmin",
-    "reduce_and",
-    "reduce_max",
-    "reduce_min",
-    "reduce_or",
-    "reduce_prod",
-    "reduce_sum",
-    "reduce_xor",
-)
+@rule(*sorted(prim.REDUCTIONS | prim.ARG_REDUCTIONS))
 def reduce_rule(op, operand_shapes, result_shapes) -> OpFactors:
     """`reduce_sum` over dim 1 is `([i, j]) -> ([i]) reduction={j}`."""
     axes = set(op.param("axes", ()))
@@ -244,7 +217,7 @@ def reduce_rule(op, operand_shapes, result_shapes) -> OpFactors:
     return fb.build()
 
 
-@rule("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")
+@rule(*sorted(prim.CUMULATIVE))
 def cumulative_rule(op, operand_shapes, result_shapes) -> OpFactors:
     """The cumulative dim must be whole at the op (replicate) and lines up with the result's:
     `cumsum` over dim 1 is `([i, j]) -> ([i, j])` with j replicated (Shardy: j a permutation)."""
@@ -488,7 +461,7 @@ def linalg_rule(op, operand_shapes, result_shapes) -> OpFactors:
 # --- regions: scan, while, cond ------------------------------------------------------------------
 
 
-@rule("scan_start")
+@rule(prim.SCAN_START)
 def scan_start_rule(op, operand_shapes, result_shapes) -> OpFactors:
     """Outer (consts, carry, xs[L, ...]) -> body inputs (consts, carry, x[...]).
 
@@ -506,7 +479,7 @@ def scan_start_rule(op, operand_shapes, result_shapes) -> OpFactors:
     return fb.build()
 
 
-@rule("scan_end")
+@rule(prim.SCAN_END)
 def scan_end_rule(op, operand_shapes, result_shapes) -> OpFactors:
     """Body outputs (carry', y) and the body's carry inputs -> outer (carry, ys[L, ...]).
 
@@ -524,7 +497,7 @@ def scan_end_rule(op, operand_shapes, result_shapes) -> OpFactors:
     return fb.build()
 
 
-@rule("while_start", "cond_start")
+@rule(prim.WHILE_START, prim.COND_START)
 def region_start_rule(op, operand_shapes, result_shapes) -> OpFactors:
     """Region operands map one to one onto body inputs."""
     fb = FactorBuilder(operand_shapes, result_shapes)
@@ -535,7 +508,7 @@ def region_start_rule(op, operand_shapes, result_shapes) -> OpFactors:
     return fb.build()
 
 
-@rule("while_end")
+@rule(prim.WHILE_END)
 def while_end_rule(op, operand_shapes, result_shapes) -> OpFactors:
     """Body outputs ~ body carry inputs ~ loop results."""
     n_out = len(result_shapes)
@@ -546,7 +519,7 @@ def while_end_rule(op, operand_shapes, result_shapes) -> OpFactors:
     return fb.build()
 
 
-@rule("cond_end")
+@rule(prim.COND_END)
 def cond_end_rule(op, operand_shapes, result_shapes) -> OpFactors:
     """Result i ~ output i of every branch."""
     n_out = len(result_shapes)

@@ -14,11 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from toast_core.analysis import Analysis
-
-#: Pseudo-ops that only mark region boundaries: no work, no memory traffic.
-REGION_BOUNDARIES = frozenset(
-    {"scan_start", "scan_end", "while_start", "while_end", "cond_start", "cond_end"}
-)
+from toast_core.ir.primitives import REGION_BOUNDARIES
 
 
 @dataclass(frozen=True, eq=False)
