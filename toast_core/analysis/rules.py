@@ -138,6 +138,46 @@ def rev_rule(op, operand_shapes, result_shapes) -> OpFactors:
     return fb.build()
 
 
+@rule("tile")
+def tile_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """`tile(x[D], reps=(r,)) -> [r * D]` is `([d]) -> ([(r, d)])`: the result dim is r copies of
+    the operand dim, so its minor sub-factor is the operand's dim and the major one is new (what
+    broadcast + reshape, XLA's lowering of tile, give)."""
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for d, (size, reps) in enumerate(zip(operand_shapes[0], op.param("reps", ()))):
+        f = fb.factor(size)
+        fb.set_operand(0, d, f)
+        fb.set_result(0, d, fb.factor(reps), f)
+    return fb.build()
+
+
+@rule("stack")
+def stack_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """`stack([x[A, B]] * n, axis=1) -> [A, n, B]`: every other dim is shared by all operands and
+    the result; the new dim is the result's own (as `concatenate`'s result dim)."""
+    axis = op.param("axis", 0)
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for d, size in enumerate(operand_shapes[0]):
+        rd = d if d < axis else d + 1
+        fb.shared(size, operands=[(i, d) for i in range(len(operand_shapes))], results=[(0, rd)])
+    return fb.build()
+
+
+@rule("unstack")
+def unstack_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """`unstack(x[A, n, B], axis=1) -> n x [A, B]`: the unstacked dim must be whole (jax's own
+    sharding rule refuses it sharded); every other dim is shared by the operand and all results."""
+    axis = op.param("axis", 0)
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for d, size in enumerate(operand_shapes[0]):
+        if d == axis:
+            fb.set_operand(0, d, fb.factor(size, "replicate"))
+            continue
+        rd = d if d < axis else d - 1
+        fb.shared(size, operands=[(0, d)], results=[(i, rd) for i in range(len(result_shapes))])
+    return fb.build()
+
+
 # --- contractions and convolutions --------------------------------------------------------------
 
 
@@ -226,20 +266,6 @@ def cumulative_rule(op, operand_shapes, result_shapes) -> OpFactors:
     for d, size in enumerate(operand_shapes[0]):
         kind = "replicate" if d == axis else "pass"
         fb.shared(size, kind, operands=[(0, d)], results=[(0, d)])
-    return fb.build()
-
-
-@rule("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window")
-def reduce_window_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    """Dims with a trivial window pass; windowed dims need replication (or resize)."""
-    window = op.param("window_dimensions", ())
-    fb = FactorBuilder(operand_shapes, result_shapes)
-    for d, size in enumerate(operand_shapes[0]):
-        trivial = d < len(window) and window[d] == 1 and result_shapes[0][d] == size
-        if trivial:
-            fb.shared(size, operands=[(0, d)], results=[(0, d)])
-        else:
-            fb.set_operand(0, d, fb.factor(size, "replicate"))
     return fb.build()
 
 
@@ -380,7 +406,7 @@ def gather_rule(op, operand_shapes, result_shapes) -> OpFactors:
     return fb.build()
 
 
-@rule("scatter", "scatter-add", "scatter_add", "scatter_mul", "scatter_min", "scatter_max")
+@rule(*sorted(prim.SCATTERS))
 def scatter_rule(op, operand_shapes, result_shapes) -> OpFactors:
     """`operand[V, D] .at[ids].add(updates[B, S, D])`: operand and result pass everywhere (each
     device applies the updates that land in its rows); update scatter dims link to index dims as
@@ -393,7 +419,7 @@ def scatter_rule(op, operand_shapes, result_shapes) -> OpFactors:
     inserted = set(dn.get("inserted_window_dims", ()))
     op_batch = tuple(dn.get("operand_batching_dims", ()))
     idx_batch = tuple(dn.get("scatter_indices_batching_dims", ()))
-    combine = "replicate" if op.primitive == "scatter" else "reduction"
+    combine = "reduction" if op.primitive in prim.COMBINING_SCATTERS else "replicate"
     fb = FactorBuilder(operand_shapes, result_shapes)
     operand_f = []
     for d, size in enumerate(operand):
@@ -419,24 +445,13 @@ def scatter_rule(op, operand_shapes, result_shapes) -> OpFactors:
     return fb.build()
 
 
-# --- creation and randomness --------------------------------------------------------------------
+# --- creation ------------------------------------------------------------------------------------
 
 
-@rule("iota", "rng_uniform", "random_seed", "random_bits", "rng_bit_generator", "empty")
+@rule(*sorted(prim.CREATION))
 def fresh_rule(op, operand_shapes, result_shapes) -> OpFactors:
     """Creates new data: result dims are fresh factors linked to nothing."""
     return FactorBuilder(operand_shapes, result_shapes).build()
-
-
-@rule("random_wrap", "random_unwrap", "random_split", "random_fold_in", "random_clone")
-def random_key_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    """Key arrays: leading (batch) dims shared between key data and key arrays."""
-    fb = FactorBuilder(operand_shapes, result_shapes)
-    n = min(len(operand_shapes[0]), len(result_shapes[0]))
-    for d in range(n):
-        if operand_shapes[0][d] == result_shapes[0][d]:
-            fb.shared(result_shapes[0][d], operands=[(0, d)], results=[(0, d)])
-    return fb.build()
 
 
 # --- linear algebra ------------------------------------------------------------------------------
@@ -531,3 +546,7 @@ def cond_end_rule(op, operand_shapes, result_shapes) -> OpFactors:
                 size, operands=[(b * n_out + i, d) for b in range(n_branches)], results=[(i, d)]
             )
     return fb.build()
+
+
+# Rules kept in their own modules register on import.
+from toast_core.analysis import rules_random, rules_window  # noqa: E402, F401

@@ -35,7 +35,7 @@ ELEMENTWISE = frozenset(
         "optimization_barrier or polygamma population_count pow random_gamma_grad real "
         "reduce_precision regularized_incomplete_beta rem round rsqrt select_n sharding_constraint "
         "shift_left shift_right_arithmetic shift_right_logical sign sin sinh sqrt square "
-        "stop_gradient sub tan tanh threefry2x32 xor zeta"
+        "stop_gradient sub tan tanh xor zeta"
     ).split()
 )
 #: Elementwise ops that compute nothing (copies, annotations, barriers): zero flops.
@@ -51,13 +51,19 @@ NO_OP_ELEMENTWISE = frozenset(
 )
 #: One transcendental evaluation per element (XLA's `transcendentals` count), no flops.
 TRANSCENDENTAL = frozenset(
-    "acos acosh asin asinh atan atan2 atanh cbrt cos cosh erf erfc exp expm1 log log1p pow rsqrt "
-    "sin sinh sqrt tan tanh".split()
+    "atan atan2 cbrt cos erf exp expm1 log log1p pow rsqrt sin sqrt tan tanh".split()
 )
 #: Transcendentals XLA keeps fused into every reader like cheap ops (measured on the CPU).
 DUPLICATED_TRANSCENDENTAL = frozenset({"sin", "cos", "tan"})
-#: Elementwise functions XLA expands into several flops and transcendentals per element.
-EXPANDED_TRANSCENDENTAL = frozenset({"logistic", "exp2", "erf_inv", "lgamma"})
+#: Elementwise functions XLA expands into several flops and transcendentals per element
+#: (special functions, inverse and hyperbolic trigonometry; counts in `cost/flops.py`).
+EXPANDED_TRANSCENDENTAL = frozenset(
+    (
+        "acos acosh asin asinh atanh bessel_i0e bessel_i1e cosh digamma erf_inv erfc exp2 igamma "
+        "igamma_grad_a igammac lgamma logistic nextafter polygamma random_gamma_grad "
+        "regularized_incomplete_beta sinh zeta"
+    ).split()
+)
 
 # --- reductions and scans ------------------------------------------------------------------------
 
@@ -103,8 +109,32 @@ FUSIBLE_LAYOUT = frozenset(
 
 # --- gather and scatter (jax spells the combining scatters with a hyphen) ------------------------
 
-#: Scatters that add their updates into the operand.
-SCATTER_ADDS = frozenset({"scatter-add", "scatter_add"})
+#: Scatters that combine their updates with the operand (one flop per update element).
+COMBINING_SCATTERS = frozenset(
+    {"scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max"}
+)
+#: Every scatter: the combining ones and the overwriting `scatter`.
+SCATTERS = COMBINING_SCATTERS | {"scatter"}
+
+# --- windows, stacking, randomness -----------------------------------------------------------------
+
+#: Windowed reductions (pooling); `reduce_window` is the generic one with a body.
+REDUCE_WINDOWS = frozenset(
+    {"reduce_window", "reduce_window_sum", "reduce_window_max", "reduce_window_min"}
+)
+#: Key-array plumbing of `jax.random` (keys in, keys or key data out).
+RANDOM_KEYS = frozenset(
+    {
+        "random_clone",
+        "random_fold_in",
+        "random_seed",
+        "random_split",
+        "random_unwrap",
+        "random_wrap",
+    }
+)
+#: Ops that create data from nothing (no operand dims to link).
+CREATION = frozenset({"empty", "empty2", "iota", "rng_bit_generator", "rng_uniform"})
 
 
 def registrar(table: dict, what: str) -> Callable:

@@ -124,6 +124,15 @@ def _plain_params(params: dict) -> tuple[tuple[str, object], ...]:
     return tuple(out)
 
 
+def _op_params(eqn) -> tuple[tuple[str, object], ...]:
+    """The eqn's plain params, plus what lowering reads from the global config: whether threefry
+    random bits are partitionable (XLA then generates each device's shard, not the whole array)."""
+    params = _plain_params(eqn.params)
+    if eqn.primitive.name == "random_bits":
+        params += (("threefry_partitionable", bool(jax.config.jax_threefry_partitionable)),)
+    return params
+
+
 def _dtype_name(aval) -> str:
     return str(getattr(aval, "dtype", "float32"))
 
@@ -206,7 +215,7 @@ class _Builder:
             prim,
             operand_ids,
             result_ids,
-            _plain_params(eqn.params),
+            _op_params(eqn),
             trip_count=trip_count,
             region_depth=depth,
             **kw,
