@@ -522,6 +522,26 @@ def test_unknown_primitive_gets_the_fallback_and_a_diagnostic():
     assert len(ana.named_dims) == 6
 
 
+def test_sharding_into_an_unknown_primitive_costs_an_all_gather():
+    """Pessimistic pricing: the batch dim of h = x @ w1 sharded on `data` must be gathered before
+    the op we cannot model, never carried through it for free."""
+
+    def fn(params, x):
+        return mystery_p.bind(x @ params["w1"]) @ params["w2"]
+
+    prog = tc.trace(fn, {"w1": sds(4, 8), "w2": sds(8, 2)}, sds(16, 4))
+    ana = tc.analyze(prog)
+    (op,) = [op for op in prog.ops if op.primitive == "toast_test_mystery"]
+    shapes = [prog.values[op.operands[0]].shape]
+    assert set(factors_of(op, shapes, shapes).kinds) == {"replicate"}
+    (batch,) = ana.value_named_dims(op.operands[0])[0]
+    mesh = tc.MeshSpec({"data": 8})
+    report = tc.estimate(ana, tc.Strategy.make(ana, {f"N{batch}": "data"}), mesh, "tpu-v5e")
+    gathers = [c for c in report.collectives if c.kind == "all-gather" and c.op == op.index]
+    assert [(c.value, c.mesh_axes) for c in gathers] == [(op.operands[0], ("data",))]
+    assert gathers[0].bytes > 0
+
+
 # --- registries --------------------------------------------------------------------------------
 
 

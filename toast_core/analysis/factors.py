@@ -66,10 +66,10 @@ class FactorBuilder:
             if not self.operands[i][d]:
                 self.set_operand(i, d, self.factor(size, kind))
 
-    def fresh_result_dims(self, i: int) -> None:
+    def fresh_result_dims(self, i: int, kind: str = "pass") -> None:
         for d, size in enumerate(self.result_shapes[i]):
             if not self.results[i][d]:
-                self.set_result(i, d, self.factor(size))
+                self.set_result(i, d, self.factor(size, kind))
 
     def shared(self, size: int, kind: str = "pass", *, operands=(), results=()) -> int | None:
         """One factor of `size` on the listed (operand, dim) and (result, dim) slots."""
@@ -81,10 +81,13 @@ class FactorBuilder:
         return f
 
     def build(self, fallback: bool = False) -> OpFactors:
+        """The rule's factors; dims the rule left unset get fresh factors of their own, `pass`,
+        or `replicate` for the `fallback` of a primitive without a rule."""
+        kind = "replicate" if fallback else "pass"
         for i in range(len(self.operand_shapes)):
-            self.fresh_operand_dims(i)
+            self.fresh_operand_dims(i, kind)
         for i in range(len(self.result_shapes)):
-            self.fresh_result_dims(i)
+            self.fresh_result_dims(i, kind)
         return OpFactors(
             tuple(self.sizes),
             tuple(self.kinds),

@@ -2,8 +2,9 @@
 
 Each rule receives the op and the shapes of its operands and results and returns an `OpFactors`
 (see `factors.py`). Rules describe relations, never decisions. Rule cases are kept alphabetical
-within each family. A primitive without a rule gets `fallback_rule` (every dim its own factor, so no
-named dim crosses the op) and the analysis reports a diagnostic.
+within each family. A primitive without a rule gets `fallback_rule` (every dim its own
+`replicate` factor, so no named dim crosses the op and a sharded operand is gathered) and the
+analysis reports a diagnostic.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ def factors_of(op: Op, operand_shapes: list, result_shapes: list) -> OpFactors:
 
 
 def fallback_rule(op: Op, operand_shapes: list, result_shapes: list) -> OpFactors:
-    """Every dim its own factor: nothing is linked across the op (always safe, never clever)."""
+    """Every dim its own `replicate` factor: nothing is linked across the op, a sharded operand is
+    all-gathered before it, and its work is never divided, so sharding across a primitive we do
+    not model can only look expensive, never free (always safe, never clever)."""
     return FactorBuilder(operand_shapes, result_shapes).build(fallback=True)
 
 
