@@ -294,6 +294,8 @@ def run_nda(program: Program) -> NdaResult:
             for d, (vleaves, uleaves) in enumerate(zip(value_atoms[vid], use_atoms[(opi, pos)])):
                 if failed and (vid, opi, pos, d) in failed:
                     continue
+                if not vleaves or not uleaves:
+                    continue  # a dim a rule left unshardable (no factors): nothing to link
                 assert len(vleaves) == len(uleaves), (vid, opi, pos, d)
                 for sub, (a, b) in enumerate(zip(vleaves, uleaves)):
                     assert size[a] == size[b]

@@ -358,12 +358,24 @@ def dynamic_update_slice_rule(op, operand_shapes, result_shapes) -> OpFactors:
 
 @rule("pad")
 def pad_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    """Unpadded dims pass; a padded dim is resharded with a halo exchange (permute)."""
+    """Unpadded dims pass; a padded dim is resharded with a halo exchange (permute).
+
+    A dim with interior padding (`[4] -> [8]` putting a zero between elements: the gradient of
+    `x[::2]`, of `cummax`, of `associative_scan`) must be whole on both sides: XLA's partitioner
+    computes wrong values or fails its HLO verifier when the result is sharded there
+    (`xla_limits.KNOWN_XLA_LIMITATIONS["pad-interior-sharded-result"]`), and is correct when the
+    operand is gathered and the result replicated. So the operand dim is `replicate` and the
+    result dim gets no factor: never sharded; its readers slice it locally.
+    """
     config = op.param("padding_config", ())
     fb = FactorBuilder(operand_shapes, result_shapes)
     for d, size in enumerate(operand_shapes[0]):
-        if d < len(config) and tuple(config[d]) == (0, 0, 0):
+        lo, hi, interior = tuple(config[d]) if d < len(config) else (0, 0, 0)
+        if (lo, hi, interior) == (0, 0, 0):
             fb.shared(size, operands=[(0, d)], results=[(0, d)])
+        elif interior:
+            fb.set_operand(0, d, fb.factor(size, "replicate"))
+            fb.unshardable("r", 0, d)
         else:
             fb.set_operand(0, d, fb.factor(size, "permute"))
     return fb.build()
