@@ -558,3 +558,27 @@ def test_incompatible_reshapes_become_a_reshape_conflict():
     (site,) = {s.value for c in ana.conflicts if c.kind == "reshape" for s in c.sites}
     assert prog.values[site].shape == (24,)
     assert_refinement_invariants(prog, ana)
+
+
+@pytest.mark.parametrize(
+    "scale",
+    [lambda p: p["a"] * p["b"], lambda p: jnp.where(p["a"] > 0.1, p["a"], p["b"])],
+    ids=["times_scalar", "where_scalar"],
+)
+def test_programs_with_more_ops_than_atoms_analyze(scale):
+    """Regression (fuzzer): a gradient through mostly scalar ops has more ops than atoms; the
+    per-named-dim op lists once overflowed their encoding and `analyze` raised IndexError."""
+    p = {"a": jnp.ones((2,)), "b": jnp.float32(0.5)}
+    x = jnp.ones((2,))
+
+    def step(p, x):
+        return jax.grad(lambda p: jnp.minimum(jnp.dot(x, scale(p)), 0.3))(p)
+
+    prog = tc.trace(step, p, x)
+    ana = tc.analyze(prog)
+    assert len(prog.ops) > len(ana.nda.atom_size)
+    for nd in ana.named_dims:  # every listed op really owns an atom of that kind in the dim
+        for kind, ops in (("reduction", nd.reduction_ops), ("replicate", nd.replication_ops)):
+            owned = {int(ana.nda.atom_owner[a]) for a in nd.atoms if ana.nda.atom_kind[a] == kind}
+            assert set(ops) == owned
+    assert any(nd.reduction_ops for nd in ana.named_dims)  # the dot's contraction over a

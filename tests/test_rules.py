@@ -413,6 +413,88 @@ def test_every_zoo_primitive_has_a_real_well_formed_rule(name):
     assert not tc.analyze(prog).nda.fallback_ops
 
 
+# --- primitives beyond the zoo: tiling, stacking, pooling, bits and randomness -----------------
+
+
+def test_tile_result_dim_is_copies_of_the_operand_dim():
+    got = rule_table(lambda x: jnp.tile(x, (2, 1)), X, primitive="tile")
+    assert got == {
+        F("pass", 2, "r0.0:0"),
+        F("pass", 4, "o0.0", "r0.0:1"),
+        F("pass", 6, "o0.1", "r0.1"),
+    }
+
+
+def test_stack_links_every_operand_and_adds_a_dim():
+    got = rule_table(lambda x, y: jnp.stack([x, y], axis=1), X, X, primitive="stack")
+    assert got == {F("pass", 4, "o0.0", "o1.0", "r0.0"), F("pass", 2, "r0.1"),
+                   F("pass", 6, "o0.1", "o1.1", "r0.2")}  # fmt: skip
+
+
+def test_unstack_needs_the_unstacked_dim_whole():
+    got = rule_table(lambda x: sum(jnp.unstack(x[:, :3], axis=1)), X, primitive="unstack")
+    assert got == {F("replicate", 3, "o0.1"), F("pass", 4, "o0.0", "r0.0", "r1.0", "r2.0")}
+
+
+def test_pooling_gathers_windowed_dims_and_keeps_the_others():
+    pool = lambda x: jax.lax.reduce_window(  # noqa: E731
+        x, -jnp.inf, jax.lax.max, (1, 2, 1), (1, 2, 1), "VALID"
+    )
+    got = rule_table(pool, sds(2, 8, 4), primitive="reduce_window_max")
+    assert got == {F("pass", 2, "o0.0", "r0.0"), F("replicate", 8, "o0.1"),
+                   F("replicate", 4, "r0.1"), F("pass", 4, "o0.2", "r0.2")}  # fmt: skip
+    grad = jax.grad(lambda x: pool(x).sum())
+    got = rule_table(grad, sds(2, 8, 4), primitive="select_and_scatter_add")
+    assert got == {F("pass", 2, "o0.0", "o1.0", "r0.0"), F("replicate", 4, "o0.1"),
+                   F("replicate", 8, "o1.1", "r0.1"), F("pass", 4, "o0.2", "o1.2", "r0.2")}  # fmt: skip
+
+
+def test_bitcast_to_a_narrower_type_adds_a_whole_minor_dim():
+    got = rule_table(lambda x: jax.lax.bitcast_convert_type(x, jnp.uint8), X,
+                     primitive="bitcast_convert_type")  # fmt: skip
+    assert got == {
+        F("pass", 4, "o0.0", "r0.0"),
+        F("pass", 6, "o0.1", "r0.1"),
+        F("replicate", 4, "r0.2"),
+    }
+
+
+def test_random_bits_dims_are_shardable_when_threefry_is_partitionable():
+    def bits(k):
+        return jax.random.bits(k, (4, 6))
+
+    got = rule_table(bits, jax.random.key(0), primitive="random_bits")
+    assert got == {F("pass", 4, "r0.0"), F("pass", 6, "r0.1")}
+    keys = jax.random.split(jax.random.key(0), 4)
+    got = rule_table(jax.vmap(bits), keys, primitive="random_bits")
+    assert F("pass", 4, "o0.0", "r0.0") in got  # per-example keys shard like the batch
+    with jax.threefry_partitionable(False):
+        got = rule_table(bits, jax.random.key(0), primitive="random_bits")
+    assert got == {F("replicate", 4, "r0.0"), F("replicate", 6, "r0.1")}
+
+
+def test_key_plumbing_links_the_key_array_dims():
+    keys = jax.random.split(jax.random.key(0), 4)
+    got = rule_table(lambda k: jax.random.split(k, 3) if k.ndim == 0 else jax.vmap(
+        lambda kk: jax.random.split(kk, 3))(k), keys, primitive="random_split")  # fmt: skip
+    assert got == {F("pass", 4, "o0.0", "r0.0"), F("pass", 3, "r0.1")}
+    got = rule_table(jax.random.key_data, keys, primitive="random_unwrap")
+    assert got == {F("pass", 4, "o0.0", "r0.0"), F("pass", 2, "r0.1")}
+    got = rule_table(jax.random.wrap_key_data, sds(4, 2, dtype=jnp.uint32), primitive="random_wrap")
+    assert got == {F("pass", 4, "o0.0", "r0.0"), F("replicate", 2, "o0.1")}
+
+
+@pytest.mark.parametrize("spelling", ["scatter-mul", "scatter-min", "scatter-max"])
+def test_combining_scatters_have_their_jax_spelling(spelling):
+    method = {"scatter-mul": "multiply", "scatter-min": "min", "scatter-max": "max"}[spelling]
+
+    def fn(t, i, u):
+        return getattr(t.at[i], method)(u)
+
+    got = rule_table(fn, sds(10, 8), sds(4, dtype=jnp.int32), sds(4, 8), primitive=spelling)
+    assert F("reduction", 4, "o1.0", "o2.0") in got
+
+
 # --- unknown primitives ------------------------------------------------------------------------
 
 mystery_p = Primitive("toast_test_mystery")
@@ -438,3 +520,58 @@ def test_unknown_primitive_gets_the_fallback_and_a_diagnostic():
     assert not ana.conflicts
     # The batch dim of x and of the output are different named dims now (the op cut them).
     assert len(ana.named_dims) == 6
+
+
+def test_sharding_into_an_unknown_primitive_costs_an_all_gather():
+    """Pessimistic pricing: the batch dim of h = x @ w1 sharded on `data` must be gathered before
+    the op we cannot model, never carried through it for free."""
+
+    def fn(params, x):
+        return mystery_p.bind(x @ params["w1"]) @ params["w2"]
+
+    prog = tc.trace(fn, {"w1": sds(4, 8), "w2": sds(8, 2)}, sds(16, 4))
+    ana = tc.analyze(prog)
+    (op,) = [op for op in prog.ops if op.primitive == "toast_test_mystery"]
+    shapes = [prog.values[op.operands[0]].shape]
+    assert set(factors_of(op, shapes, shapes).kinds) == {"replicate"}
+    (batch,) = ana.value_named_dims(op.operands[0])[0]
+    mesh = tc.MeshSpec({"data": 8})
+    report = tc.estimate(ana, tc.Strategy.make(ana, {f"N{batch}": "data"}), mesh, "tpu-v5e")
+    gathers = [c for c in report.collectives if c.kind == "all-gather" and c.op == op.index]
+    assert [(c.value, c.mesh_axes) for c in gathers] == [(op.operands[0], ("data",))]
+    assert gathers[0].bytes > 0
+
+
+# --- registries --------------------------------------------------------------------------------
+
+
+def test_registering_a_primitive_twice_is_an_error():
+    from toast_core.analysis.rules import rule
+    from toast_core.cost.flops import flop_rule
+
+    with pytest.raises(tc.ToastError, match="'add' registered twice"):
+        rule("add")(lambda op, operand_shapes, result_shapes: None)
+    with pytest.raises(tc.ToastError, match="'dot_general' registered twice"):
+        flop_rule("dot_general")(lambda op, program: (0.0, 0.0))
+    assert RULES["add"].__name__ == "elementwise_rule"
+
+
+def test_every_primitive_family_has_factor_rules():
+    from toast_core.ir import primitives as prim
+
+    families = (
+        prim.REGION_BOUNDARIES,
+        prim.ELEMENTWISE,
+        prim.REDUCTIONS,
+        prim.ARG_REDUCTIONS,
+        prim.CUMULATIVE,
+        prim.FUSIBLE_LAYOUT,
+        prim.SCATTERS,
+        prim.REDUCE_WINDOWS,
+        prim.RANDOM_KEYS,
+        prim.CREATION,
+    )
+    for family in families:
+        assert family <= set(RULES), sorted(family - set(RULES))
+    assert prim.FUSED_REDUCTIONS <= prim.REDUCTIONS
+    assert prim.NO_OP_ELEMENTWISE | prim.TRANSCENDENTAL <= prim.ELEMENTWISE

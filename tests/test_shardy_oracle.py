@@ -222,6 +222,7 @@ FAMILY = {
     "and": "and",
     "argmax": "reduce",
     "argmin": "reduce",
+    "bitcast_convert_type": "bitcast_convert",
     "broadcast_in_dim": "broadcast_in_dim",
     "concatenate": "concatenate",
     "conv_general_dilated": "convolution",
@@ -256,11 +257,18 @@ FAMILY = {
     "reduce_min": "reduce",
     "reduce_prod": "reduce",
     "reduce_sum": "reduce",
+    "reduce_window": "reduce_window",
+    "reduce_window_max": "reduce_window",
+    "reduce_window_min": "reduce_window",
+    "reduce_window_sum": "reduce_window",
     "reshape": "reshape",
     "rev": "reverse",
     "rsqrt": "rsqrt",
     "scatter-add": "scatter",
-    "scatter_add": "scatter",
+    "scatter-max": "scatter",
+    "scatter-min": "scatter",
+    "scatter-mul": "scatter",
+    "scatter-sub": "scatter",
     "scatter": "scatter",
     "select_n": "select",
     "sign": "sign",
@@ -574,6 +582,20 @@ ALLOWED: dict[tuple[str, str], str] = {
     ),
     ("dynamic_slice", "resized dim"): _RESIZED.format(ours="replicate, like Shardy's"),
     ("pad", "resized dim"): _RESIZED.format(ours="permute, like Shardy's"),
+    **{
+        (window, category): (
+            "a pooling window's dims are halo-exchanged by Shardy (permutation); we gather them "
+            "(replicate) and do not divide the op's work by them, a pessimistic price until "
+            "window halos are modelled, so sharding across a pooling window never looks free"
+        )
+        for window in (
+            "reduce_window",
+            "reduce_window_max",
+            "reduce_window_min",
+            "reduce_window_sum",
+        )
+        for category in ("resized dim", "kind replicate->permute")
+    },
     ("reshape", "relation"): (
         "a non-nesting reshape (`[4, 6] -> [6, 4]`): Shardy keeps the common major and minor "
         "sub-factors; DESIGN §3 cuts the link and records a reshape conflict instead"
@@ -621,6 +643,45 @@ def kitchen_sink(x, k, table_, ids, u):
 KITCHEN_ARGS = (
     jax.ShapeDtypeStruct((4, 6), jnp.float32),
     jax.ShapeDtypeStruct((2, 2, 8, 8), jnp.float32),
+    jax.ShapeDtypeStruct((10, 8), jnp.float32),
+    jax.ShapeDtypeStruct((4,), jnp.int32),
+    jax.ShapeDtypeStruct((4, 8), jnp.float32),
+)
+
+
+def _pool(x, op, init, window, strides, padding):
+    return jax.lax.reduce_window(x, init, op, window, strides, padding)
+
+
+def newer_sink(x4, v, table_, ids, u):
+    """Primitives outside the zoo that users' programs produce: bit casts (random bits become
+    floats), pooling, combining scatters.
+
+    Not comparable op for op, because StableHLO has no single op for them: `tile` (broadcast +
+    reshape), `stack` (broadcasts + concatenate), `unstack` (slices + reshapes), random bits (a
+    threefry expansion) and `select_and_scatter_add` (jax pads the operand first). By hand,
+    Shardy's `select_and_scatter` rule is `([i, k, m, n], [i, j, l, n]) -> ([i, k, m, n])` with the
+    operand's windowed dims k, m a permutation and dy's j, l need-replication; ours gathers all four
+    (replicate), the same pessimism as for `reduce_window`.
+    """
+    narrow = jax.lax.bitcast_convert_type(v, jnp.uint8)
+    return (
+        jax.lax.bitcast_convert_type(v, jnp.int32),
+        narrow,
+        jax.lax.bitcast_convert_type(narrow, jnp.float32),
+        _pool(x4, jax.lax.max, -jnp.inf, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
+        _pool(x4, jax.lax.add, 0.0, (1, 3, 3, 1), (1, 1, 1, 1), "SAME"),
+        _pool(x4, jax.lax.min, jnp.inf, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
+        _pool(x4, jax.lax.mul, 1.0, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"),
+        table_.at[ids].multiply(u),
+        table_.at[ids].min(u),
+        table_.at[ids].max(u),
+    )
+
+
+NEWER_ARGS = (
+    jax.ShapeDtypeStruct((2, 8, 8, 4), jnp.float32),
+    jax.ShapeDtypeStruct((4, 6), jnp.float32),
     jax.ShapeDtypeStruct((10, 8), jnp.float32),
     jax.ShapeDtypeStruct((4,), jnp.int32),
     jax.ShapeDtypeStruct((4, 8), jnp.float32),
@@ -683,6 +744,15 @@ def test_kitchen_sink_disagreements_are_all_explained():
                 "scatter-add", "sort", "squeeze", "transpose"}  # fmt: skip
     for prim in agreeing:
         assert check.agreeing[prim] == check.compared[prim] > 0, (prim, table(check))
+
+
+def test_newer_primitives_agree_with_shardy_or_are_pessimistic():
+    check = crosscheck("newer primitives", newer_sink, NEWER_ARGS, ())
+    assert not check.not_allowed(), table(check)
+    for prim in ("bitcast_convert_type", "scatter-mul", "scatter-min", "scatter-max"):
+        assert check.agreeing[prim] == check.compared[prim] > 0, (prim, table(check))
+    windows = ("reduce_window", "reduce_window_max", "reduce_window_min", "reduce_window_sum")
+    assert all(check.compared[w] == 1 for w in windows), table(check)
 
 
 def test_a_wrong_rule_is_caught(monkeypatch):

@@ -364,7 +364,9 @@ def _ops_by_dim(nda: NdaResult, atom_dim, leaves, kind: str, n: int) -> list[tup
     """Named dim -> sorted ids of the ops that own one of its atoms of factor kind `kind`."""
     kinds = nda.atom_kind
     atoms = np.array([a for a in leaves.tolist() if kinds[a] == kind], dtype=np.int64)
-    n_owners = len(nda.atom_owner) + 1
+    # Encode (named dim, owner + 1) in one integer; the base must exceed every owner + 1. Owners
+    # are op ids, which can outnumber atoms (a program of mostly scalar ops has few atoms).
+    n_owners = int(np.max(nda.atom_owner, initial=-1)) + 2
     pairs = np.unique(atom_dim[atoms] * n_owners + nda.atom_owner[atoms] + 1)
     out: list[list[int]] = [[] for _ in range(n)]
     for c, owner in zip((pairs // n_owners).tolist(), (pairs % n_owners - 1).tolist()):

@@ -11,7 +11,10 @@ sharded alike for the op to run locally. Each factor has a kind:
                   sharding it forces an all-gather of the operand before the op;
 * ``permute``   - shardable with a halo exchange (collective-permute): padded dims, conv spatial dims.
 
-Size-1 dims get no factor at all: they can never be sharded, so they never link anything.
+Size-1 dims get no factor at all: they can never be sharded, so they never link anything. A rule
+may also leave a larger dim without factors (`FactorBuilder.unshardable`) when XLA cannot
+partition it correctly (`xla_limits.py`): that dim of the value is then always replicated, and its
+uses read it as a local slice.
 
 Example: ``dot_general [b,m,k] x [b,k,n] -> [b,m,n]`` has factors b, m, k (reduction), n;
 ``reshape [8, 32] -> [8, 4, 8]`` has factors i, j, k with the operand's dim 1 = (j, k).
@@ -45,6 +48,7 @@ class FactorBuilder:
         self.kinds: list[str] = []
         self.operands = [[() for _ in s] for s in self.operand_shapes]
         self.results = [[() for _ in s] for s in self.result_shapes]
+        self._unshardable: set[tuple[str, int, int]] = set()
 
     def factor(self, size: int, kind: str = "pass") -> int | None:
         """A new factor, or None for size 1 (never shardable, so never linked)."""
@@ -53,6 +57,11 @@ class FactorBuilder:
         self.sizes.append(int(size))
         self.kinds.append(kind)
         return len(self.sizes) - 1
+
+    def unshardable(self, side: str, i: int, d: int) -> None:
+        """Leaves dim d of operand (`side="o"`) or result (`"r"`) i without factors: never
+        sharded, linked to nothing (for dims XLA's partitioner gets wrong, see `xla_limits.py`)."""
+        self._unshardable.add((side, i, d))
 
     def set_operand(self, i: int, d: int, *factors: int | None) -> None:
         self.operands[i][d] = tuple(f for f in factors if f is not None)
@@ -63,13 +72,13 @@ class FactorBuilder:
     def fresh_operand_dims(self, i: int, kind: str = "pass") -> None:
         """Operand dims not set by the rule get their own (unlinked) factors."""
         for d, size in enumerate(self.operand_shapes[i]):
-            if not self.operands[i][d]:
+            if not self.operands[i][d] and ("o", i, d) not in self._unshardable:
                 self.set_operand(i, d, self.factor(size, kind))
 
-    def fresh_result_dims(self, i: int) -> None:
+    def fresh_result_dims(self, i: int, kind: str = "pass") -> None:
         for d, size in enumerate(self.result_shapes[i]):
-            if not self.results[i][d]:
-                self.set_result(i, d, self.factor(size))
+            if not self.results[i][d] and ("r", i, d) not in self._unshardable:
+                self.set_result(i, d, self.factor(size, kind))
 
     def shared(self, size: int, kind: str = "pass", *, operands=(), results=()) -> int | None:
         """One factor of `size` on the listed (operand, dim) and (result, dim) slots."""
@@ -81,10 +90,13 @@ class FactorBuilder:
         return f
 
     def build(self, fallback: bool = False) -> OpFactors:
+        """The rule's factors; dims the rule left unset get fresh factors of their own, `pass`,
+        or `replicate` for the `fallback` of a primitive without a rule."""
+        kind = "replicate" if fallback else "pass"
         for i in range(len(self.operand_shapes)):
-            self.fresh_operand_dims(i)
+            self.fresh_operand_dims(i, kind)
         for i in range(len(self.result_shapes)):
-            self.fresh_result_dims(i)
+            self.fresh_result_dims(i, kind)
         return OpFactors(
             tuple(self.sizes),
             tuple(self.kinds),

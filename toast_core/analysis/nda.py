@@ -261,7 +261,8 @@ def run_nda(program: Program) -> NdaResult:
             if unknown[op.primitive] == 1:
                 diagnostics.append(
                     f"unknown primitive `{op.primitive}` at {op.source or '?'}: no factor rule, so "
-                    "no named dim crosses it (every dim is its own factor)"
+                    "no named dim crosses it and it is priced pessimistically (every dim is its "
+                    "own replicate factor: sharded operands are gathered, its work undivided)"
                 )
         ids = forest.new_many(rule.sizes, rule.kinds, op.index)
         op_factors.append(ids)
@@ -294,6 +295,8 @@ def run_nda(program: Program) -> NdaResult:
             for d, (vleaves, uleaves) in enumerate(zip(value_atoms[vid], use_atoms[(opi, pos)])):
                 if failed and (vid, opi, pos, d) in failed:
                     continue
+                if not vleaves or not uleaves:
+                    continue  # a dim a rule left unshardable (no factors): nothing to link
                 assert len(vleaves) == len(uleaves), (vid, opi, pos, d)
                 for sub, (a, b) in enumerate(zip(vleaves, uleaves)):
                     assert size[a] == size[b]

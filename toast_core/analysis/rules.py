@@ -2,8 +2,14 @@
 
 Each rule receives the op and the shapes of its operands and results and returns an `OpFactors`
 (see `factors.py`). Rules describe relations, never decisions. Rule cases are kept alphabetical
-within each family. A primitive without a rule gets `fallback_rule` (every dim its own factor, so no
-named dim crosses the op) and the analysis reports a diagnostic.
+within each family. A primitive without a rule gets `fallback_rule` (every dim its own
+`replicate` factor, so no named dim crosses the op and a sharded operand is gathered) and the
+analysis reports a diagnostic.
+
+This module holds the registry and the elementwise, layout, contraction, reduction, creation and
+linear-algebra rules; `rules_indexing.py` (slicing, padding, gather, scatter), `rules_window.py`
+(pooling), `rules_random.py` (bits and keys) and `rules_region.py` (scan, while, cond) register
+theirs on import.
 """
 
 from __future__ import annotations
@@ -11,19 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from toast_core.analysis.factors import FactorBuilder, OpFactors, mixed_radix_groups, split_dim
+from toast_core.ir import primitives as prim
 from toast_core.ir.program import Op
 
 Rule = Callable[[Op, list, list], OpFactors]
 RULES: dict[str, Rule] = {}
-
-
-def rule(*names: str):
-    def register(fn: Rule) -> Rule:
-        for name in names:
-            RULES[name] = fn
-        return fn
-
-    return register
+#: `@rule("name", ...)` registers a factor rule; a name registered twice raises.
+rule = prim.registrar(RULES, "factor rules")
 
 
 def factors_of(op: Op, operand_shapes: list, result_shapes: list) -> OpFactors:
@@ -35,25 +35,16 @@ def factors_of(op: Op, operand_shapes: list, result_shapes: list) -> OpFactors:
 
 
 def fallback_rule(op: Op, operand_shapes: list, result_shapes: list) -> OpFactors:
-    """Every dim its own factor: nothing is linked across the op (always safe, never clever)."""
+    """Every dim its own `replicate` factor: nothing is linked across the op, a sharded operand is
+    all-gathered before it, and its work is never divided, so sharding across a primitive we do
+    not model can only look expensive, never free (always safe, never clever)."""
     return FactorBuilder(operand_shapes, result_shapes).build(fallback=True)
 
 
 # --- elementwise ---------------------------------------------------------------------------------
 
-ELEMENTWISE = (
-    "abs acos acosh add add_any and asin asinh atan atan2 atanh bessel_i0e bessel_i1e cbrt ceil "
-    "clamp clz complex conj convert_element_type copy copy_p cos cosh device_put digamma div eq "
-    "erf erf_inv erfc exp exp2 expm1 floor ge gt igamma igamma_grad_a igammac imag integer_pow "
-    "is_finite le lgamma log log1p logistic lt max min mul ne neg nextafter not optimization_barrier "
-    "or polygamma population_count pow random_gamma_grad real reduce_precision "
-    "regularized_incomplete_beta rem round rsqrt select_n sharding_constraint shift_left "
-    "shift_right_arithmetic shift_right_logical sign sin sinh sqrt square stop_gradient sub tan "
-    "tanh threefry2x32 xor zeta"
-).split()
 
-
-@rule(*ELEMENTWISE)
+@rule(*sorted(prim.ELEMENTWISE))
 def elementwise_rule(op, operand_shapes, result_shapes) -> OpFactors:
     """Result dim d ~ dim d of every operand of the same rank (rank-0 operands broadcast).
 
@@ -155,6 +146,46 @@ def rev_rule(op, operand_shapes, result_shapes) -> OpFactors:
     return fb.build()
 
 
+@rule("tile")
+def tile_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """`tile(x[D], reps=(r,)) -> [r * D]` is `([d]) -> ([(r, d)])`: the result dim is r copies of
+    the operand dim, so its minor sub-factor is the operand's dim and the major one is new (what
+    broadcast + reshape, XLA's lowering of tile, give)."""
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for d, (size, reps) in enumerate(zip(operand_shapes[0], op.param("reps", ()))):
+        f = fb.factor(size)
+        fb.set_operand(0, d, f)
+        fb.set_result(0, d, fb.factor(reps), f)
+    return fb.build()
+
+
+@rule("stack")
+def stack_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """`stack([x[A, B]] * n, axis=1) -> [A, n, B]`: every other dim is shared by all operands and
+    the result; the new dim is the result's own (as `concatenate`'s result dim)."""
+    axis = op.param("axis", 0)
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for d, size in enumerate(operand_shapes[0]):
+        rd = d if d < axis else d + 1
+        fb.shared(size, operands=[(i, d) for i in range(len(operand_shapes))], results=[(0, rd)])
+    return fb.build()
+
+
+@rule("unstack")
+def unstack_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """`unstack(x[A, n, B], axis=1) -> n x [A, B]`: the unstacked dim must be whole (jax's own
+    sharding rule refuses it sharded); every other dim is shared by the operand and all results."""
+    axis = op.param("axis", 0)
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for d, size in enumerate(operand_shapes[0]):
+        if d == axis:
+            fb.set_operand(0, d, fb.factor(size, "replicate"))
+            continue
+        rd = d if d < axis else d - 1
+        fb.shared(size, operands=[(0, d)], results=[(i, rd) for i in range(len(result_shapes))])
+    return fb.build()
+
+
 # --- contractions and convolutions --------------------------------------------------------------
 
 
@@ -219,17 +250,7 @@ def conv_rule(op, operand_shapes, result_shapes) -> OpFactors:
 # --- reductions and scans -----------------------------------------------------------------------
 
 
-@rule(
-    "argmax",
-    "argmin",
-    "reduce_and",
-    "reduce_max",
-    "reduce_min",
-    "reduce_or",
-    "reduce_prod",
-    "reduce_sum",
-    "reduce_xor",
-)
+@rule(*sorted(prim.REDUCTIONS | prim.ARG_REDUCTIONS))
 def reduce_rule(op, operand_shapes, result_shapes) -> OpFactors:
     """`reduce_sum` over dim 1 is `([i, j]) -> ([i]) reduction={j}`."""
     axes = set(op.param("axes", ()))
@@ -244,7 +265,7 @@ def reduce_rule(op, operand_shapes, result_shapes) -> OpFactors:
     return fb.build()
 
 
-@rule("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")
+@rule(*sorted(prim.CUMULATIVE))
 def cumulative_rule(op, operand_shapes, result_shapes) -> OpFactors:
     """The cumulative dim must be whole at the op (replicate) and lines up with the result's:
     `cumsum` over dim 1 is `([i, j]) -> ([i, j])` with j replicated (Shardy: j a permutation)."""
@@ -253,20 +274,6 @@ def cumulative_rule(op, operand_shapes, result_shapes) -> OpFactors:
     for d, size in enumerate(operand_shapes[0]):
         kind = "replicate" if d == axis else "pass"
         fb.shared(size, kind, operands=[(0, d)], results=[(0, d)])
-    return fb.build()
-
-
-@rule("reduce_window_sum", "reduce_window_max", "reduce_window_min", "reduce_window")
-def reduce_window_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    """Dims with a trivial window pass; windowed dims need replication (or resize)."""
-    window = op.param("window_dimensions", ())
-    fb = FactorBuilder(operand_shapes, result_shapes)
-    for d, size in enumerate(operand_shapes[0]):
-        trivial = d < len(window) and window[d] == 1 and result_shapes[0][d] == size
-        if trivial:
-            fb.shared(size, operands=[(0, d)], results=[(0, d)])
-        else:
-            fb.set_operand(0, d, fb.factor(size, "replicate"))
     return fb.build()
 
 
@@ -297,173 +304,13 @@ def top_k_rule(op, operand_shapes, result_shapes) -> OpFactors:
     return fb.build()
 
 
-# --- slicing, concatenation, padding ------------------------------------------------------------
+# --- creation ------------------------------------------------------------------------------------
 
 
-def _same_size_or_replicate(fb: FactorBuilder, operand: int, result: int) -> None:
-    for d, size in enumerate(fb.operand_shapes[operand]):
-        if fb.result_shapes[result][d] == size:
-            fb.shared(size, operands=[(operand, d)], results=[(result, d)])
-        else:
-            fb.set_operand(operand, d, fb.factor(size, "replicate"))
-
-
-@rule("concatenate")
-def concatenate_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    dim = op.param("dimension", 0)
-    fb = FactorBuilder(operand_shapes, result_shapes)
-    for d, size in enumerate(result_shapes[0]):
-        if d == dim:
-            for i, s in enumerate(operand_shapes):
-                fb.set_operand(i, d, fb.factor(s[d], "replicate"))
-        else:
-            fb.shared(size, operands=[(i, d) for i in range(len(operand_shapes))], results=[(0, d)])
-    return fb.build()
-
-
-@rule("split")
-def split_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    axis = op.param("axis", 0)
-    fb = FactorBuilder(operand_shapes, result_shapes)
-    for d, size in enumerate(operand_shapes[0]):
-        if d == axis:
-            fb.set_operand(0, d, fb.factor(size, "replicate"))
-        else:
-            fb.shared(size, operands=[(0, d)], results=[(i, d) for i in range(len(result_shapes))])
-    return fb.build()
-
-
-@rule("slice", "dynamic_slice")
-def slice_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    """Unsliced dims pass; sliced dims (size changes) need the operand whole."""
-    fb = FactorBuilder(operand_shapes, result_shapes)
-    _same_size_or_replicate(fb, 0, 0)
-    return fb.build()
-
-
-@rule("dynamic_update_slice")
-def dynamic_update_slice_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    """Operand and result pass; an update dim smaller than the operand's must be replicated."""
-    fb = FactorBuilder(operand_shapes, result_shapes)
-    for d, size in enumerate(operand_shapes[0]):
-        if operand_shapes[1][d] == size:
-            fb.shared(size, operands=[(0, d), (1, d)], results=[(0, d)])
-        else:
-            fb.shared(size, operands=[(0, d)], results=[(0, d)])
-            fb.set_operand(1, d, fb.factor(operand_shapes[1][d], "replicate"))
-    return fb.build()
-
-
-@rule("pad")
-def pad_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    """Unpadded dims pass; a padded dim is resharded with a halo exchange (permute)."""
-    config = op.param("padding_config", ())
-    fb = FactorBuilder(operand_shapes, result_shapes)
-    for d, size in enumerate(operand_shapes[0]):
-        if d < len(config) and tuple(config[d]) == (0, 0, 0):
-            fb.shared(size, operands=[(0, d)], results=[(0, d)])
-        else:
-            fb.set_operand(0, d, fb.factor(size, "permute"))
-    return fb.build()
-
-
-# --- gather and scatter -------------------------------------------------------------------------
-
-
-@rule("gather")
-def gather_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    """Embedding lookup `table[V, D], ids[B, S, 1] -> [B, S, D]`.
-
-    Result batch dims link to the index dims; offset dims link to whole operand dims. An indexed
-    operand dim with slice size 1 uses the masked rule (each device looks up its own rows, zeros the
-    rest, then the partial results are summed): a reduction factor. Other indexed dims replicate.
-    """
-    dn = dict(op.param("dimension_numbers"))
-    slice_sizes = op.param("slice_sizes", ())
-    operand, indices = operand_shapes[0], operand_shapes[1]
-    out = result_shapes[0]
-    offset_dims = tuple(dn.get("offset_dims", ()))
-    collapsed = set(dn.get("collapsed_slice_dims", ()))
-    op_batch = tuple(dn.get("operand_batching_dims", ()))
-    idx_batch = tuple(dn.get("start_indices_batching_dims", ()))
-    start_index_map = set(dn.get("start_index_map", ()))
-    fb = FactorBuilder(operand_shapes, result_shapes)
-    index_dims = [d for d in range(len(indices) - 1)]  # last indices dim is the index vector
-    batch_out = [d for d in range(len(out)) if d not in offset_dims]
-    for od, idim in zip(batch_out, index_dims):
-        slots = [(1, idim)]
-        if idim in idx_batch:
-            slots.append((0, op_batch[idx_batch.index(idim)]))
-        fb.shared(out[od], operands=slots, results=[(0, od)])
-    window = [d for d in range(len(operand)) if d not in collapsed and d not in set(op_batch)]
-    for od, wd in zip(offset_dims, window):
-        if slice_sizes[wd] == operand[wd] and wd not in start_index_map:
-            fb.shared(out[od], operands=[(0, wd)], results=[(0, od)])
-    for d in range(len(operand)):
-        if fb.operands[0][d] or d in set(op_batch):
-            continue
-        masked = d in start_index_map and slice_sizes[d] == 1
-        fb.set_operand(0, d, fb.factor(operand[d], "reduction" if masked else "replicate"))
-    return fb.build()
-
-
-@rule("scatter", "scatter-add", "scatter_add", "scatter_mul", "scatter_min", "scatter_max")
-def scatter_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    """`operand[V, D] .at[ids].add(updates[B, S, D])`: operand and result pass everywhere (each
-    device applies the updates that land in its rows); update scatter dims link to index dims as
-    reduction factors (they are combined into the operand; for a plain overwriting `scatter`,
-    replicate); update window dims link to whole operand dims.
-    """
-    dn = dict(op.param("dimension_numbers"))
-    operand, indices, updates = operand_shapes[0], operand_shapes[1], operand_shapes[2]
-    window_dims = tuple(dn.get("update_window_dims", ()))
-    inserted = set(dn.get("inserted_window_dims", ()))
-    op_batch = tuple(dn.get("operand_batching_dims", ()))
-    idx_batch = tuple(dn.get("scatter_indices_batching_dims", ()))
-    combine = "replicate" if op.primitive == "scatter" else "reduction"
-    fb = FactorBuilder(operand_shapes, result_shapes)
-    operand_f = []
-    for d, size in enumerate(operand):
-        operand_f.append(fb.shared(size, operands=[(0, d)], results=[(0, d)]))
-    scatter_dims = [d for d in range(len(updates)) if d not in window_dims]
-    index_dims = [d for d in range(len(indices) - 1)]
-    for ud, idim in zip(scatter_dims, index_dims):
-        if idim in idx_batch:
-            f = operand_f[op_batch[idx_batch.index(idim)]]
-            fb.set_operand(1, idim, f)
-            fb.set_operand(2, ud, f)
-        else:
-            # Updates along a scatter dim all land in the one operand: sharding that dim leaves
-            # each device with a partial result to combine, like a reduction; a plain `scatter`
-            # (overwrite) has no combiner, so that dim must be whole (as in Shardy).
-            fb.shared(updates[ud], combine, operands=[(1, idim), (2, ud)])
-    window = [d for d in range(len(operand)) if d not in inserted and d not in set(op_batch)]
-    for ud, wd in zip(window_dims, window):
-        if updates[ud] == operand[wd]:
-            fb.set_operand(2, ud, operand_f[wd])
-        else:
-            fb.set_operand(2, ud, fb.factor(updates[ud], "replicate"))
-    return fb.build()
-
-
-# --- creation and randomness --------------------------------------------------------------------
-
-
-@rule("iota", "rng_uniform", "random_seed", "random_bits", "rng_bit_generator", "empty")
+@rule(*sorted(prim.CREATION))
 def fresh_rule(op, operand_shapes, result_shapes) -> OpFactors:
     """Creates new data: result dims are fresh factors linked to nothing."""
     return FactorBuilder(operand_shapes, result_shapes).build()
-
-
-@rule("random_wrap", "random_unwrap", "random_split", "random_fold_in", "random_clone")
-def random_key_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    """Key arrays: leading (batch) dims shared between key data and key arrays."""
-    fb = FactorBuilder(operand_shapes, result_shapes)
-    n = min(len(operand_shapes[0]), len(result_shapes[0]))
-    for d in range(n):
-        if operand_shapes[0][d] == result_shapes[0][d]:
-            fb.shared(result_shapes[0][d], operands=[(0, d)], results=[(0, d)])
-    return fb.build()
 
 
 # --- linear algebra ------------------------------------------------------------------------------
@@ -485,76 +332,10 @@ def linalg_rule(op, operand_shapes, result_shapes) -> OpFactors:
     return fb.build()
 
 
-# --- regions: scan, while, cond ------------------------------------------------------------------
-
-
-@rule("scan_start")
-def scan_start_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    """Outer (consts, carry, xs[L, ...]) -> body inputs (consts, carry, x[...]).
-
-    The stacked leading dim L of xs is its own factor; it must be whole (iterations are sequential).
-    """
-    n_consts, n_carry = op.param("num_consts", 0), op.param("num_carry", 0)
-    fb = FactorBuilder(operand_shapes, result_shapes)
-    for i, shape in enumerate(operand_shapes):
-        sliced = i >= n_consts + n_carry
-        for d, size in enumerate(shape):
-            if sliced and d == 0:
-                fb.set_operand(i, d, fb.factor(size, "replicate"))
-            else:
-                fb.shared(size, operands=[(i, d)], results=[(i, d - 1 if sliced else d)])
-    return fb.build()
-
-
-@rule("scan_end")
-def scan_end_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    """Body outputs (carry', y) and the body's carry inputs -> outer (carry, ys[L, ...]).
-
-    Carry out ~ carry in ~ final carry: a loop-carried value keeps one sharding.
-    """
-    n_carry = op.param("num_carry", 0)
-    n_out = len(result_shapes)
-    fb = FactorBuilder(operand_shapes, result_shapes)
-    for i in range(n_out):
-        for d, size in enumerate(operand_shapes[i]):
-            if i < n_carry:
-                fb.shared(size, operands=[(i, d), (n_out + i, d)], results=[(i, d)])
-            else:
-                fb.shared(size, operands=[(i, d)], results=[(i, d + 1)])
-    return fb.build()
-
-
-@rule("while_start", "cond_start")
-def region_start_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    """Region operands map one to one onto body inputs."""
-    fb = FactorBuilder(operand_shapes, result_shapes)
-    for i, shape in enumerate(result_shapes):
-        for d, size in enumerate(shape):
-            if i < len(operand_shapes) and operand_shapes[i][d] == size:
-                fb.shared(size, operands=[(i, d)], results=[(i, d)])
-    return fb.build()
-
-
-@rule("while_end")
-def while_end_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    """Body outputs ~ body carry inputs ~ loop results."""
-    n_out = len(result_shapes)
-    fb = FactorBuilder(operand_shapes, result_shapes)
-    for i, shape in enumerate(result_shapes):
-        for d, size in enumerate(shape):
-            fb.shared(size, operands=[(i, d), (n_out + i, d)], results=[(i, d)])
-    return fb.build()
-
-
-@rule("cond_end")
-def cond_end_rule(op, operand_shapes, result_shapes) -> OpFactors:
-    """Result i ~ output i of every branch."""
-    n_out = len(result_shapes)
-    fb = FactorBuilder(operand_shapes, result_shapes)
-    n_branches = len(operand_shapes) // max(n_out, 1)
-    for i, shape in enumerate(result_shapes):
-        for d, size in enumerate(shape):
-            fb.shared(
-                size, operands=[(b * n_out + i, d) for b in range(n_branches)], results=[(i, d)]
-            )
-    return fb.build()
+# Rules kept in their own modules register on import.
+from toast_core.analysis import (  # noqa: E402, F401
+    rules_indexing,
+    rules_random,
+    rules_region,
+    rules_window,
+)

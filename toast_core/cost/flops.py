@@ -9,9 +9,13 @@ counts them (measured on this jaxlib, one compiled primitive at a time):
 * transcendental functions (exp, log, tanh, sqrt, rsqrt, pow, ...): one *transcendental* per
   element, not a flop; a few expand into both (`logistic`: 3 flops and 1 transcendental);
 * reductions: one flop per element folded in (operand elements - result elements); argmax and
-  argmin compare and select index and value (9 per element); scans one per operand element;
-  scatter-add one per update element;
+  argmin compare and select index and value (9 per element); combining scatters (add, mul, min,
+  max) one per update element;
 * layout ops (reshape, transpose, broadcast, gather, slicing, copies...): zero (they move bytes).
+
+Ops whose counts were fitted to XLA's (special functions, random bits, pooling, scans, sort) are in
+`flops_measured.py`, with each measurement in the rule's docstring. A primitive with no rule counts
+zero.
 
 Ops inside a `scan` body are multiplied by the trip count by the caller; so is the duplication of
 fused producers (`fusion.py`).
@@ -19,43 +23,29 @@ fused producers (`fusion.py`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from math import prod
 
-from toast_core.analysis.rules import ELEMENTWISE
+from toast_core.ir import primitives as prim
 from toast_core.ir.program import Op, Program
 
-#: One transcendental per element, no flops.
-TRANSCENDENTAL = frozenset(
-    "acos acosh asin asinh atan atan2 atanh cbrt cos cosh erf erfc exp expm1 log log1p pow rsqrt "
-    "sin sinh sqrt tan tanh".split()
-)
-#: Elementwise ops XLA expands into several: (flops, transcendentals) per element.
-EXPANDED = {"logistic": (3, 1), "exp2": (1, 1), "erf_inv": (37, 2), "lgamma": (52, 4)}
-_FREE = frozenset(
-    {
-        "copy",
-        "copy_p",
-        "device_put",
-        "optimization_barrier",
-        "sharding_constraint",
-        "stop_gradient",
-    }
-)
-_COUNT_RESULT = frozenset(ELEMENTWISE) - _FREE - TRANSCENDENTAL - set(EXPANDED)
-_REDUCE = frozenset(
-    {
-        "reduce_sum",
-        "reduce_max",
-        "reduce_min",
-        "reduce_prod",
-        "reduce_and",
-        "reduce_or",
-        "reduce_xor",
-    }
-)
-_ARG_REDUCE = frozenset({"argmax", "argmin"})
-_SCAN = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"})
-_SCATTER_ADD = frozenset({"scatter-add", "scatter_add"})
+#: (flops, transcendentals) of one execution of an op on whole (unsharded) arrays.
+FlopRule = Callable[[Op, Program], tuple[float, float]]
+FLOP_RULES: dict[str, FlopRule] = {}
+#: `@flop_rule("name", ...)` registers a flop rule; a name registered twice raises.
+flop_rule = prim.registrar(FLOP_RULES, "flop rules")
+
+
+def op_flops(op: Op, program: Program) -> float:
+    """Flops of one execution of `op` on whole (unsharded) arrays, transcendentals excluded."""
+    fn = FLOP_RULES.get(op.primitive)
+    return float(fn(op, program)[0]) if fn is not None else 0.0
+
+
+def op_transcendentals(op: Op, program: Program) -> float:
+    """Transcendental evaluations of one execution of `op` on whole arrays."""
+    fn = FLOP_RULES.get(op.primitive)
+    return float(fn(op, program)[1]) if fn is not None else 0.0
 
 
 def _result_size(op: Op, program: Program) -> int:
@@ -110,36 +100,83 @@ def _conv_flops(op: Op, program: Program) -> float:
     return 2.0 * out[out_spec[0]] * out[out_spec[1]] * rhs[rhs_spec[1]] * taps
 
 
-def op_flops(op: Op, program: Program) -> float:
-    """Flops of one execution of `op` on whole (unsharded) arrays, transcendentals excluded."""
-    values = program.values
-    p = op.primitive
-    if p == "dot_general":
-        (lc, _), _ = op.param("dimension_numbers")
-        lhs = values[op.operands[0]].shape
-        return 2.0 * values[op.results[0]].size * prod(lhs[d] for d in lc)
-    if p == "conv_general_dilated":
-        return _conv_flops(op, program)
-    if p == "integer_pow":
-        return float(_result_size(op, program) * _integer_pow_flops(op.param("y", 2)))
-    if p in EXPANDED:
-        return float(_result_size(op, program) * EXPANDED[p][0])
-    if p in _COUNT_RESULT:
-        return float(_result_size(op, program))
-    if p in _REDUCE or p in _ARG_REDUCE:
-        folded = values[op.operands[0]].size - values[op.results[0]].size
-        return float(folded * (9 if p in _ARG_REDUCE else 1))
-    if p in _SCAN:
-        return float(values[op.operands[0]].size)
-    if p in _SCATTER_ADD:  # one add per update element
-        return float(values[op.operands[2]].size)
-    return 0.0
+# --- rules, by family ------------------------------------------------------------------------------
 
 
-def op_transcendentals(op: Op, program: Program) -> float:
-    """Transcendental evaluations of one execution of `op` on whole arrays."""
-    if op.primitive in TRANSCENDENTAL:
-        return float(_result_size(op, program))
-    if op.primitive in EXPANDED:
-        return float(_result_size(op, program) * EXPANDED[op.primitive][1])
-    return 0.0
+@flop_rule("dot_general")
+def dot_general_flops(op, program):
+    """2 x result elements x contracted elements (a multiply and an add per term)."""
+    (lc, _), _ = op.param("dimension_numbers")
+    lhs = program.values[op.operands[0]].shape
+    return 2.0 * program.values[op.results[0]].size * prod(lhs[d] for d in lc), 0.0
+
+
+@flop_rule("conv_general_dilated")
+def conv_flops(op, program):
+    return _conv_flops(op, program), 0.0
+
+
+@flop_rule("integer_pow")
+def integer_pow_flops(op, program):
+    return float(_result_size(op, program) * _integer_pow_flops(op.param("y", 2))), 0.0
+
+
+@flop_rule(*sorted(prim.TRANSCENDENTAL))
+def transcendental_flops(op, program):
+    return 0.0, float(_result_size(op, program))
+
+
+@flop_rule(
+    *sorted(
+        prim.ELEMENTWISE
+        - prim.NO_OP_ELEMENTWISE
+        - prim.TRANSCENDENTAL
+        - prim.EXPANDED_TRANSCENDENTAL
+        - {"integer_pow"}
+    )
+)
+def elementwise_flops(op, program):
+    """One flop per result element."""
+    return float(_result_size(op, program)), 0.0
+
+
+@flop_rule(*sorted(prim.REDUCTIONS))
+def reduce_flops(op, program):
+    """One flop per element folded in."""
+    return float(_folded(op, program)), 0.0
+
+
+@flop_rule(*sorted(prim.ARG_REDUCTIONS))
+def arg_reduce_flops(op, program):
+    """Compare, and select both index and value: 9 flops per element folded in (measured)."""
+    return float(_folded(op, program) * 9), 0.0
+
+
+@flop_rule(*sorted(prim.COMBINING_SCATTERS))
+def combining_scatter_flops(op, program):
+    """One combine (add, multiply, min, max) per update element."""
+    return float(program.values[op.operands[2]].size), 0.0
+
+
+def _folded(op: Op, program: Program) -> int:
+    return program.values[op.operands[0]].size - program.values[op.results[0]].size
+
+
+@flop_rule(
+    *sorted(
+        prim.NO_OP_ELEMENTWISE
+        | prim.FUSIBLE_LAYOUT
+        | prim.REGION_BOUNDARIES
+        | prim.CREATION
+        | {"dynamic_update_slice", "gather", "scatter", "split", "stack", "tile", "unstack"}
+        | {"random_clone", "random_unwrap", "random_wrap"}
+    )
+)
+def no_flops(op, program):
+    """Moves or creates bytes without arithmetic (measured zero: tile, stack, unstack, overwriting
+    scatter, key wrapping)."""
+    return 0.0, 0.0
+
+
+# Rules fitted to XLA's counts live in their own module and register on import.
+from toast_core.cost import flops_measured  # noqa: E402, F401

@@ -13,37 +13,23 @@ one copy and reads its result.
 
 from __future__ import annotations
 
-from toast_core.analysis.rules import ELEMENTWISE
-from toast_core.cost.flops import EXPANDED, TRANSCENDENTAL
+from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
 #: Reductions XLA fuses with the elementwise ops feeding them (as fusion roots).
-_REDUCTIONS = frozenset(
-    {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin"}
-)
+_REDUCTIONS = prim.FUSED_REDUCTIONS | prim.ARG_REDUCTIONS
 
 #: Ops XLA fuses into loops: elementwise maps, layout changes, and reductions.
-FUSIBLE = (
-    frozenset(ELEMENTWISE)
-    | {
-        "broadcast_in_dim",
-        "reshape",
-        "squeeze",
-        "expand_dims",
-        "transpose",
-        "iota",
-        "slice",
-        "concatenate",
-        "pad",
-        "dynamic_slice",
-        "rev",
-    }
-    | _REDUCTIONS
-)
+FUSIBLE = prim.ELEMENTWISE | prim.FUSIBLE_LAYOUT | _REDUCTIONS
 
 #: Fusible ops XLA computes once even when several fusions read them (measured: exp, log, tanh,
 #: sqrt, logistic, divisions... are kept once; sin, cos and tan are duplicated like cheap ops).
-NOT_DUPLICATED = (TRANSCENDENTAL - {"sin", "cos", "tan"}) | set(EXPANDED) | {"div"} | _REDUCTIONS
+NOT_DUPLICATED = (
+    (prim.TRANSCENDENTAL - prim.DUPLICATED_TRANSCENDENTAL)
+    | prim.EXPANDED_TRANSCENDENTAL
+    | {"div"}
+    | _REDUCTIONS
+)
 
 
 def materialized(prog: Program) -> list[bool]:

@@ -30,6 +30,8 @@ def dtype_itemsize(dtype: str) -> int:
         return 1
     if dtype in ("key<fry>", "key"):
         return 8
+    if dtype.startswith("key<"):  # rbg and unsafe_rbg keys are four uint32 words
+        return 16
     try:
         return int(np.dtype(dtype).itemsize)
     except TypeError:

@@ -29,6 +29,7 @@ import jax.extend.core as jex
 import numpy as np
 
 from toast_core.errors import TraceError, bad_value
+from toast_core.ir import primitives as prim
 from toast_core.ir.program import Op, Program, Value
 
 CALL_PRIMITIVES = frozenset(
@@ -123,6 +124,15 @@ def _plain_params(params: dict) -> tuple[tuple[str, object], ...]:
     return tuple(out)
 
 
+def _op_params(eqn) -> tuple[tuple[str, object], ...]:
+    """The eqn's plain params, plus what lowering reads from the global config: whether threefry
+    random bits are partitionable (XLA then generates each device's shard, not the whole array)."""
+    params = _plain_params(eqn.params)
+    if eqn.primitive.name == "random_bits":
+        params += (("threefry_partitionable", bool(jax.config.jax_threefry_partitionable)),)
+    return params
+
+
 def _dtype_name(aval) -> str:
     return str(getattr(aval, "dtype", "float32"))
 
@@ -205,7 +215,7 @@ class _Builder:
             prim,
             operand_ids,
             result_ids,
-            _plain_params(eqn.params),
+            _op_params(eqn),
             trip_count=trip_count,
             region_depth=depth,
             **kw,
@@ -260,14 +270,19 @@ class _Builder:
         length = int(eqn.params["length"])
         body_env, body_in = self._body_inputs(closed.jaxpr, closed.consts, "scan_in", kw["source"])
         params = _plain_params(eqn.params)
-        self.add_op("scan_start", operand_ids, body_in, params, region_depth=depth, **kw)
+        self.add_op(prim.SCAN_START, operand_ids, body_in, params, region_depth=depth, **kw)
         self.walk(closed.jaxpr, body_env, kw["call_path"], trip_count * length, depth + 1, False)
         body_out = self._body_outputs(closed.jaxpr, body_env)
         n_consts, n_carry = int(eqn.params["num_consts"]), int(eqn.params["num_carry"])
         carry_in = body_in[n_consts : n_consts + n_carry]
         results = self._bind_results(eqn, env, "scan", kw["source"])
         self.add_op(
-            "scan_end", list(body_out) + list(carry_in), results, params, region_depth=depth, **kw
+            prim.SCAN_END,
+            list(body_out) + list(carry_in),
+            results,
+            params,
+            region_depth=depth,
+            **kw,
         )
 
     def _region_while(self, eqn, env, operand_ids, trip_count, depth, kw) -> None:
@@ -277,7 +292,7 @@ class _Builder:
         body_operands = operand_ids[cond_n : cond_n + body_n] + carry_ids
         body_env, body_in = self._body_inputs(body.jaxpr, body.consts, "while_in", kw["source"])
         params = _plain_params(eqn.params) + (("num_consts", body_n),)
-        self.add_op("while_start", body_operands, body_in, params, region_depth=depth, **kw)
+        self.add_op(prim.WHILE_START, body_operands, body_in, params, region_depth=depth, **kw)
         self.diagnostics.append(
             f"while loop at {kw['source'] or '?'}: trip count unknown, its body is costed once"
         )
@@ -285,7 +300,7 @@ class _Builder:
         body_out = self._body_outputs(body.jaxpr, body_env)
         results = self._bind_results(eqn, env, "while", kw["source"])
         self.add_op(
-            "while_end",
+            prim.WHILE_END,
             list(body_out) + body_in[body_n:],
             results,
             params,
@@ -300,14 +315,19 @@ class _Builder:
                 branch.jaxpr, branch.consts, f"cond{b}_in", kw["source"]
             )
             self.add_op(
-                "cond_start", operand_ids[1:], bin_ids, (("branch", b),), region_depth=depth, **kw
+                prim.COND_START,
+                operand_ids[1:],
+                bin_ids,
+                (("branch", b),),
+                region_depth=depth,
+                **kw,
             )
             self.walk(branch.jaxpr, benv, kw["call_path"], trip_count, depth + 1, False)
             branch_outs += self._body_outputs(branch.jaxpr, benv)
         results = self._bind_results(eqn, env, "cond", kw["source"])
         n_branches = len(eqn.params["branches"])
         self.add_op(
-            "cond_end",
+            prim.COND_END,
             branch_outs,
             results,
             (("n_branches", n_branches),),

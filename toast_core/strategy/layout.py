@@ -14,12 +14,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from toast_core.analysis import Analysis
+from toast_core.ir.primitives import REGION_BOUNDARIES
 from toast_core.strategy.memo import per_analysis
-
-#: Pseudo-ops that only mark region boundaries: no work, no memory traffic.
-REGION_BOUNDARIES = frozenset(
-    {"scan_start", "scan_end", "while_start", "while_end", "cond_start", "cond_end"}
-)
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,0 +1,159 @@
+"""Known XLA limitations (`toast_core/analysis/xla_limits.py`): each still fails in plain `jax.jit`,
+and no plan we propose (baselines, search) asks for it.
+
+The reproductions run in a subprocess: some of these shardings segfault the process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+import toast_core as tc
+from toast_core.analysis.rules import factors_of
+from toast_core.analysis.xla_limits import KNOWN_XLA_LIMITATIONS
+from toast_core.search.baselines import all_baselines
+
+_PREAMBLE = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+mesh = Mesh(np.array(jax.devices()), ("d",))
+"""
+
+#: Per limitation: programs that must still fail. Each prints `maxerr <e>` or raises/crashes.
+_REPRODUCTIONS = {
+    "pad-interior-sharded-result": [
+        # f32[4, 2] -> [8, 2] with a zero between rows (the gradient of x[::2]), result sharded.
+        """
+        x = jnp.arange(8, dtype=jnp.float32).reshape(4, 2) + 1
+        f = lambda x: jax.lax.pad(x, 0.0, ((0, 1, 1), (0, 0, 0)))
+        y = jax.jit(f, out_shardings=NamedSharding(mesh, P("d")))(x)
+        print("maxerr", float(jnp.abs(y - f(x)).max()))
+        """,
+        # f32[6, 2] -> [16, 2] with two zeros between rows: XLA's HLO verifier rejects it.
+        """
+        x = jnp.arange(12, dtype=jnp.float32).reshape(6, 2) + 1
+        f = lambda x: jax.lax.pad(x, 0.0, ((0, 0, 2), (0, 0, 0)))
+        y = jax.jit(f, out_shardings=NamedSharding(mesh, P("d")))(x)
+        print("maxerr", float(jnp.abs(y - f(x)).max()))
+        """,
+    ],
+}
+
+
+def _still_fails(body: str) -> tuple[bool, str]:
+    """(whether XLA still gets it wrong, what happened): an error, a crash or a numeric error."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    run = subprocess.run(
+        [sys.executable, "-c", _PREAMBLE + textwrap.dedent(body)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    if run.returncode != 0:
+        return True, f"exit {run.returncode}: {run.stderr.strip().splitlines()[-1:]}"
+    err = float(run.stdout.split("maxerr")[-1])
+    return err > 0, f"max error {err}"
+
+
+def test_every_limitation_has_a_reproduction_and_a_test_id():
+    assert set(_REPRODUCTIONS) == set(KNOWN_XLA_LIMITATIONS)
+    for name, limit in KNOWN_XLA_LIMITATIONS.items():
+        assert limit.test == f"tests/test_xla_limits.py::test_xla_still_fails_on[{name}]"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(KNOWN_XLA_LIMITATIONS))
+def test_xla_still_fails_on(name):
+    """If this fails, a JAX upgrade fixed the limitation: relax the rule, drop the entry."""
+    for body in _REPRODUCTIONS[name]:
+        fails, what = _still_fails(body)
+        assert fails, f"{name} no longer fails ({what}):\n{body}"
+
+
+# --- the analysis keeps plans away ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: jax.grad(lambda x: (x[::2] ** 2).sum())(x),
+        lambda x: jax.grad(lambda x: jax.lax.cummax(x, axis=0).sum())(x),
+        lambda x: jax.grad(lambda x: jax.lax.associative_scan(jnp.add, x, axis=0).sum())(x),
+    ],
+    ids=["strided_slice_grad", "cummax_grad", "associative_scan_grad"],
+)
+def test_interior_padded_dims_are_never_shardable(fn):
+    prog = tc.trace(fn, jax.ShapeDtypeStruct((8, 6), jnp.float32), param_argnums=())
+    pads = [op for op in prog.ops if op.primitive == "pad"]
+    interior = [op for op in pads if any(c[2] for c in op.param("padding_config"))]
+    assert interior
+    ana = tc.analyze(prog)
+    for op in interior:
+        shapes = [prog.values[i].shape for i in op.operands]
+        rule = factors_of(op, shapes, [prog.values[op.results[0]].shape])
+        for d, (_, _, inner) in enumerate(op.param("padding_config")):
+            if inner:
+                assert rule.results[0][d] == ()  # no factor: never sharded
+                assert all(rule.kinds[f] == "replicate" for f in rule.operands[0][d])
+                assert ana.value_named_dims(op.results[0])[d] == ()
+
+
+def strided_train_step(params, x):
+    """A train step whose gradient pads along the batch dim: loss reads every other row."""
+
+    def loss(p):
+        h = jnp.tanh(x @ p["w1"])
+        return jnp.sum((h[::2] @ p["w2"]) ** 2)
+
+    grads = jax.grad(loss)(params)
+    new = jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+    return new, loss(params)
+
+
+STRIDED_ARGS = (
+    {
+        "w1": jnp.linspace(-1.0, 1.0, 6 * 16, dtype=jnp.float32).reshape(6, 16),
+        "w2": jnp.linspace(-1.0, 1.0, 16 * 4, dtype=jnp.float32).reshape(16, 4),
+    },
+    jnp.linspace(-2.0, 2.0, 8 * 6, dtype=jnp.float32).reshape(8, 6),
+)
+
+
+def _interior_pad_results(ana: tc.Analysis) -> list[int]:
+    return [
+        op.results[0]
+        for op in ana.program.ops
+        if op.primitive == "pad" and any(c[2] for c in op.param("padding_config"))
+    ]
+
+
+@pytest.mark.slow
+def test_baselines_and_search_never_shard_an_interior_padded_dim_and_validate():
+    """Batch 8 on 8 devices: data parallel once sharded the gradient's pad to one row per device,
+    where XLA computes wrong values (errors of 8 and more). Now every plan keeps that dim whole
+    and matches the unsharded numerics."""
+    ana = tc.analyze(tc.trace(strided_train_step, *STRIDED_ARGS))
+    (pad_result,) = _interior_pad_results(ana)
+    assert ana.value_named_dims(pad_result)[0] == ()  # the padded batch dim: no named dim
+    spec = tc.MeshSpec({"data": 8})
+    hw = tc.hardware("tpu-v5e")
+    plans = {name: s for name, (s, _) in all_baselines(ana, spec).items() if s is not None}
+    plans["search"] = tc.search(ana, spec, hw, budget_s=None, num_simulations=60).best
+    assert "data_parallel" in plans
+    mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
+    for name, plan in plans.items():
+        specs = tc.partition_specs(ana, plan, spec)
+        report = tc.validate(strided_train_step, STRIDED_ARGS, ana, plan, mesh, hw)
+        assert report.numerics_ok, (name, report.max_abs_error, specs)

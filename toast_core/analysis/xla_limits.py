@@ -1,0 +1,38 @@
+"""Known XLA limitations: shardings XLA's SPMD partitioner gets wrong, which we must never propose.
+
+A plan that is correct in our model can still compile to wrong numbers, fail XLA's HLO verifier, or
+crash the process, when it asks the partitioner for a sharding it does not handle. Each entry here
+names one such case, says how the analysis keeps plans away from it, and points at the test that
+shows XLA still fails on it (compiling a tiny program with that sharding in a subprocess, since
+some of them segfault). When a JAX upgrade fixes one, its test fails: then relax the rule and drop
+the entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class XlaLimitation:
+    name: str
+    description: str  # what fails, where it appears, and how the analysis avoids it
+    test: str  # the pytest id that reproduces it with plain `jax.jit`
+
+
+KNOWN_XLA_LIMITATIONS: dict[str, XlaLimitation] = {
+    limit.name: limit
+    for limit in (
+        XlaLimitation(
+            "pad-interior-sharded-result",
+            "`lax.pad` with interior padding whose result dim is sharded: wrong values (f32[4, 2]"
+            " padded (0, 1, 1) to [8, 2] on 8 devices differs by 8.0) or an HLO-verifier error"
+            " (f32[6, 2] padded (0, 0, 2) to [16, 2]: 'Slice dim size 2 greater than dynamic"
+            " slice dimension'), sometimes a segfault, with jax 0.10.2. It appears in the"
+            " gradients of strided slices `x[::2]`, `cummax`, `cumlogsumexp` and"
+            " `associative_scan`. The pad rule leaves that result dim without factors (never"
+            " sharded) and gathers the operand, which XLA partitions correctly.",
+            "tests/test_xla_limits.py::test_xla_still_fails_on[pad-interior-sharded-result]",
+        ),
+    )
+}
