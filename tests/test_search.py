@@ -436,9 +436,8 @@ def test_the_found_strategy_compiles_and_matches_numerics(model, hw):
 
 def test_events_show_the_top_of_the_tree():
     ana = gpt()
-    for event in tc.search_iter(ana, MESH_2X4, HW, budget_s=None, num_simulations=40):
-        pass
-    top = event.tree_top
+    *_, last = tc.search_iter(ana, MESH_2X4, HW, budget_s=None, num_simulations=40)
+    top = last.tree_top
     assert top and top[0].depth == 1 and top[0].parent == -1
     first = [e for e in top if e.depth == 1]
     assert sum(e.visits for e in first) <= 40
