@@ -18,6 +18,17 @@ def fmt_bytes(n: float | None) -> str:
     return f"{sign}{n:.1f} TiB"
 
 
+def binary_unit(max_bytes: float) -> tuple[float, str]:
+    """(divisor, unit) to plot byte values up to `max_bytes` in binary units, as `fmt_bytes`
+    writes them (plotly's SI ticks would print decimal MB next to our MiB)."""
+    scale, unit = 1.0, "B"
+    for next_unit in ("KiB", "MiB", "GiB", "TiB"):
+        if max_bytes < 1024 * scale:
+            break
+        scale, unit = scale * 1024, next_unit
+    return scale, unit
+
+
 def fmt_s(t: float | None) -> str:
     """`0.00123` -> `1.23 ms`."""
     if t is None or (isinstance(t, float) and math.isnan(t)):
