@@ -213,6 +213,14 @@ def run_slot(key: tuple | None = None) -> dict:
     )
 
 
+def iterations_shown(slot: dict) -> str | int:
+    """Before the tree search starts (iteration 0 of a running search) the search is scoring
+    the baselines and descending greedily from them, which takes seconds on large models."""
+    if slot["status"] == "running" and slot["iteration"] == 0:
+        return "seeding"
+    return slot["iteration"]
+
+
 def _rank(fits: bool | None, step_time_s: float | None) -> tuple:
     return (not fits, step_time_s if step_time_s is not None else float("inf"))
 

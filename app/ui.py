@@ -47,9 +47,10 @@ def context_line(loaded: Loaded) -> str:
 PREVIEW_CHARS = 12_000
 
 
-def preview(text: str, limit: int = PREVIEW_CHARS) -> tuple[str, str]:
-    """(the head of `text` cut at a line end within `limit` characters, a note saying what was
-    left out, or '' when nothing was)."""
+def preview(text: str, limit: int | None = None) -> tuple[str, str]:
+    """(the head of `text` cut at a line end within `limit` characters (default PREVIEW_CHARS),
+    a note saying what was left out, or '' when nothing was)."""
+    limit = PREVIEW_CHARS if limit is None else limit
     if len(text) <= limit:
         return text, ""
     head = text[: text.rfind("\n", 0, limit) if "\n" in text[:limit] else limit]

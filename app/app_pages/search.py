@@ -241,14 +241,6 @@ baseline_notes = {
 live = st.empty()
 
 
-def iterations_shown(slot_: dict) -> str | int:
-    """Before the tree search starts (iteration 0 of a running search) the search is scoring
-    the baselines and descending greedily from them, which takes seconds on large models."""
-    if slot_["status"] == "running" and slot_["iteration"] == 0:
-        return "seeding"
-    return slot_["iteration"]
-
-
 def draw(n: int) -> None:
     """Metrics, the progress chart and the best-strategy table, into the live placeholder.
 
@@ -267,7 +259,7 @@ def draw(n: int) -> None:
         )
         m[2].metric(
             "Iterations",
-            iterations_shown(slot),
+            state.iterations_shown(slot),
             help="Tree-search iterations. `seeding`: scoring the baselines and descending "
             "greedily from them, before the tree search.",
         )
@@ -416,11 +408,12 @@ if slot["best"] is not None and slot["status"] in ("done", "stopped"):
         else:
             st.caption("Same decisions as the previous best.")
     decisions = [p for p in reports.decisions_as_pins(slot["best"]) if p not in ws["pins"]]
-    if decisions:
+    frozen = [p for p in reports.frozen_pins(ana, slot["best"]) if p not in ws["pins"]]
+    if frozen:
         st.subheader("Pin decisions of the best strategy")
         p1, p2, p3 = st.columns([5, 1.2, 1.6], vertical_alignment="bottom")
-        _valid_choice("best_decision", decisions)
-        p1.selectbox("Decision", decisions, key="best_decision")
+        _valid_choice("best_decision", decisions or frozen)
+        p1.selectbox("Decision", decisions or frozen, key="best_decision")
         p2.button(
             "Pin",
             key="pin_best_decision",
@@ -431,7 +424,7 @@ if slot["best"] is not None and slot["status"] in ("done", "stopped"):
             "Pin all",
             key="pin_all_best",
             on_click=_pin_best,
-            args=(reports.frozen_pins(ana, slot["best"]),),
+            args=(frozen,),
             width="stretch",
             help="Freeze the plan: pin every decision, the replicated named dims (`@-`) and "
             "unresolved conflicts (`=none`) included; a search then has nothing left to decide.",
