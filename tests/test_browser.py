@@ -256,12 +256,15 @@ def test_main_flow(page, server):
     assert pin.startswith("N") and pin.endswith("@data")
     # Re-search with a long budget, and stop it: the best so far is kept, with the pin.
     budget = pg.locator(".st-key-w-budget_s input")
-    budget.fill("60")
+    budget.fill("30")
     budget.press("Enter")
     idle(pg)
     pg.locator(".st-key-run_search button").click()
     pg.locator("[data-testid='stMetricValue']").filter(has_text="running").wait_for()
-    pg.wait_for_timeout(3000)
+    deadline = time.time() + 40  # seeding (baselines, greedy descents) takes up to half the budget
+    while time.time() < deadline and not metric(pg, "Iterations").isdigit():
+        pg.wait_for_timeout(200)
+    pg.wait_for_timeout(1500)  # into the tree search
     pg.locator(".st-key-stop_search button").click()
     idle(pg)
     stopped = pg.get_by_text("Stopped at iteration").inner_text()
@@ -279,9 +282,10 @@ def test_main_flow(page, server):
 
     # Validate: the plan's numerics on the scaled-down twin (the real size is shapes only).
     nav(pg, "Validate")
-    pg.locator(".st-key-run_validate_twin button").click()
+    pg.get_by_role("button", name="Check numerics on the twin").first.click()
+    # About a minute alone (the twin compiled sharded and unsharded); more on a busy machine.
+    pg.get_by_text("Numerics match the unsharded function").wait_for(timeout=400_000)
     idle(pg)
-    pg.get_by_text("Numerics match the unsharded function").wait_for()
     screenshot(pg, "validate")
 
     nav(pg, "Learn")
@@ -302,7 +306,7 @@ def test_main_flow(page, server):
     # Offline-safe: every icon and font comes from the explorer's own server.
     assert not outside, outside
     assert not console_errors, console_errors
-    assert time.time() - start < 300
+    assert time.time() - start < 600
 
 
 def test_upload_keeps_the_file_and_function_box(page, server, tmp_path):
