@@ -329,5 +329,6 @@ def test_upload_keeps_the_file_and_function_box(page, server, tmp_path):
     idle(pg)
     pg.locator(".st-key-load_upload button").click()
     idle(pg)
-    pg.get_by_text("Loaded uploaded_model.py:make.").wait_for()
+    # The sidebar names the committed model (the "Loaded ..." notice lasts one rerun only).
+    pg.locator("[data-testid='stSidebar']").get_by_text("uploaded_model.py:make").wait_for()
     assert box.input_value() == "models/mine.py:make"
