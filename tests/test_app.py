@@ -608,3 +608,17 @@ def test_export_previews_large_artifacts(monkeypatch):
     head, note = ui.preview("a\n" * 1000, 100)
     assert len(head) <= 100 and head.endswith("a") and "of 1,001 lines" in note
     assert ui.preview("short", 100) == ("short", "")
+
+
+@pytest.mark.slow
+def test_validate_compiles_the_default_at_the_real_size():
+    at = goto(start("default"), "validate")
+    assert any("shapes only" in i.value for i in at.info)
+    at.selectbox(key="w.strategy_choice").set_value("baseline: fsdp").run()
+    at.button(key="run_validate").click().run()
+    assert not at.exception and not errors(at), errors(at)
+    assert "Compiled at the real size" in [s.value for s in at.subheader]
+    assert any("Numerics not compared" in c.value for c in at.caption)
+    table = at.dataframe[0].value
+    flops = table[table["quantity"] == "flops per device"]["predicted / compiled"].iloc[0]
+    assert 0.9 <= float(flops.rstrip("x")) <= 1.1, flops
