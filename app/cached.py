@@ -15,7 +15,7 @@ import streamlit as st
 
 import toast_core as tc
 from app.user_model import UserCodeError, load_user_function, user_line
-from demos import MODEL_ZOO, SIZES
+from demos import MODEL_ZOO, NUMERICS_TWINS, SIZES
 
 #: Programs with more ops than this get only a syntax check of pins before Run (the full check
 #: scores the baselines, which takes seconds on the largest models).
@@ -116,6 +116,65 @@ def _load_file(path: str, function: str, digest: str) -> Loaded:
         _is_concrete(user.args),
         time.perf_counter() - start,
     )
+
+
+def has_twin(spec: ModelSpec) -> bool:
+    return spec.source == "zoo" and (spec.model, spec.size) in NUMERICS_TWINS
+
+
+def twin(spec: ModelSpec) -> Loaded:
+    """The scaled-down twin of a shape-only zoo model (see `demos.NUMERICS_TWINS`), with real
+    arrays; raises ToastError if it has none or if its named dims and conflicts do not line up
+    with the real size's (then a plan cannot move over by name)."""
+    if not has_twin(spec):
+        raise tc.ToastError(f"expected a zoo model with a numerics twin, got `model={spec.title}`")
+    out = _load_twin(spec.model, spec.size, spec.train)
+    problem = misalignment(load(spec).ana, out.ana)
+    if problem:
+        raise tc.ToastError(f"the scaled-down twin of {spec.title} does not line up: {problem}")
+    return out
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _load_twin(model: str, size: str, train: bool) -> Loaded:
+    start = time.perf_counter()
+    overrides = NUMERICS_TWINS[(model, size)]
+    w = MODEL_ZOO[model](size=size, train=train, **overrides)
+    args = w.concrete_args()
+    prog = tc.trace(w.fn, *args, param_argnums=w.param_argnums)
+    ana = tc.analyze(prog)
+    spec = ModelSpec("zoo", model, size, train)
+    shrunk = ", ".join(f"{k}={v}" for k, v in overrides.items())
+    return Loaded(
+        spec,
+        f"{w.description} (twin: {shrunk})",
+        w.fn,
+        tuple(args),
+        w.param_argnums,
+        ana,
+        True,
+        time.perf_counter() - start,
+    )
+
+
+def misalignment(real: tc.Analysis, small: tc.Analysis) -> str:
+    """Why two analyses of one model at two sizes do not share named dims and conflicts by name
+    ('' when they do): labels must match once the leading size is dropped."""
+
+    def what(label: str) -> str:
+        return label.split(" ", 1)[-1]
+
+    if len(real.named_dims) != len(small.named_dims):
+        return f"{len(real.named_dims)} named dims at the real size, {len(small.named_dims)} here"
+    for a, b in zip(real.named_dims, small.named_dims):
+        if what(a.label) != what(b.label):
+            return f"{a.name} is {a.label!r} at the real size but {b.label!r} here"
+    if len(real.conflicts) != len(small.conflicts):
+        return f"{len(real.conflicts)} conflicts at the real size, {len(small.conflicts)} here"
+    for a, b in zip(real.conflicts, small.conflicts):
+        if (a.kind, a.named_dims, len(a.options)) != (b.kind, b.named_dims, len(b.options)):
+            return f"conflict {a.name} differs"
+    return ""
 
 
 def _is_concrete(args) -> bool:

@@ -20,7 +20,7 @@ import graphviz
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.fmt import fmt_bytes, fmt_s
+from app.fmt import binary_unit, fmt_bytes, fmt_s
 
 #: (fill, border) pairs; named dim i gets PALETTE[i % len(PALETTE)].
 PALETTE = (
@@ -362,11 +362,17 @@ def _layout(fig: go.Figure, title: str, height: int = 340) -> go.Figure:
     return fig
 
 
-def progress_figure(history, baseline_times: dict[str, float | None] | None = None) -> go.Figure:
+def progress_figure(
+    history,
+    baseline_times: dict[str, float | None] | None = None,
+    baseline_notes: dict[str, str] | None = None,
+) -> go.Figure:
     """Best estimated step time against search iterations.
 
     `history`: (iteration, elapsed_s, best_step_time_s, fits) tuples; `baseline_times`: name ->
-    step time of each memory-feasible baseline (None: does not apply or does not fit).
+    step time of each memory-feasible baseline (None: does not apply or does not fit);
+    `baseline_notes`: name -> why a baseline has no line ("does not fit (17.6 GiB)"), listed
+    greyed out in the legend so that no baseline the title promises silently goes missing.
     """
     fig = go.Figure()
     its = [h[0] for h in history]
@@ -402,9 +408,24 @@ def progress_figure(history, baseline_times: dict[str, float | None] | None = No
                 hovertemplate=f"baseline {name}: {fmt_s(t)}<extra></extra>",
             )
         )
+    for name, note in (baseline_notes or {}).items():
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="lines",
+                line={"dash": "dot", "width": 1.3, "color": "#c8c8c8"},
+                name=f"{name}: {note}",
+                visible="legendonly",
+                hoverinfo="skip",
+            )
+        )
     fig.update_xaxes(title="iteration", rangemode="tozero")
     fig.update_yaxes(title="step time (s)", tickformat="~s", ticksuffix="s", rangemode="tozero")
-    _layout(fig, "Best estimated step time vs the baselines (dotted)")
+    title = "Best estimated step time vs the baselines (dotted)"
+    if baseline_notes:
+        title += " that apply and fit"
+    _layout(fig, title)
     fig.update_layout(
         legend={"orientation": "v", "yanchor": "top", "y": 1, "x": 1.02, "xanchor": "left"}
     )
@@ -447,10 +468,13 @@ def strategies_figure(rows: list[dict], capacity_bytes: float) -> go.Figure:
         1,
         1,
     )
+    peak = max((r["peak_bytes"] for r in rows), default=0.0)
+    shows_capacity = capacity_bytes <= CAPACITY_IN_VIEW * max(peak, 1.0)
+    scale, unit = binary_unit(max(peak, capacity_bytes if shows_capacity else 0.0))
     fig.add_trace(
         go.Bar(
             y=names,
-            x=[r["peak_bytes"] for r in rows],
+            x=[r["peak_bytes"] / scale for r in rows],
             name="peak memory",
             orientation="h",
             marker_color=["#54a24b" if r["fits"] else CONFLICT_LINE for r in rows],
@@ -464,10 +488,9 @@ def strategies_figure(rows: list[dict], capacity_bytes: float) -> go.Figure:
         1,
         2,
     )
-    peak = max((r["peak_bytes"] for r in rows), default=0.0)
-    if capacity_bytes <= CAPACITY_IN_VIEW * max(peak, 1.0):
+    if shows_capacity:
         fig.add_vline(
-            x=capacity_bytes,
+            x=capacity_bytes / scale,
             line={"color": CONFLICT_LINE, "dash": "dash"},
             annotation_text=f"capacity {fmt_bytes(capacity_bytes)}",
             annotation_font={"size": 10},
@@ -477,7 +500,7 @@ def strategies_figure(rows: list[dict], capacity_bytes: float) -> go.Figure:
     else:
         fig.layout.annotations[1].text = f"Peak memory per device (of {fmt_bytes(capacity_bytes)})"
     fig.update_xaxes(tickformat="~s", ticksuffix="s", row=1, col=1)
-    fig.update_xaxes(tickformat="~s", ticksuffix="B", row=1, col=2)
+    fig.update_xaxes(title=f"{unit} per device", row=1, col=2)
     fig.update_yaxes(autorange="reversed")
     _layout(fig, "", height=max(280, 90 + 38 * len(rows)))
     fig.update_layout(
@@ -517,29 +540,30 @@ def memory_figure(
     peak_label: str = "",
 ) -> go.Figure:
     """Per-device memory over program order, against the device's capacity."""
+    peak = max(timeline, default=0.0)
+    shows_capacity = capacity_bytes <= CAPACITY_IN_VIEW * max(peak, 1.0)
+    scale, unit = binary_unit(max(peak, capacity_bytes if shows_capacity else 0.0))
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(
             x=list(range(len(timeline))),
-            y=list(timeline),
+            y=[b / scale for b in timeline],
             mode="lines",
             fill="tozeroy",
             line={"color": "#4c78a8", "width": 1.5},
             name="live bytes per device",
-            hovertemplate="op %{x}: %{y:.3s}B<extra></extra>",
+            hovertemplate=f"op %{{x}}: %{{y:.3f}} {unit}<extra></extra>",
         )
     )
-    peak = max(timeline, default=0.0)
-    shows_capacity = capacity_bytes <= CAPACITY_IN_VIEW * max(peak, 1.0)
     if shows_capacity:
         fig.add_hline(
-            y=capacity_bytes,
+            y=capacity_bytes / scale,
             line={"color": CONFLICT_LINE, "dash": "dash"},
             annotation_text=f"capacity {fmt_bytes(capacity_bytes)}",
             annotation_position="top left",
         )
     fig.add_hline(
-        y=persistent_bytes,
+        y=persistent_bytes / scale,
         line={"color": "#888888", "dash": "dot"},
         annotation_text=f"inputs {fmt_bytes(persistent_bytes)}",
         annotation_position="bottom right",
@@ -548,15 +572,15 @@ def memory_figure(
         fig.add_trace(
             go.Scatter(
                 x=[peak_op],
-                y=[timeline[peak_op]],
+                y=[timeline[peak_op] / scale],
                 mode="markers",
                 marker={"color": CONFLICT_LINE, "size": 9},
                 name=f"peak {fmt_bytes(timeline[peak_op])}",
                 hovertemplate=(peak_label or "peak") + "<extra></extra>",
             )
         )
-    top = max(peak, capacity_bytes if shows_capacity else 0.0) * 1.08
-    fig.update_yaxes(title="bytes per device", tickformat="~s", ticksuffix="B", range=[0, top])
+    top = max(peak, capacity_bytes if shows_capacity else 0.0) * 1.08 / scale
+    fig.update_yaxes(title=f"{unit} per device", range=[0, top])
     fig.update_xaxes(title="op (program order)")
     title = "Per-device memory over the step"
     if not shows_capacity:

@@ -57,6 +57,30 @@ def decision_rows(ana: tc.Analysis, strategy: tc.Strategy, pins=()) -> list[dict
     return rows
 
 
+def why_replicated(baselines: dict) -> str:
+    """Why leaving everything replicated wins, with the numbers: the compute that the fastest
+    sharded baseline saves against the communication it adds. `baselines`: name -> (Strategy,
+    CostReport) or (None, reason), as `cached.baseline_reports` returns them."""
+    rep = baselines.get("replicated", (None, None))[1]
+    sharded = [
+        (name, r)
+        for name, (s, r) in baselines.items()
+        if s is not None and name != "replicated" and r.fits
+    ]
+    if rep is None or isinstance(rep, str) or not sharded:
+        return "Everything replicated: no sharded baseline applies and fits on this mesh."
+    name, r = min(sharded, key=lambda nr: nr[1].step_time_s)
+    n_coll = sum(c.count for c in r.collectives)
+    saved = rep.compute_s - r.compute_s
+    return (
+        f"Everything replicated, because sharding does not pay at this size: replicated takes "
+        f"{fmt_s(rep.step_time_s)} per step; the fastest sharded baseline, {name}, takes "
+        f"{fmt_s(r.step_time_s)}, of which {fmt_s(r.comm_s)} is communication ({n_coll} "
+        f"collectives, each paying its latency). Sharding saves {fmt_s(saved)} of compute but "
+        f"adds {fmt_s(r.comm_s)} of communication. Try a larger size or batch, or a slower chip."
+    )
+
+
 def _grouped_shardings(strategy: tc.Strategy) -> list[tuple[list[str], tuple[str, ...]]]:
     """Shardings with the parts of one named dim on the same mesh axes gathered (N0.0 ... N0.18
     all on `data` is one row, not nineteen); order of first appearance kept."""
@@ -74,6 +98,18 @@ def _grouped_shardings(strategy: tc.Strategy) -> list[tuple[list[str], tuple[str
 def decisions_as_pins(strategy: tc.Strategy) -> list[str]:
     """The strategy's decisions written as pins (`K2=0`, `N3@data+model`)."""
     return tc.strategy_pins(strategy)
+
+
+def frozen_pins(ana: tc.Analysis, strategy: tc.Strategy) -> list[str]:
+    """Pins that fix every decision of a strategy, the replicated ones included (`N7@-`,
+    `K3=none`), so that a search under them has nothing left to decide and stops at once."""
+    sharded = {name for name, _ in strategy.shardings}
+    chosen = {k for k, _ in strategy.options}
+    return (
+        decisions_as_pins(strategy)
+        + [f"K{c.id}=none" for c in ana.conflicts if c.id not in chosen and c.options]
+        + [f"{d.name}@-" for d in strategy.resolution(ana).dims if d.name not in sharded]
+    )
 
 
 def strategy_diff(old: tc.Strategy, new: tc.Strategy) -> list[dict]:

@@ -24,7 +24,11 @@ import toast_core as tc
 from app import cached
 from app.cached import Loaded, ModelSpec
 
-DEFAULT_SPEC = ModelSpec("zoo", "gpt", "tiny", True)
+#: GPT-2 small shapes (124M parameters, 12 layers, S=1024, bf16): the size where the best plan
+#: really shards on the default mesh (replicated does not even fit a v5e's 16 GiB), so the first
+#: search teaches sharding rather than "everything replicated" (a tiny model's step is shorter
+#: than one collective's latency).
+DEFAULT_SPEC = ModelSpec("zoo", "gpt", "gpt2", True)
 DEFAULT_MESH = "data=2,model=4"
 DEFAULT_HARDWARE = "tpu-v5e"
 
@@ -202,10 +206,66 @@ def run_slot(key: tuple | None = None) -> dict:
             "evals_per_s": 0.0,
             "elapsed_s": 0.0,
             "pins": [],
-            "previous": None,  # {"strategy", "step_time_s", "peak_bytes", "pins"}
+            "previous": None,  # {"strategy", "step_time_s", "peak_bytes", "fits", "pins"}
+            "kept_previous": False,  # the last run did not beat the previous best
             "runs": 0,
         },
     )
+
+
+def iterations_shown(slot: dict) -> str | int:
+    """Before the tree search starts (iteration 0 of a running search) the search is scoring
+    the baselines and descending greedily from them, which takes seconds on large models."""
+    if slot["status"] == "running" and slot["iteration"] == 0:
+        return "seeding"
+    return slot["iteration"]
+
+
+def _rank(fits: bool | None, step_time_s: float | None) -> tuple:
+    return (not fits, step_time_s if step_time_s is not None else float("inf"))
+
+
+def keep_better(slot: dict) -> None:
+    """After a run (finished or stopped): if the previous best, found under the same pins, beats
+    the new one, it stays the search best and the new run's best becomes the previous one; the
+    search best is always the best plan found for these pins, not merely the latest."""
+    prev = slot["previous"]
+    slot["kept_previous"] = False
+    if prev is None or slot["best"] is None or prev["pins"] != slot["pins"]:
+        return
+    if _rank(prev.get("fits"), prev["step_time_s"]) >= _rank(
+        slot["best_fits"], slot["best_step_time_s"]
+    ):
+        return
+    slot["previous"] = {
+        "strategy": slot["best"],
+        "step_time_s": slot["best_step_time_s"],
+        "peak_bytes": slot["best_peak_bytes"],
+        "fits": slot["best_fits"],
+        "pins": list(slot["pins"]),
+    }
+    slot.update(
+        best=prev["strategy"],
+        best_step_time_s=prev["step_time_s"],
+        best_peak_bytes=prev["peak_bytes"],
+        best_fits=prev.get("fits"),
+        kept_previous=True,
+    )
+
+
+def settle_interrupted(slot: dict) -> bool:
+    """A run still marked running was interrupted (Stop, or the user left the Search page, as
+    Streamlit runs one page at a time): mark it stopped, keep the better best. True if it was."""
+    if slot["status"] != "running":
+        return False
+    slot["status"] = "stopped"
+    keep_better(slot)
+    return True
+
+
+def settle_all_interrupted() -> list[tuple]:
+    """Settles every interrupted run; returns their run keys."""
+    return [key for key, slot in st.session_state.runs.items() if settle_interrupted(slot)]
 
 
 def load_lesson(lesson_spec: ModelSpec, mesh_text_: str, hardware_: str, pins: list[str]) -> bool:

@@ -32,14 +32,27 @@ PAGES = (
 )
 
 
+#: The tab icon. Not a `:material/...:` name: Streamlit fetches those from fonts.gstatic.com, which
+#: fails offline (an emoji becomes an inline SVG; the sidebar's material icons are a bundled font).
+PAGE_ICON = "🍞"
+
+
 def main() -> None:
-    st.set_page_config(page_title="TOAST explorer", page_icon=":material/hub:", layout="wide")
+    st.set_page_config(page_title="TOAST explorer", page_icon=PAGE_ICON, layout="wide")
     state.init()
     pages = [
         st.Page(path, title=title, icon=icon, url_path=url, default=(url == "model"))
         for path, title, icon, url in PAGES
     ]
     page = st.navigation(pages, position="sidebar")
+    if page.url_path != "search":
+        # Streamlit runs one page at a time: leaving the Search page ends its run. Say so.
+        for key in state.settle_all_interrupted():
+            st.warning(
+                f"The search on `{key[0].split(':', 1)[-1]}` stopped when you left the Search "
+                "page (the explorer runs one page at a time); its best plan so far is kept.",
+                icon=":material/pause_circle:",
+            )
     with st.sidebar:
         st.markdown("**TOAST explorer**")
         spec = state.spec()

@@ -41,6 +41,35 @@ def context_line(loaded: Loaded) -> str:
     )
 
 
+#: Text put on a page beyond this many characters freezes the browser (Export on llama3-70b held
+#: ~244 KB and took 20-38 s to become interactive); longer artifacts are previewed, and the
+#: download buttons carry them whole.
+PREVIEW_CHARS = 12_000
+
+
+def preview(text: str, limit: int | None = None) -> tuple[str, str]:
+    """(the head of `text` cut at a line end within `limit` characters (default PREVIEW_CHARS),
+    a note saying what was left out, or '' when nothing was)."""
+    limit = PREVIEW_CHARS if limit is None else limit
+    if len(text) <= limit:
+        return text, ""
+    head = text[: text.rfind("\n", 0, limit) if "\n" in text[:limit] else limit]
+    lines, shown = text.count("\n") + 1, head.count("\n") + 1
+    note = (
+        f"Showing the first {shown:,} of {lines:,} lines ({len(text) / 1024:,.0f} KiB in all): "
+        "the download has all of it."
+    )
+    return head, note
+
+
+def code_preview(text: str, language: str, height: int | str = "content") -> None:
+    """`st.code` of a possibly huge artifact: its head and a note (see `preview`)."""
+    head, note = preview(text)
+    st.code(head, language=language, height=height)
+    if note:
+        st.caption(note)
+
+
 def table(rows: list[dict], height: int | str = "auto", key: str | None = None) -> None:
     if not rows:
         st.caption("(nothing to show)")

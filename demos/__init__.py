@@ -36,4 +36,12 @@ SIZES: dict[str, tuple[str, ...]] = {
     "equinox": tuple(equinox_mlp.SIZES),
 }
 
-__all__ = ["MODEL_ZOO", "SIZES", "Workload"]
+#: Scaled-down twins of shape-only sizes, to check a plan's numerics where the real size is too
+#: big to run on simulated CPU devices: the same layers and heads (so the same named dims and
+#: conflicts, in the same order, and a plan moves over by name), small widths divisible by 8,
+#: float32 (numerics are compared at rtol 1e-4). `twin = MODEL_ZOO[m](size=s, **overrides)`.
+NUMERICS_TWINS: dict[tuple[str, str], dict] = {
+    ("gpt", "gpt2"): {"vocab": 512, "seq": 64, "d_model": 96, "d_ff": 384, "dtype": "float32"},
+}
+
+__all__ = ["MODEL_ZOO", "NUMERICS_TWINS", "SIZES", "Workload"]

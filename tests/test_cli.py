@@ -334,3 +334,55 @@ def test_entry_point_analyzes_a_user_file(tmp_path, user_file):
     done = toast("analyze", f"{user_file.name}:make", "--json", cwd=user_file.parent)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["summary"]["program"] == "f"
+
+
+# -- issue 12: stored meshes, defaults in --help, notes out of the table ---------------------
+
+
+def test_compare_says_when_a_baseline_puts_the_batch_on_other_mesh_axes(capsys):
+    code, out, _ = run(capsys, "compare", "gpt", "--mesh", "data=3,model=4")
+    assert code == 0
+    table, _, notes = out.partition("\nNotes\n")
+    # data=3 does not divide the batch of 8: data parallel on `model` only, and it says so.
+    assert "data_parallel: batch N5 (size 8) on model only" in notes
+    assert "expert_parallel: not applicable: no stacked expert weights" in notes
+    # Reasons stay out of the table: the efficiency column is as wide as its header.
+    lines = table.splitlines()
+    assert lines[2].split()[-1] == "-" * len("efficiency"), lines[2]
+    assert "not applicable" not in table and "stacked" not in table
+    code, out, _ = run(capsys, "compare", "gpt", "--mesh", "data=3,model=4", "--json")
+    doc = json.loads(out)
+    assert "on model only" in doc["data_parallel"]["note"]
+    assert "note" not in doc["megatron"]
+
+
+@pytest.mark.parametrize("command", ["search", "compare", "validate"])
+def test_help_shows_the_default_mesh_and_hardware(capsys, command):
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "data=2,model=4" in out and "(default tpu-v5e)" in out
+    if command == "validate":
+        assert "the mesh stored in --strategy" in out
+
+
+def test_validate_refuses_a_mesh_other_than_the_strategys(capsys, tmp_path):
+    path = tmp_path / "s.json"
+    code, _, err = run(
+        capsys, "search", "mlp", "--mesh", "data=4,model=2", "--simulations", "1", "--out", path
+    )
+    assert code == 0, err
+    code, _, err = run(capsys, "validate", "mlp", "--strategy", path, "--mesh", "data=2,model=4")
+    assert_one_line_error(code, err, "data=4,model=2", "`--mesh=data=2,model=4`")
+
+
+@pytest.mark.slow
+def test_validate_uses_the_mesh_stored_in_the_strategy(capsys, tmp_path):
+    path = tmp_path / "s.json"
+    code, _, err = run(
+        capsys, "search", "mlp", "--mesh", "data=4,model=2", "--simulations", "1", "--out", path
+    )
+    assert code == 0, err
+    code, out, err = run(capsys, "validate", "mlp", "--strategy", path)
+    assert code == 0, err
+    assert "on data=4,model=2: predicted vs XLA-compiled" in out

@@ -20,7 +20,6 @@ from jax.sharding import Mesh
 import toast_core as tc
 from toast_core.analysis.rules import factors_of
 from toast_core.analysis.xla_limits import KNOWN_XLA_LIMITATIONS
-from toast_core.search.baselines import all_baselines
 
 _PREAMBLE = """
 import os
@@ -149,7 +148,7 @@ def test_baselines_and_search_never_shard_an_interior_padded_dim_and_validate():
     assert ana.value_named_dims(pad_result)[0] == ()  # the padded batch dim: no named dim
     spec = tc.MeshSpec({"data": 8})
     hw = tc.hardware("tpu-v5e")
-    plans = {name: s for name, (s, _) in all_baselines(ana, spec).items() if s is not None}
+    plans = {name: s for name, (s, _) in tc.baselines.all(ana, spec).items() if s is not None}
     plans["search"] = tc.search(ana, spec, hw, budget_s=None, num_simulations=60).best
     assert "data_parallel" in plans
     mesh = Mesh(np.array(jax.devices()[:8]), ("data",))

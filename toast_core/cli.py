@@ -22,6 +22,9 @@ from pathlib import Path
 
 from toast_core.fmt import fmt_bytes, fmt_s
 
+DEFAULT_MESH = "data=2,model=4"
+DEFAULT_HARDWARE = "tpu-v5e"
+
 
 class CliError(Exception):
     pass
@@ -195,15 +198,19 @@ def cmd_compare(args) -> int:
 
     _, _, ana, _ = _analyze(args)
     mesh, hw = _mesh_hw(args)
-    rows, doc = [], {}
+    rows, doc, notes = [], {}, []
     for name, (strategy, why) in tc.baselines.all(ana, mesh).items():
         if strategy is None:
-            rows.append([name, "n/a", "", "", "", "", why])
+            rows.append([name, "n/a", "", "", "", "", ""])
+            notes.append(f"{name}: not applicable: {why}")
             doc[name] = {"applicable": False, "reason": why}
             continue
         r = tc.estimate(ana, strategy, mesh, hw)
         rows.append(_report_row(name, r))
         doc[name] = {"applicable": True, **r.to_dict(), "shardings": dict(strategy.shardings)}
+        if why:  # applies, but not as the textbook says (e.g. the batch on other mesh axes)
+            notes.append(f"{name}: {why}")
+            doc[name]["note"] = why
     if args.json:
         print(json.dumps(doc, indent=2, default=list))
         return 0
@@ -211,6 +218,10 @@ def cmd_compare(args) -> int:
         f"{ana.program.name} on {mesh} of {hw.name} (capacity {fmt_bytes(hw.hbm_capacity_bytes)}/device)"
     )
     print(_table(rows, ["strategy", "step", "compute", "comm", "peak mem", "fits", "efficiency"]))
+    if notes:
+        print("\nNotes")
+        for note in notes:
+            print(f"  {note}")
     return 0
 
 
@@ -293,8 +304,45 @@ def cmd_search(args) -> int:
     return 0
 
 
+def _strategy_doc(path_text: str) -> tuple[str, dict]:
+    """The text of a strategy JSON file and its parsed document ({} if it does not parse: the
+    strategy parser then reports it, naming the problem)."""
+    path = Path(path_text)
+    if not path.is_file():
+        raise CliError(f"expected a strategy JSON file, got `--strategy={path_text}`")
+    text = path.read_text()
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        doc = {}
+    return text, doc if isinstance(doc, dict) else {}
+
+
+def _plan_mesh(args, doc: dict) -> str:
+    """The mesh to validate or explain on: --mesh, else the mesh stored in the strategy file, else the
+    default; a --mesh that disagrees with the stored one is an error (the plan was priced and
+    searched for its own mesh, and its named dims may not divide another one)."""
+    import toast_core as tc
+
+    stored = doc.get("mesh")
+    stored_text = (
+        ",".join(f"{k}={v}" for k, v in stored.items()) if isinstance(stored, dict) else None
+    )
+    if args.mesh is None:
+        return stored_text or DEFAULT_MESH
+    if stored_text is not None:
+        given, saved = tc.MeshSpec.parse(args.mesh), tc.MeshSpec.parse(stored_text)
+        if given.axes != saved.axes:
+            raise CliError(
+                f"expected the mesh stored in {args.strategy} ({saved}) or no --mesh, "
+                f"got `--mesh={args.mesh}`"
+            )
+    return args.mesh
+
+
 def cmd_validate(args) -> int:
-    mesh_text = args.mesh
+    text, doc = _strategy_doc(args.strategy) if args.strategy else ("", {})
+    args.mesh = mesh_text = _plan_mesh(args, doc)
     import toast_core as tc
 
     n = tc.MeshSpec.parse(mesh_text).n_devices
@@ -303,20 +351,7 @@ def cmd_validate(args) -> int:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={max(n, 8)}"
     fn, ex_args, ana, _ = _analyze(args)
     mesh, hw = _mesh_hw(args)
-    if args.strategy:
-        path = Path(args.strategy)
-        if not path.is_file():
-            raise CliError(f"expected a strategy JSON file, got `--strategy={args.strategy}`")
-        strategy = tc.Strategy.from_json(path.read_text(), ana)
-    else:
-        baselines = tc.baselines.all(ana, mesh)
-        if args.baseline not in baselines:
-            raise CliError(
-                f"expected a baseline ({', '.join(baselines)}), got `--baseline={args.baseline}`"
-            )
-        strategy, why = baselines[args.baseline]
-        if strategy is None:
-            raise CliError(f"baseline {args.baseline} does not apply: {why}")
+    strategy = _strategy_arg(args, ana, mesh, text)
     try:
         jmesh = tc.jax_mesh(mesh)
     except tc.ToastError as exc:
@@ -339,9 +374,11 @@ def cmd_validate(args) -> int:
 def cmd_explain(args) -> int:
     import toast_core as tc
 
+    text, doc = _strategy_doc(args.strategy) if args.strategy else ("", {})
+    args.mesh = _plan_mesh(args, doc)
     _, _, ana, _ = _analyze(args)
     mesh, hw = _mesh_hw(args)
-    strategy = _strategy_arg(args, ana, mesh)
+    strategy = _strategy_arg(args, ana, mesh, text)
     table = tc.explain(ana, strategy, mesh, hw)
     if args.json:
         doc = {
@@ -383,15 +420,12 @@ def cmd_explain(args) -> int:
     return 0
 
 
-def _strategy_arg(args, ana, mesh):
-    """The strategy of `--strategy FILE` or `--baseline NAME`."""
+def _strategy_arg(args, ana, mesh, text: str):
+    """The strategy of `--strategy FILE` (its text) or `--baseline NAME`."""
     import toast_core as tc
 
     if args.strategy:
-        path = Path(args.strategy)
-        if not path.is_file():
-            raise CliError(f"expected a strategy JSON file, got `--strategy={args.strategy}`")
-        return tc.Strategy.from_json(path.read_text(), ana)
+        return tc.Strategy.from_json(text, ana)
     baselines = tc.baselines.all(ana, mesh)
     if args.baseline not in baselines:
         raise CliError(
@@ -428,11 +462,25 @@ def build_parser() -> argparse.ArgumentParser:
             "--forward", action="store_true", help="zoo model forward pass, not a train step"
         )
         s.add_argument("--json", action="store_true", help="machine-readable output")
+        if name in ("validate", "explain"):
+            s.add_argument(
+                "--mesh",
+                default=None,
+                help="mesh axes, e.g. data=4,model=2 (default: the mesh stored in --strategy, "
+                f"else {DEFAULT_MESH})",
+            )
+        elif name != "analyze":
+            s.add_argument(
+                "--mesh",
+                default=DEFAULT_MESH,
+                help=f"mesh axes, e.g. data=4,model=2 (default {DEFAULT_MESH})",
+            )
         if name != "analyze":
             s.add_argument(
-                "--mesh", default="data=2,model=4", help="mesh axes, e.g. data=2,model=4"
+                "--hardware",
+                default=DEFAULT_HARDWARE,
+                help=f"hardware preset (default {DEFAULT_HARDWARE})",
             )
-            s.add_argument("--hardware", default="tpu-v5e", help="hardware preset")
         if name == "search":
             s.add_argument("--budget", default=None, help="time budget, e.g. 10s (default 10s)")
             s.add_argument("--simulations", type=int, default=None, help="simulation budget")

@@ -30,3 +30,14 @@ def bad_value(argument: str, value: object, expected: str) -> str:
     if len(shown) > 200:
         shown = shown[:197] + "..."
     return f"expected {expected}, got `{argument}={shown}`"
+
+
+def bad_values(argument: str, values, expected: str, limit: int = 5) -> str:
+    """One line for many bad values of one argument (a strategy file from another model names
+    dozens of missing named dims): the first `limit` shown, the rest counted."""
+    values = list(values)
+    if len(values) == 1:
+        return bad_value(argument, values[0], expected)
+    shown = ", ".join(repr(v) for v in values[:limit])
+    more = f" (+{len(values) - limit} more)" if len(values) > limit else ""
+    return f"expected {expected}, got {len(values)} other `{argument}` entries: {shown}{more}"

@@ -29,7 +29,7 @@ st.download_button(
     mime="application/json",
     key="dl_json",
 )
-st.code(strategy_json, language="json", height=260)
+ui.code_preview(strategy_json, "json", height=260)
 
 
 def _import(text: str, label: str) -> None:
@@ -84,7 +84,7 @@ st.caption(
 st.download_button(
     "Download snippet", snippet, file_name=f"{stem}_specs.py", mime="text/x-python", key="dl_py"
 )
-st.code(snippet, language="python", height=420)
+ui.code_preview(snippet, "python", height=420)
 
 st.subheader("Report")
 bl = cached.baseline_reports(loaded, state.mesh_text(), state.hardware_name())
@@ -131,4 +131,7 @@ st.download_button(
     key="dl_report",
 )
 with st.expander("Preview the report"):
-    st.markdown(text)
+    head, note = ui.preview(text)
+    if note:
+        st.caption(note)
+    st.markdown(head)

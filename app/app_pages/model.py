@@ -30,8 +30,12 @@ def _load_zoo() -> None:
 
 
 def _load_file_target() -> None:
+    _load_target(st.session_state.file_target)
+
+
+def _load_target(target: str) -> None:
     try:
-        path, function = split_target(st.session_state.file_target)
+        path, function = split_target(target)
         spec = ModelSpec("file", path=path, function=function, digest=file_digest(path))
     except tc.ToastError as exc:
         state.set_error("model", str(exc))
@@ -46,9 +50,10 @@ def _load_upload() -> None:
     if upload is None:
         state.set_error("model", "expected an uploaded .py file, got nothing")
         return
+    # Loaded from where it was saved; the "File and function" box keeps what the user typed
+    # there (the saved copy's temp path means nothing to them).
     path = save_upload(upload.name, upload.getvalue())
-    st.session_state.file_target = f"{path}:{function}"
-    _load_file_target()
+    _load_target(f"{path}:{function}")
 
 
 def _apply_mesh() -> None:
@@ -85,7 +90,8 @@ with left:
             "Size",
             sizes,
             **state.bound("zoo_size"),
-            help="tiny carries real arrays (validation works); larger sizes are shapes only.",
+            help="tiny and small carry real arrays; larger sizes are shapes only (validation compiles "
+            "them at the real size, and checks numerics on a scaled-down twin where one exists).",
         )
         c3.checkbox(
             "Train step",
@@ -160,8 +166,9 @@ st.markdown(
 )
 if not loaded.is_concrete:
     st.info(
-        "This workload carries shapes only: analysis, search and export work; validation "
-        "needs the `tiny` size (real arrays)."
+        "This workload carries shapes only (nothing is allocated): analysis, search and export "
+        "work as is; the Validate page compiles it at the real size, and checks numerics on a "
+        "scaled-down twin where the model has one."
     )
 for d in loaded.ana.diagnostics:
     st.warning(d)

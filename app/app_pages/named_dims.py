@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from app import charts, state, ui
-from app.fmt import fmt_bytes
+from app.fmt import binary_unit, fmt_bytes
 
 ui.header(
     "Named dims",
@@ -146,7 +146,10 @@ st.subheader("Named dims")
 in_conflict = charts.conflict_dims(ana)
 prog = ana.program
 rows = []
-for node in charts.dim_nodes(ana, flt.collapse):
+nodes = charts.dim_nodes(ana, flt.collapse)
+# One binary unit for the column (Streamlit's "bytes" format is decimal: MB next to our MiB).
+scale, unit = binary_unit(max((n.bytes_covered for n in nodes), default=0))
+for node in nodes:
     nd = ana.named_dims[node.rep]
     members = ", ".join(
         dict.fromkeys(
@@ -160,7 +163,7 @@ for node in charts.dim_nodes(ana, flt.collapse):
             "named dim": nd.name if len(node.members) == 1 else f"{nd.name} (×{len(node.members)})",
             "size": nd.size,
             "label": nd.label,
-            "bytes covered": node.bytes_covered,
+            f"bytes covered ({unit})": node.bytes_covered / scale,
             "holds": charts.dim_kind(nd),
             "members": len(nd.members),
             "input/output dims": members[:300],
@@ -175,7 +178,7 @@ st.dataframe(
     hide_index=True,
     width="stretch",
     height=min(560, 38 + 35 * len(rows)),
-    column_config={"bytes covered": st.column_config.NumberColumn(format="bytes")},
+    column_config={f"bytes covered ({unit})": st.column_config.NumberColumn(format=f"%.1f {unit}")},
     key="named_dim_table",
 )
 if ana.diagnostics:

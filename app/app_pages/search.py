@@ -24,9 +24,8 @@ mesh = state.mesh()
 st.markdown(ui.context_line(loaded))
 ws = state.workspace()
 slot = state.run_slot()
-if slot["status"] == "running":
-    # The run streaming into this slot was interrupted (Stop, or a page switch): keep its best.
-    slot["status"] = "stopped"
+# A run still marked running was interrupted (Stop, or a page switch): keep the better best.
+state.settle_interrupted(slot)
 
 
 # -- pins ---------------------------------------------------------------------------------------
@@ -84,10 +83,22 @@ def _clear_pins() -> None:
 
 
 def _pin_best(texts: list[str]) -> None:
-    for t in texts:
-        _add_pin(t)
-        if state.error("pins"):
-            return
+    """Adds several pins at once, checked together (one message if they do not hold)."""
+    current = state.workspace()["pins"]
+    new = [t for t in dict.fromkeys(texts) if t not in current]
+    try:
+        cached.check_pins(
+            state.loaded(), state.mesh_text(), state.hardware_name(), tuple(current + new)
+        )
+    except tc.ToastError as exc:
+        state.set_error("pins", str(exc))
+        return
+    current.extend(new)
+    state.set_error("pins", None)
+
+
+def _remove_picked_pin() -> None:
+    _remove_pin(st.session_state.get("pin_to_remove", ""))
 
 
 def axis_choices(m: tc.MeshSpec) -> list[str]:
@@ -143,7 +154,8 @@ notice = state.pop_notice("pins")
 if notice:
     st.info(notice)
 
-if ws["pins"]:
+MANY_PINS = 12
+if ws["pins"] and len(ws["pins"]) <= MANY_PINS:
     st.markdown("**Current pins** (kept across runs; forbids start with `!`)")
     for i, p in enumerate(ws["pins"]):
         a, b = st.columns([8, 1.2], vertical_alignment="center")
@@ -151,6 +163,21 @@ if ws["pins"]:
         a.markdown(f"{icon} `{p}`")
         b.button("Remove", key=f"rm_pin_{i}", on_click=_remove_pin, args=(p,), width="stretch")
     st.button("Clear all pins", key="clear_pins", on_click=_clear_pins)
+elif ws["pins"]:
+    # A frozen plan pins hundreds of decisions: one row and one button each would bury the page.
+    n_forbid = sum(p.startswith("!") for p in ws["pins"])
+    n_repl = sum(p.endswith("@-") or p.endswith("=none") for p in ws["pins"])
+    st.markdown(
+        f"**Current pins: {len(ws['pins'])}** ({len(ws['pins']) - n_forbid - n_repl} sharded or "
+        f"resolved, {n_repl} kept replicated or unresolved, {n_forbid} forbids; kept across runs)"
+    )
+    with st.expander("Show all pins"):
+        st.code(", ".join(ws["pins"]), language="text", wrap_lines=True)
+    r1, r2, r3 = st.columns([5, 1.2, 1.6], vertical_alignment="bottom")
+    _valid_choice("pin_to_remove", ws["pins"])
+    r1.selectbox("Pin to remove", ws["pins"], key="pin_to_remove")
+    r2.button("Remove", key="rm_picked_pin", on_click=_remove_picked_pin, width="stretch")
+    r3.button("Clear all pins", key="clear_pins", on_click=_clear_pins, width="stretch")
 else:
     st.caption("No pins: the search decides everything.")
 
@@ -197,18 +224,29 @@ b1.button("Run search", key="run_search", type="primary", width="stretch", on_cl
 b2.button("Stop", key="stop_search", on_click=_stop, width="stretch")
 ui.show_error("search")
 
+baseline_reports = cached.baseline_reports(loaded, state.mesh_text(), state.hardware_name())
 baseline_times = {
     name: (r.step_time_s if r.fits else None)
-    for name, (strategy, r) in cached.baseline_reports(
-        loaded, state.mesh_text(), state.hardware_name()
-    ).items()
+    for name, (strategy, r) in baseline_reports.items()
     if strategy is not None
+}
+# Baselines the chart cannot draw as a line, and why (its legend lists them greyed out).
+baseline_notes = {
+    name: (
+        f"does not fit ({fmt_bytes(r.peak_bytes)})" if strategy is not None else "not applicable"
+    )
+    for name, (strategy, r) in baseline_reports.items()
+    if strategy is None or not r.fits
 }
 live = st.empty()
 
 
 def draw(n: int) -> None:
-    """Metrics, the progress chart and the best-strategy table, into the live placeholder."""
+    """Metrics, the progress chart and the best-strategy table, into the live placeholder.
+
+    Every draw emits the same sequence of elements (an empty one where a message is not due):
+    elements of an earlier draw in the same script run that a later draw does not overwrite stay
+    on the page, e.g. a red "does not fit" box after the search found a plan that fits."""
     with live.container():
         status = slot["status"]
         m = st.columns(5)
@@ -219,7 +257,12 @@ def draw(n: int) -> None:
             "fits" if slot["best_fits"] else "does not fit",
             delta_color="normal" if slot["best_fits"] else "inverse",
         )
-        m[2].metric("Iterations", slot["iteration"])
+        m[2].metric(
+            "Iterations",
+            state.iterations_shown(slot),
+            help="Tree-search iterations. `seeding`: scoring the baselines and descending "
+            "greedily from them, before the tree search.",
+        )
         m[3].metric(
             "Evaluations",
             slot["evaluations"],
@@ -231,7 +274,7 @@ def draw(n: int) -> None:
             "Status", status, f"{slot['elapsed_s']:.1f} s", delta_color="off", delta_arrow="off"
         )
         st.plotly_chart(
-            charts.progress_figure(slot["history"], baseline_times),
+            charts.progress_figure(slot["history"], baseline_times, baseline_notes),
             key=f"progress_{n}",
             width="stretch",
         )
@@ -241,12 +284,18 @@ def draw(n: int) -> None:
             st.dataframe(rows, hide_index=True, width="stretch", key=f"best_table_{n}")
         else:
             st.caption("Everything replicated: no named dim sharded.")
+        if not rows and status in ("done", "stopped") and not slot["pins"]:
+            st.info(reports.why_replicated(baseline_reports))
+        else:
+            st.empty()
         if slot["best_fits"] is False:
             st.error(
                 "NO MEMORY-FEASIBLE STRATEGY FOUND so far: the best one needs "
                 f"{fmt_bytes(slot['best_peak_bytes'])} per device, over the capacity of "
                 f"{state.hardware_name()}."
             )
+        else:
+            st.empty()
 
 
 def record(ev: tc.SearchEvent) -> None:
@@ -275,6 +324,12 @@ def run_search() -> None:
         seed=int(st.session_state.seed),
         pins=tuple(ws["pins"]),
     )
+    with live.container():
+        st.info(
+            "Scoring the baselines and descending greedily from them before the tree search "
+            "(seconds on large models)...",
+            icon=":material/hourglass_top:",
+        )
     try:
         first = next(events)  # bad pins fail here, before anything is overwritten
     except tc.ToastError as exc:
@@ -286,9 +341,16 @@ def run_search() -> None:
             "strategy": slot["best"],
             "step_time_s": slot["best_step_time_s"],
             "peak_bytes": slot["best_peak_bytes"],
+            "fits": slot["best_fits"],
             "pins": list(slot["pins"]),
         }
-    slot.update(status="running", history=[], pins=list(ws["pins"]), runs=slot["runs"] + 1)
+    slot.update(
+        status="running",
+        history=[],
+        pins=list(ws["pins"]),
+        runs=slot["runs"] + 1,
+        kept_previous=False,
+    )
     record(first)
     n, last = 0, 0.0
     draw(n)
@@ -299,6 +361,7 @@ def run_search() -> None:
             n += 1
             draw(n)
     slot["status"] = "done"
+    state.keep_better(slot)
     state.set_setting("strategy_choice", "search best")
     n += 1
     draw(n)
@@ -311,7 +374,9 @@ elif slot["history"]:
 else:
     with live.container():
         st.info("Press **Run search**: the chart and the best strategy update while it runs.")
-        st.plotly_chart(charts.progress_figure([], baseline_times), key="progress_empty")
+        st.plotly_chart(
+            charts.progress_figure([], baseline_times, baseline_notes), key="progress_empty"
+        )
 
 # -- after a run: what changed, and pinning from the best --------------------------------------
 
@@ -319,6 +384,12 @@ if slot["best"] is not None and slot["status"] in ("done", "stopped"):
     prev = slot["previous"]
     if slot["status"] == "stopped":
         st.info(f"Stopped at iteration {slot['iteration']}; the best strategy so far is kept.")
+    if slot["kept_previous"] and prev is not None:
+        st.info(
+            f"This run's best ({fmt_s(prev['step_time_s'])}) does not beat the previous best "
+            f"found with the same pins ({fmt_s(slot['best_step_time_s'])}), which stays the "
+            "search best; this run's best is now the previous one."
+        )
     if prev is not None:
         st.subheader("Versus the previous best")
         t_old, t_new = prev["step_time_s"], slot["best_step_time_s"]
@@ -335,11 +406,12 @@ if slot["best"] is not None and slot["status"] in ("done", "stopped"):
         else:
             st.caption("Same decisions as the previous best.")
     decisions = [p for p in reports.decisions_as_pins(slot["best"]) if p not in ws["pins"]]
-    if decisions:
+    frozen = [p for p in reports.frozen_pins(ana, slot["best"]) if p not in ws["pins"]]
+    if frozen:
         st.subheader("Pin decisions of the best strategy")
         p1, p2, p3 = st.columns([5, 1.2, 1.6], vertical_alignment="bottom")
-        _valid_choice("best_decision", decisions)
-        p1.selectbox("Decision", decisions, key="best_decision")
+        _valid_choice("best_decision", decisions or frozen)
+        p1.selectbox("Decision", decisions or frozen, key="best_decision")
         p2.button(
             "Pin",
             key="pin_best_decision",
@@ -350,8 +422,10 @@ if slot["best"] is not None and slot["status"] in ("done", "stopped"):
             "Pin all",
             key="pin_all_best",
             on_click=_pin_best,
-            args=(decisions,),
+            args=(frozen,),
             width="stretch",
+            help="Freeze the plan: pin every decision, the replicated named dims (`@-`) and "
+            "unresolved conflicts (`=none`) included; a search then has nothing left to decide.",
         )
     st.page_link(
         "app_pages/strategy.py", label="Inspect the best strategy", icon=":material/arrow_forward:"

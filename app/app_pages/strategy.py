@@ -84,6 +84,12 @@ bl = cached.baseline_reports(loaded, state.mesh_text(), state.hardware_name())
 compare = [("this: " + name, report)] + [
     (f"{b}", r) for b, (s, r) in bl.items() if s is not None and f"baseline: {b}" != name
 ]
+# How a baseline departs from the textbook (e.g. the batch on fewer mesh axes than asked).
+notes = {
+    b: why
+    for b, (s, why) in cached.baselines(loaded.key, state.mesh_text(), loaded.ana).items()
+    if s is not None and why
+}
 chart_rows = [
     {
         "name": n,
@@ -105,18 +111,20 @@ ui.table(
             "communication": fmt_s(r.comm_s),
             "peak memory": fmt_bytes(r.peak_bytes),
             "fits": "yes" if r.fits else "NO",
+            "note": notes.get(n, ""),
         }
         for n, r in compare
     ]
     + [
         {
             "strategy": b,
-            "step time": f"not applicable: {why}",
+            "step time": "n/a",
             "vs this": "",
             "compute": "",
             "communication": "",
             "peak memory": "",
             "fits": "",
+            "note": f"not applicable: {why}",
         }
         for b, (s, why) in bl.items()
         if s is None

@@ -101,9 +101,19 @@ def _data_parallel(ana, mesh, axes, name) -> tuple[Strategy | None, str]:
     if not dims:
         return None, "no data input with a leading (batch) dim"
     b = _Builder(ana, mesh, name)
-    for d in dims[:1]:
-        if not b.try_axes_subsets(f"N{d}", axes):
-            return None, f"batch named dim N{d} (size {ana.named_dims[d].size}) is not divisible"
+    d = dims[0]
+    size = ana.named_dims[d].size
+    chosen = b.try_axes_subsets(f"N{d}", axes)
+    if not chosen:
+        sizes = ", ".join(f"{a}={mesh.size(a)}" for a in axes)
+        return None, f"batch named dim N{d} (size {size}) does not divide over {sizes}"
+    if chosen != tuple(axes):
+        # Say so: a "data parallel" that put the batch on `model` only must not pass silently.
+        ways = prod(mesh.size(a) for a in axes)
+        return b.strategy(), (
+            f"batch N{d} (size {size}) on {'+'.join(chosen)} only: it does not divide "
+            f"{'x'.join(f'{a}={mesh.size(a)}' for a in axes)} ({ways} ways)"
+        )
     return b.strategy(), ""
 
 
@@ -190,7 +200,7 @@ def _fsdp(ana, mesh, name) -> tuple[Strategy | None, str]:
             sharded += len(sides)
     if not sharded:
         return None, "no parameter named dim can be cut off the data and sharded (no train step?)"
-    return b.strategy(), ""
+    return b.strategy(), why
 
 
 def _parameter_side(ana: Analysis, res, parent: int) -> str | None:
@@ -221,7 +231,7 @@ def _dp_megatron(ana, mesh, name) -> tuple[Strategy | None, str]:
     b.shardings = dict(dp.shardings)
     if not _megatron_into(b, axis):
         return None, "no parameter named dim can be sharded on the model axis"
-    return b.strategy(), ""
+    return b.strategy(), why
 
 
 def _split_axes(mesh: MeshSpec) -> tuple[str, tuple[str, ...]]:
@@ -242,6 +252,7 @@ def _expert_parallel(ana, mesh, name) -> tuple[Strategy | None, str]:
         return None, "no stacked expert weights (3-D parameters) in this model"
     axis, data_axes = _split_axes(mesh)
     b = _Builder(ana, mesh, name)
+    why = ""
     if data_axes:
         dp, why = _data_parallel(ana, mesh, data_axes, name)
         if dp is None:
@@ -250,7 +261,7 @@ def _expert_parallel(ana, mesh, name) -> tuple[Strategy | None, str]:
     placed = sum(b.try_shard(f"N{d}", (axis,)) for d in experts)
     if not placed:
         return None, "the expert dims cannot be sharded on the model axis"
-    return b.strategy(), ""
+    return b.strategy(), why
 
 
 def _sequence_parallel(ana, mesh, name) -> tuple[Strategy | None, str]:
@@ -268,11 +279,12 @@ def _sequence_parallel(ana, mesh, name) -> tuple[Strategy | None, str]:
     seq_dim = seq[0]
     axis, data_axes = _split_axes(mesh)
     base: dict[str, tuple[str, ...]] = {}
+    note = ""
     if data_axes:
         dp, why = _data_parallel(ana, mesh, data_axes, name)
         if dp is None:
             return None, why
-        base = dict(dp.shardings)
+        base, note = dict(dp.shardings), why
     selfs = [c for c in ana.conflicts if c.kind == "self" and seq_dim in c.named_dims and c.options]
     if not selfs:
         return None, "no attention over the sequence dim (no self-conflict on it)"
@@ -292,7 +304,7 @@ def _sequence_parallel(ana, mesh, name) -> tuple[Strategy | None, str]:
         b = _Builder(ana, mesh, name)
         b.shardings, b.options = dict(base), dict(options)
         if part is not None and b.try_shard(part, (axis,), options):
-            return b.strategy(), ""
+            return b.strategy(), note
     return None, "the sequence dim cannot take the model axis even with its conflicts resolved"
 
 
@@ -342,8 +354,9 @@ def _every(ana: Analysis, mesh: MeshSpec) -> dict[str, tuple[Strategy | None, st
 
 
 def all(ana: Analysis, mesh: MeshSpec) -> dict[str, tuple[Strategy | None, str]]:  # noqa: A001
-    """Every baseline (`tc.baselines.all`) with the reason it does not apply (empty when it
-    does); built once per (analysis, mesh). This module shadows the builtin `all`: do not use
+    """Every baseline (`tc.baselines.all`) with the reason it does not apply; when it applies,
+    the text is empty or a note on how it departs from the textbook (the batch on fewer mesh
+    axes than asked). Built once per (analysis, mesh). This module shadows the builtin `all`: do not use
     the builtin here."""
     return dict(_every(ana, mesh))
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from toast_core.analysis import Analysis
-from toast_core.errors import StrategyError, bad_value
+from toast_core.errors import StrategyError, bad_value, bad_values
 from toast_core.mesh import MeshSpec
 from toast_core.strategy.refs import RefError, named_dim_parts
 from toast_core.strategy.resolve import Resolution, normalize_options, resolve
@@ -50,11 +50,12 @@ class Strategy:
         res = resolve(ana, opts)
         out: dict[str, tuple[str, ...]] = {}
         problems: list[str] = []
+        unknown: list = []  # summarized in one problem, not one line each
         for key, axes in (shardings or {}).items():
             try:
                 dim_names = _dim_names(ana, res, key)
-            except StrategyError as exc:
-                problems.append(str(exc))
+            except StrategyError:
+                unknown.append(key)
                 continue
             if isinstance(axes, str):
                 axes = (axes,)
@@ -64,8 +65,15 @@ class Strategy:
                 continue
             if axes:
                 out.update((n, axes) for n in dim_names)
+        if unknown:
+            expected = (
+                f"named dims N0..N{len(ana.named_dims) - 1} (or parts such as N3.1 after the "
+                "chosen cuts), ids or labels"
+            )
+            problems.insert(0, bad_values("shardings", unknown, expected))
         if problems:
-            raise StrategyError("; ".join(problems))
+            more = f" (+{len(problems) - 6} more)" if len(problems) > 6 else ""
+            raise StrategyError("; ".join(problems[:6]) + more)
         return Strategy(tuple(sorted(out.items())), opts, name)
 
     def with_name(self, name: str) -> Strategy:
