@@ -575,3 +575,55 @@ def test_every_primitive_family_has_factor_rules():
         assert family <= set(RULES), sorted(family - set(RULES))
     assert prim.FUSED_REDUCTIONS <= prim.REDUCTIONS
     assert prim.NO_OP_ELEMENTWISE | prim.TRANSCENDENTAL <= prim.ELEMENTWISE
+
+
+# --- the newer rules drive valid plans ---------------------------------------------------------
+
+
+def _conv_pool_dropout_step(p, x, y, key):
+    """Conv, batch norm, max pool, dropout, a tiled class row and a stack, with label smoothing:
+    the primitives of `rules_window.py` and `rules_random.py` in one train step."""
+
+    def loss(p):
+        h = jax.lax.conv_general_dilated(
+            x, p["conv"], (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+        h = (h - h.mean((0, 1, 2))) * jax.lax.rsqrt(h.var((0, 1, 2)) + 1e-5) * p["gamma"]
+        h = jax.lax.reduce_window(
+            jax.nn.relu(h), -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"
+        )
+        h = h.reshape(h.shape[0], -1)
+        h = jnp.where(jax.random.bernoulli(key, 0.9, h.shape), h / 0.9, 0.0)
+        logits = jnp.stack([h @ p["w"], jnp.tile(p["cls"], (h.shape[0], 1))], axis=1).sum(1)
+        target = jax.nn.one_hot(y, 10) * 0.9 + 0.01
+        return -(target * jax.nn.log_softmax(logits)).sum(-1).mean()
+
+    value, grads = jax.value_and_grad(loss)(p)
+    return jax.tree.map(lambda a, g: a - 0.1 * g, p, grads), value
+
+
+@pytest.mark.slow
+def test_plans_over_pooling_and_dropout_match_the_unsharded_numerics():
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from toast_core.search.baselines import all_baselines
+
+    rng = np.random.default_rng(0)
+
+    def normal(*shape, scale=1.0):
+        return jnp.asarray(rng.normal(size=shape) * scale, jnp.float32)
+
+    params = {"conv": normal(3, 3, 3, 8, scale=0.3), "gamma": jnp.ones(8),
+              "w": normal(128, 10, scale=0.1), "cls": normal(1, 10, scale=0.1)}  # fmt: skip
+    args = (params, normal(16, 8, 8, 3), jnp.arange(16) % 10, jax.random.key(3))
+    ana = tc.analyze(tc.trace(_conv_pool_dropout_step, *args))
+    assert not ana.diagnostics
+    spec, hw = tc.MeshSpec({"data": 2, "model": 4}), tc.hardware("tpu-v5e")
+    baselines = all_baselines(ana, spec)
+    plans = {n: baselines[n][0] for n in ("data_parallel", "dp_megatron")}
+    plans["search"] = tc.search(ana, spec, hw, budget_s=None, num_simulations=40).best
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    for name, plan in plans.items():
+        report = tc.validate(_conv_pool_dropout_step, args, ana, plan, mesh, hw)
+        assert report.numerics_ok, (name, report.max_abs_error)

@@ -16,12 +16,11 @@ from toast_core.ir import primitives as prim
 
 
 def _param_at(op, name: str, d: int, default):
+    """Entry d of a per-dim window param (`padding` entries as (lo, hi) tuples)."""
     values = op.param(name, None) or ()
-    return (
-        tuple(values[d])
-        if name == "padding" and d < len(values)
-        else (values[d] if d < len(values) else default)
-    )
+    if d >= len(values):
+        return default
+    return tuple(values[d]) if name == "padding" else values[d]
 
 
 def _is_trivial_window(op, d: int) -> bool:

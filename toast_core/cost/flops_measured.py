@@ -74,13 +74,12 @@ def bitcast_convert_type_flops(op, program):
 
 @flop_rule("random_bits")
 def random_bits_flops(op, program):
-    """Threefry: 47 integer ops per 32-bit word (u32[32, 32]: 48,205; u32[64, 64]: 192,653), plus
-    1 per element to narrow 8- and 16-bit results (u8[32, 32]: 49,229). 64-bit bits take two words
-    (not measured: x64 is off here)."""
-    n = _size(program, op.results[0])
+    """Threefry: 47 integer ops per element of 32-bit bits (u32[32, 32]: 48,205; u32[64, 64]:
+    192,653); 48 for 8- and 16-bit bits (narrowed, u8[32, 32]: 49,229); 50 for 64-bit bits (one
+    threefry pair joined, u64[64, 64] with x64 on: 204,941)."""
     width = op.param("bit_width", 32)
-    words = n * max(1, width // 32)
-    return float(47 * words + (n if width < 32 else 0)), 0.0
+    per_element = 47 + (1 if width < 32 else 3 if width == 64 else 0)
+    return float(per_element * _size(program, op.results[0])), 0.0
 
 
 @flop_rule("random_split")
