@@ -3,9 +3,9 @@
 This assembles the NDA pass (`nda.py`) and the conflict finder (`conflicts.py`) into one frozen
 `Analysis`, the object the cost model, the search, the explorer and the CLI all read.
 
-Decision groups: named dims (and conflicts) that repeat across identical layers share a signature
-(size plus the layer-free paths of the parameters and inputs they touch, e.g.
-`params.blocks[*].mlp.w_fc.1`), so a 96-layer model offers one decision per kind of dim, not 96.
+Decision groups: named dims (and conflicts) that repeat across identical layers share a structural
+signature (`layers.py`: the same ops, shapes and roles around them, whatever the layers are
+named), so a 96-layer model offers one decision per kind of dim, not 96.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from toast_core.analysis.conflicts import (
     nearest_cuts,
     ranked,
 )
+from toast_core.analysis.layers import layer_groups
 from toast_core.analysis.nda import (
     MEdge,
     NamedDim,
@@ -50,7 +51,6 @@ _ROLE_RANK = {
     "literal": 5,
     "intermediate": 3,
 }
-_LAYER_INDEX = re.compile(r"\[\d+\]")
 
 
 @dataclass(frozen=True, eq=False)
@@ -204,7 +204,9 @@ def _analyze(program: Program) -> Analysis:
     named = _named_dims(program, nda, slots, atom_dim, n_dims, nbytes)
     cooc = _cooccurrence(slots, atom_dim, n_dims, len(program.values))
     conflicts = _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes)
-    dim_groups, conflict_groups = _groups(program, named, conflicts)
+    dim_groups, conflict_groups = layer_groups(
+        program, slots.value, slots.dim, slots.sub, atom_dim[slots.atom], named, conflicts
+    )
     diagnostics = tuple(program.diagnostics) + nda.diagnostics
     return Analysis(
         program, named, conflicts, diagnostics, nda, atom_dim, cooc, dim_groups, conflict_groups
@@ -619,33 +621,3 @@ def _site(program: Program, vid: int) -> Site:
     return Site(
         opi if opi is not None else -1, vid, f"{program.values[vid].display()} from {where}"
     )
-
-
-def _groups(program: Program, named, conflicts):
-    """Decision groups: named dims / conflicts with equal layer-free signatures."""
-    # The layer-free path of each input, parameter, state or output value (None for the rest).
-    path = [
-        _LAYER_INDEX.sub("[*]", v.name)
-        if v.role in ("input", "parameter", "state") or v.is_output
-        else None
-        for v in program.values
-    ]
-    sig_dims: dict[tuple, list[int]] = defaultdict(list)
-    dim_sig: dict[int, tuple] = {}
-    for nd in named:
-        paths = sorted({(path[v], d, sub) for v, d, sub in nd.members if path[v] is not None})
-        layered = any("[*]" in p[0] for p in paths)
-        sig = (nd.size, tuple(paths)) if paths and layered else ("single", nd.id)
-        dim_sig[nd.id] = sig
-        sig_dims[sig].append(nd.id)
-    dim_groups = tuple(tuple(g) for g in sig_dims.values() if len(g) > 1)
-    sig_conf: dict[tuple, list[int]] = defaultdict(list)
-    for c in conflicts:
-        # An axis clash is characterised by its parameter dim; the data dims are shared by all.
-        dims = c.named_dims[:1] if c.kind == "axis_clash" else c.named_dims
-        sig = (c.kind, tuple(dim_sig[d] for d in dims), tuple(o.bytes for o in c.options))
-        if c.kind == "axis_clash" and dim_sig[dims[0]][0] == "single":
-            sig = ("single", c.id)
-        sig_conf[sig].append(c.id)
-    conflict_groups = tuple(tuple(g) for g in sig_conf.values() if len(g) > 1)
-    return dim_groups, conflict_groups

@@ -18,21 +18,18 @@ canonically for the transposition table.
 
 from __future__ import annotations
 
-import hashlib
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from toast_core.analysis import Analysis
+from toast_core.analysis.layers import fine_signatures
 from toast_core.cost import Evaluator
 from toast_core.errors import PinError, StrategyError
 from toast_core.mesh import MeshSpec
 from toast_core.search.pins import Pin, parse_pins, reference_fines
 from toast_core.strategy import Strategy, resolve
 from toast_core.strategy.layout import layout
-
-_LAYER_FREE = re.compile(r"\[\d+\]|#\d+|\d+$")
 
 
 @dataclass(frozen=True)
@@ -66,7 +63,7 @@ class DecisionSpace:
             for i in range(self.n_axes):
                 if m >> i & 1:
                     self.ways[m] *= self.axis_sizes[i]
-        self.fine_sig = self._fine_signatures()
+        self.fine_sig = fine_signatures(ana)
         self.fine_bytes = self._fine_bytes()
         self.value_cols = self.lay.value_fine.tocsc()
         self.use_cols = self.lay.use_fine.tocsc()
@@ -84,28 +81,6 @@ class DecisionSpace:
         self._apply_pins(parse_pins(pins), parse_pins(forbids))
 
     # -- signatures for grouping ---------------------------------------------------------------
-
-    def _fine_signatures(self) -> np.ndarray:
-        """A hash per fine class of what it holds, independent of layer index: producer primitive,
-        source line, dim and dtype of each value atom."""
-        ana, prog = self.ana, self.ana.program
-        producers = prog.producers()
-        parts: list[list[str]] = [[] for _ in range(ana.n_fine)]
-        for v in prog.values:
-            p = producers[v.id]
-            where = (
-                f"{prog.ops[p].primitive}@{prog.ops[p].source}/{'/'.join(prog.ops[p].call_path)}"
-                if p is not None
-                else _LAYER_FREE.sub("*", v.name)
-            )
-            for d, fines in enumerate(self.lay.value_dim_fine[v.id]):
-                for s, f in enumerate(fines):
-                    parts[f].append(f"{where}|{d}|{s}|{v.dtype}|{v.shape}")
-        out = np.zeros(ana.n_fine, dtype=np.uint64)
-        for f, items in enumerate(parts):
-            h = hashlib.blake2b("\n".join(sorted(items)).encode(), digest_size=8).digest()
-            out[f] = np.frombuffer(h, dtype=np.uint64)[0]
-        return out
 
     def _fine_bytes(self) -> np.ndarray:
         nbytes = np.array([v.nbytes for v in self.ana.program.values], dtype=np.float64)
