@@ -101,22 +101,22 @@ def value_signatures(program: Program, rounds: int = ROUNDS) -> np.ndarray:
     values, ops = program.values, program.ops
     n_values, n_ops = len(values), len(ops)
     value_label = _labels((v.shape, v.dtype) for v in values)
+    label_of = value_label.tolist().__getitem__
     call_paths: dict = {}
-    op_key = []
     for op in ops:
-        path = call_paths.get(op.call_path)
-        if path is None:
-            path = call_paths[op.call_path] = tuple(_DIGITS.sub("#", c) for c in op.call_path)
-        op_key.append(
-            (
-                op.primitive,
-                op.params,
-                op.source,
-                path,
-                tuple(value_label[list(op.operands)].tolist()),
-                tuple(value_label[list(op.results)].tolist()),
-            )
+        if op.call_path not in call_paths:
+            call_paths[op.call_path] = tuple(_DIGITS.sub("#", c) for c in op.call_path)
+    op_key = [
+        (
+            op.primitive,
+            op.params,
+            op.source,
+            call_paths[op.call_path],
+            tuple(map(label_of, op.operands)),
+            tuple(map(label_of, op.results)),
         )
+        for op in ops
+    ]
     op_label = _mix(_labels(op_key) + np.uint64(1 << 40))
     use_op = np.repeat(np.arange(n_ops), [len(op.operands) for op in ops])
     use_pos = np.fromiter(chain.from_iterable(range(len(op.operands)) for op in ops), np.uint64)
@@ -181,6 +181,26 @@ def balanced_refinement(sigs: np.ndarray) -> np.ndarray:
     return group
 
 
+def apart_if_chained(sig: np.ndarray, value: np.ndarray, cls: np.ndarray) -> np.ndarray:
+    """`sig` with every member of a chained group made unique: a group two of whose classes
+    meet in one value (the hidden dims of a stack of same-shape dense layers: `w2[F1, F2]` holds
+    the dims of layers 1 and 2). Deciding such a group at once could never shard it (the value
+    would hold one mesh axis twice), and it is not how such stacks are sharded (Megatron
+    alternates column and row splits), so its classes are decided one by one."""
+    pairs = np.unique(np.stack([value, cls]), axis=1)
+    group = sig[pairs[1]]
+    # (value, group) pairs holding more than one class of the group.
+    codes = np.stack([pairs[0], group.view(np.int64)])
+    _, first, count = np.unique(codes, axis=1, return_index=True, return_counts=True)
+    if not (count > 1).any():
+        return sig
+    bad = np.unique(group[first[count > 1]])
+    out = sig.copy()
+    members = np.isin(sig, bad)
+    out[members] = _pair(sig[members], np.flatnonzero(members).astype(np.uint64) + np.uint64(1))
+    return out
+
+
 def value_atom_table(value_atoms) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(value, dim, sub-factor, atom) of every leaf value atom, as parallel arrays."""
     dims = [len(d) for d in value_atoms]
@@ -199,7 +219,7 @@ def fine_signatures(ana) -> np.ndarray:
     sigs = class_signatures(
         value_signatures(ana.program), value, dim, sub, ana.fine_of_atom[atom], ana.n_fine
     )
-    return balanced_refinement(sigs)
+    return apart_if_chained(balanced_refinement(sigs), value, ana.fine_of_atom[atom])
 
 
 def layer_groups(program: Program, value, dim, sub, cls, named, conflicts):
@@ -209,6 +229,7 @@ def layer_groups(program: Program, value, dim, sub, cls, named, conflicts):
     sig = balanced_refinement(
         class_signatures(value_signatures(program), value, dim, sub, cls, len(named))
     )
+    sig = apart_if_chained(sig, value, cls)
     has_values = np.zeros(len(named), dtype=bool)
     has_values[cls] = True
     by_sig: dict[tuple, list[int]] = defaultdict(list)
