@@ -130,7 +130,7 @@ class Analysis:
         Every strategy's named dims are unions of fine classes, so the cost model works on fine
         classes once and for all.
         """
-        keep = np.ones(len(self.nda.medges), dtype=bool)
+        keep = np.ones(len(self.nda.medge_table), dtype=bool)
         keep[self.candidate_edges] = False
         labels = components(len(self.atom_dim), self.medge_ends[keep])
         out = np.full(len(self.atom_dim), -1, dtype=np.int64)
@@ -400,7 +400,7 @@ def _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes) -> tuple
                 i,
                 cut,
                 int(sum(capacity[e] for e in cut)),
-                describe_cut(program, nda.medges, cut),
+                describe_cut(program, nda.medge_table, cut),
             )
             for i, cut in enumerate(cuts_list)
         )

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -220,17 +219,17 @@ class NdaResult:
     value_atoms: tuple[tuple[tuple[int, ...], ...], ...]  # value -> dim -> leaf atoms
     use_atoms: dict  # (op, position) -> dim -> leaf atoms
     op_atoms: tuple[tuple[int, ...], ...]  # op -> all its leaf atoms (each once)
-    medges: tuple[MEdge, ...]
+    # [M-edge, 8] int64, one column per `MEdge` field (id, value, op, position, dim, sub,
+    # value_atom, use_atom): the graph work is vectorized over columns of this table.
+    medge_table: np.ndarray
     reshape_sites: tuple[tuple[int, int, int, int], ...]  # (value, op, position, dim)
     diagnostics: tuple[str, ...]
     fallback_ops: tuple[int, ...] = field(default=())
 
     @cached_property
-    def medge_table(self) -> np.ndarray:
-        """[M-edge, 8] int64, one column per `MEdge` field (id, value, op, position, dim, sub,
-        value_atom, use_atom): the graph work is vectorized over columns of this table."""
-        flat = chain.from_iterable(self.medges)
-        return np.fromiter(flat, dtype=np.int64, count=8 * len(self.medges)).reshape(-1, 8)
+    def medges(self) -> tuple[MEdge, ...]:
+        """The M-edges as records, built from `medge_table` when first asked for."""
+        return tuple(map(MEdge._make, self.medge_table.tolist()))
 
 
 def run_nda(program: Program) -> NdaResult:
@@ -238,7 +237,7 @@ def run_nda(program: Program) -> NdaResult:
     forest = _FactorForest()
     value_dims: list[list[list[int]] | None] = [None] * len(program.values)
     use_dims: dict[tuple[int, int], list[list[int]]] = {}
-    op_factors: list[list[int]] = []
+    op_factors: list[range] = []
     diagnostics: list[str] = []
     fallback_ops: list[int] = []
     produced = {vid for op in program.ops for vid in op.results}
@@ -273,31 +272,20 @@ def run_nda(program: Program) -> NdaResult:
         if count > 1:
             diagnostics.append(f"unknown primitive `{prim}` appears {count} times")
 
+    links = _links(program, value_dims, use_dims)
+    dirty = _dirty_links(links, forest.size)
     failed: set[tuple[int, int, int, int]] = set()
-    for op in program.ops:
-        for pos, vid in enumerate(op.operands):
-            udims = use_dims[(op.index, pos)]
-            for d, vdim in enumerate(value_dims[vid]):
-                if (vdim or udims[d]) and not forest.align(vdim, udims[d]):
-                    failed.add((vid, op.index, pos, d))
+    align = forest.align
+    for i in np.flatnonzero(dirty).tolist():
+        vdim, udim = links.value_dims[i], links.use_dims[i]
+        if not align(vdim, udim):
+            failed.add(links.key(i))
 
     leaves = forest.leaves
     value_atoms = tuple(tuple(map(leaves, dims)) for dims in value_dims)  # type: ignore[arg-type]
     use_atoms = {key: tuple(map(leaves, dims)) for key, dims in use_dims.items()}
     # An op's factors are distinct, so are their leaves.
     op_atoms = tuple(map(leaves, op_factors))
-    medges: list[MEdge] = []
-    size = forest.size
-    for op in program.ops:
-        opi = op.index
-        for pos, vid in enumerate(op.operands):
-            for d, (vleaves, uleaves) in enumerate(zip(value_atoms[vid], use_atoms[(opi, pos)])):
-                if failed and (vid, opi, pos, d) in failed:
-                    continue
-                assert len(vleaves) == len(uleaves), (vid, opi, pos, d)
-                for sub, (a, b) in enumerate(zip(vleaves, uleaves)):
-                    assert size[a] == size[b]
-                    medges.append(MEdge(len(medges), vid, opi, pos, d, sub, a, b))
     return NdaResult(
         atom_size=np.asarray(forest.size, dtype=np.int64),
         atom_kind=tuple(forest.kind),
@@ -305,11 +293,131 @@ def run_nda(program: Program) -> NdaResult:
         value_atoms=value_atoms,
         use_atoms=use_atoms,
         op_atoms=op_atoms,
-        medges=tuple(medges),
+        medge_table=_medge_table(links, dirty, failed, value_atoms, use_atoms, forest.size),
         reshape_sites=tuple(sorted(failed)),
         diagnostics=tuple(diagnostics),
         fallback_ops=tuple(fallback_ops),
     )
+
+
+@dataclass(frozen=True)
+class _Links:
+    """Every (use, dim) that links a value dim to an operand dim, in program order (op, operand
+    position, dim), with both factor sequences as the op rules made them (before refinement)."""
+
+    value: np.ndarray
+    op: np.ndarray
+    position: np.ndarray
+    dim: np.ndarray
+    value_dims: list
+    use_dims: list
+
+    def key(self, i: int) -> tuple[int, int, int, int]:
+        return (int(self.value[i]), int(self.op[i]), int(self.position[i]), int(self.dim[i]))
+
+
+def _links(program: Program, value_dims, use_dims) -> _Links:
+    value, op, position, dim, vdims, udims = [], [], [], [], [], []
+    for o in program.ops:
+        opi = o.index
+        for pos, vid in enumerate(o.operands):
+            vd = value_dims[vid]
+            ud = use_dims[(opi, pos)]
+            for d in range(len(vd)):
+                if vd[d] or ud[d]:
+                    value.append(vid)
+                    op.append(opi)
+                    position.append(pos)
+                    dim.append(d)
+                    vdims.append(vd[d])
+                    udims.append(ud[d])
+    return _Links(
+        np.asarray(value, dtype=np.int64),
+        np.asarray(op, dtype=np.int64),
+        np.asarray(position, dtype=np.int64),
+        np.asarray(dim, dtype=np.int64),
+        vdims,
+        udims,
+    )
+
+
+def _dirty_links(links: _Links, size: list[int]) -> np.ndarray:
+    """Which links need the sequential refinement pass, as a bool per link.
+
+    Most links join one factor to one factor of the same size: a plain union that can never
+    split anything. Refinement (class-wide splits) starts only at a link whose two factor
+    sequences differ, and spreads only through links of the same connected component of the
+    factor graph. So the links of components without such a link are skipped by the sequential
+    pass (their M-edges are their factors, unchanged), and the others are replayed in program
+    order, exactly as a pass over every link would do them: atom ids and reshape conflicts come
+    out the same, at a fraction of the Python work."""
+    n = len(links.value_dims)
+    n_factors = len(size)
+    first_v = [vd[0] if vd else -1 for vd in links.value_dims]
+    first_u = [ud[0] if ud else -1 for ud in links.use_dims]
+    is_plain = np.fromiter(
+        (
+            len(vd) == 1 and len(ud) == 1 and size[a] == size[b]
+            for vd, ud, a, b in zip(links.value_dims, links.use_dims, first_v, first_u)
+        ),
+        dtype=bool,
+        count=n,
+    )
+    a = np.asarray(first_v, dtype=np.int64)
+    b = np.asarray(first_u, dtype=np.int64)
+    rows, cols = [a[is_plain]], [b[is_plain]]
+    special = np.flatnonzero(~is_plain).tolist()
+    for i in special:
+        members = links.value_dims[i] + links.use_dims[i]
+        rows.append(np.full(len(members), members[0], dtype=np.int64))
+        cols.append(np.asarray(members, dtype=np.int64))
+    rows_all, cols_all = np.concatenate(rows), np.concatenate(cols)
+    graph = sp.csr_matrix(
+        (np.ones(len(rows_all), dtype=np.int8), (rows_all, cols_all)), shape=(n_factors, n_factors)
+    )
+    _, label = csgraph.connected_components(graph, directed=False)
+    dirty_label = np.zeros(label.max(initial=-1) + 1, dtype=bool)
+    for i in special:
+        dirty_label[label[(links.value_dims[i] + links.use_dims[i])[0]]] = True
+    anchor = np.where(a >= 0, a, b)
+    return dirty_label[label[anchor]]
+
+
+def _medge_table(links: _Links, dirty, failed, value_atoms, use_atoms, size) -> np.ndarray:
+    """The M-edges of every link in program order: one per leaf pair of the refined dims (a
+    plain link is one M-edge between its two factors, which no split ever touched)."""
+    n = len(links.value)
+    count = np.ones(n, dtype=np.int64)
+    pairs: dict[int, list[tuple[int, int]]] = {}
+    for i in np.flatnonzero(dirty).tolist():
+        key = links.key(i)
+        if failed and key in failed:
+            count[i] = 0
+            continue
+        vid, opi, pos, d = key
+        vleaves, uleaves = value_atoms[vid][d], use_atoms[(opi, pos)][d]
+        assert len(vleaves) == len(uleaves), key
+        found = list(zip(vleaves, uleaves))
+        for x, y in found:
+            assert size[x] == size[y]
+        pairs[i] = found
+        count[i] = len(found)
+    start = np.cumsum(count) - count
+    table = np.zeros((int(count.sum()), 8), dtype=np.int64)
+    table[:, 0] = np.arange(len(table))
+    owner = np.repeat(np.arange(n), count)
+    table[:, 1] = links.value[owner]
+    table[:, 2] = links.op[owner]
+    table[:, 3] = links.position[owner]
+    table[:, 4] = links.dim[owner]
+    table[:, 5] = np.arange(len(table)) - start[owner]
+    plain = ~dirty
+    rows = start[plain]
+    table[rows, 6] = [vd[0] for vd, p in zip(links.value_dims, plain) if p]
+    table[rows, 7] = [ud[0] for ud, p in zip(links.use_dims, plain) if p]
+    for i, found in pairs.items():
+        table[start[i] : start[i] + len(found), 6:] = found
+    return table
 
 
 def components(n: int, edges: np.ndarray) -> np.ndarray:
