@@ -15,7 +15,6 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain
 
 import numpy as np
 
@@ -228,25 +227,10 @@ class _Slots:
 
 
 def _slots(nda: NdaResult) -> _Slots:
-    value, dim, dims = _flatten(nda.value_atoms)
-    of_dim, sub, atoms = _flatten(dims)
-    op, _, op_atoms = _flatten(nda.op_atoms)
-    return _Slots(
-        value[of_dim],
-        dim[of_dim],
-        sub,
-        np.asarray(atoms, dtype=np.int64),
-        op,
-        np.asarray(op_atoms, dtype=np.int64),
-    )
-
-
-def _flatten(seqs) -> tuple[np.ndarray, np.ndarray, list]:
-    """(index of the owning sequence, position in it, item) for every item of `seqs`, in order."""
-    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
-    owner = np.repeat(np.arange(len(seqs), dtype=np.int64), lengths)
-    position = np.arange(len(owner), dtype=np.int64) - (np.cumsum(lengths) - lengths)[owner]
-    return owner, position, list(chain.from_iterable(seqs))
+    n_ops = len(nda.op_atom_start) - 1
+    op = np.repeat(np.arange(n_ops, dtype=np.int64), np.diff(nda.op_atom_start))
+    table = nda.value_slots
+    return _Slots(table[:, 0], table[:, 1], table[:, 2], table[:, 3], op, nda.op_atom)
 
 
 def _group_by(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -303,7 +287,7 @@ def _named_dims(program: Program, nda: NdaResult, slots: _Slots, atom_dim, n: in
         if hi > lo:
             e = int(best[lo])
             v, d, sub = int(slots.value[e]), int(slots.dim[e]), int(slots.sub[e])
-            suffix = f":{sub}" if len(nda.value_atoms[v][d]) > 1 else ""
+            suffix = f":{sub}" if len(nda.value_dim(v, d)) > 1 else ""
             label = f"{int(size[c])} ({values[v].name}.{d}{suffix})"
         else:
             label = f"{int(size[c])} (op-internal)"
@@ -464,8 +448,8 @@ def _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes) -> tuple
     for vid, opi, pos, d in nda.reshape_sites:
         v, op = program.values[vid], program.ops[opi]
         dims = sorted(
-            {int(atom_dim[a]) for a in nda.value_atoms[vid][d]}
-            | {int(atom_dim[a]) for a in nda.use_atoms[(opi, pos)][d]}
+            {int(atom_dim[a]) for a in nda.value_dim(vid, d)}
+            | {int(atom_dim[a]) for a in nda.use_dim(opi, pos, d)}
         )
         add(
             "reshape",
@@ -484,7 +468,7 @@ def _self_clashes(nda: NdaResult, slots: _Slots, atom_dim, n: int) -> dict:
     clash: dict[int, tuple[int, int, int]] = {}
     for vid in np.unique(held[count > 1] // max(n, 1)).tolist():
         first: dict[int, int] = {}
-        for atoms in nda.value_atoms[vid]:
+        for atoms in (nda.value_dim(vid, d) for d in range(nda.value_rank(vid))):
             for a in atoms:
                 c = int(atom_dim[a])
                 if c in first and vid not in clash:

@@ -201,21 +201,9 @@ def apart_if_chained(sig: np.ndarray, value: np.ndarray, cls: np.ndarray) -> np.
     return out
 
 
-def value_atom_table(value_atoms) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(value, dim, sub-factor, atom) of every leaf value atom, as parallel arrays."""
-    dims = [len(d) for d in value_atoms]
-    value = np.repeat(np.arange(len(value_atoms)), dims)
-    flat = list(chain.from_iterable(value_atoms))
-    subs = np.fromiter(map(len, flat), dtype=np.int64, count=len(flat))
-    dim = np.fromiter(chain.from_iterable(range(k) for k in dims), dtype=np.int64, count=len(flat))
-    atom = np.fromiter(chain.from_iterable(flat), dtype=np.int64, count=int(subs.sum()))
-    sub = np.arange(len(atom)) - np.repeat(np.cumsum(subs) - subs, subs)
-    return np.repeat(value, subs), np.repeat(dim, subs), sub, atom
-
-
 def fine_signatures(ana) -> np.ndarray:
     """[fine classes] uint64 of an `Analysis`: equal for the same dim of repeated layers."""
-    value, dim, sub, atom = value_atom_table(ana.nda.value_atoms)
+    value, dim, sub, atom = ana.nda.value_slots.T
     sigs = class_signatures(
         value_signatures(ana.program), value, dim, sub, ana.fine_of_atom[atom], ana.n_fine
     )
