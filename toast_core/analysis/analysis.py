@@ -204,7 +204,14 @@ def _analyze(program: Program) -> Analysis:
     cooc = _cooccurrence(slots, atom_dim, n_dims, len(program.values))
     conflicts = _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes)
     dim_groups, conflict_groups = layer_groups(
-        program, slots.value, slots.dim, slots.sub, atom_dim[slots.atom], named, conflicts
+        program,
+        slots.value,
+        slots.dim,
+        slots.sub,
+        atom_dim[slots.atom],
+        named,
+        conflicts,
+        nda.op_rule,
     )
     diagnostics = tuple(program.diagnostics) + nda.diagnostics
     return Analysis(
@@ -274,11 +281,12 @@ def _named_dims(program: Program, nda: NdaResult, slots: _Slots, atom_dim, n: in
     )
     # Label: the member of the best-ranked role, then of the largest value, then the first; this
     # stable sort is ordered by named dim like `m_order`, so each group's first entry is its best.
-    rank = np.array([_ROLE_RANK.get(v.role, 9) for v in values], dtype=np.int64)
+    roles = [v.role for v in values]
+    rank = np.array([_ROLE_RANK.get(r, 9) for r in roles], dtype=np.int64)
     best = np.lexsort((-nbytes[slots.value], rank[slots.value], cls))
     covered = _bytes_covered(slots.value, cls, nbytes, n)
-    persistent = _dims_holding([v.is_persistent for v in values], slots.value, cls, n)
-    is_input = _dims_holding([v.role == "input" for v in values], slots.value, cls, n)
+    persistent = _dims_holding([r in ("parameter", "state") for r in roles], slots.value, cls, n)
+    is_input = _dims_holding([r == "input" for r in roles], slots.value, cls, n)
     reduction_ops = _ops_by_dim(nda, atom_dim, leaves, "reduction", n)
     replication_ops = _ops_by_dim(nda, atom_dim, leaves, "replicate", n)
     out = []
@@ -513,8 +521,9 @@ def _axis_clash_specs(program: Program, slots: _Slots, atom_dim, data_dims, cand
     value_has_data[slots.value[is_data[cls]]] = True
     op_has_data = np.zeros(len(program.ops), dtype=bool)
     op_has_data[slots.op[is_data[op_cls]]] = True
-    is_output = np.array([v.is_output for v in values], dtype=bool)
-    keeps = is_output | np.array([v.is_persistent for v in values], dtype=bool)
+    # `Value.is_output` / `is_persistent`, read as plain fields (a property call per value adds up).
+    is_output = np.array([v.output_name is not None for v in values], dtype=bool)
+    keeps = is_output | np.array([v.role in ("parameter", "state") for v in values], dtype=bool)
     order, bounds = _group_by(cls, len(is_data))
     op_order, op_bounds = _group_by(op_cls, len(is_data))
     specs = []

@@ -96,36 +96,37 @@ def _labels(keys) -> np.ndarray:
     return np.fromiter((ids.setdefault(k, len(ids)) for k in keys), dtype=np.uint64)
 
 
-def value_signatures(program: Program, rounds: int = ROUNDS) -> np.ndarray:
-    """[rounds + 1, values] uint64: each value's structural label after 0..rounds rounds."""
+def value_signatures(program: Program, op_rule=None, rounds: int = ROUNDS) -> np.ndarray:
+    """[rounds + 1, values] uint64: each value's structural label after 0..rounds rounds.
+
+    `op_rule` (`NdaResult.op_rule`, optional) numbers each op's (primitive, params, operand and
+    result shapes), which saves hashing them again."""
     values, ops = program.values, program.ops
     n_values, n_ops = len(values), len(ops)
-    value_label = _labels((v.shape, v.dtype) for v in values)
-    label_of = value_label.tolist().__getitem__
-    call_paths: dict = {}
-    for op in ops:
-        if op.call_path not in call_paths:
-            call_paths[op.call_path] = tuple(_DIGITS.sub("#", c) for c in op.call_path)
-    op_key = [
-        (
-            op.primitive,
-            op.params,
-            op.source,
-            call_paths[op.call_path],
-            tuple(map(label_of, op.operands)),
-            tuple(map(label_of, op.results)),
-        )
-        for op in ops
-    ]
-    op_label = _mix(_labels(op_key) + np.uint64(1 << 40))
     use_op = np.repeat(np.arange(n_ops), [len(op.operands) for op in ops])
     use_pos = np.fromiter(chain.from_iterable(range(len(op.operands)) for op in ops), np.uint64)
     use_val = np.fromiter(chain.from_iterable(op.operands for op in ops), np.int64)
     res_op = np.repeat(np.arange(n_ops), [len(op.results) for op in ops])
     res_pos = np.fromiter(chain.from_iterable(range(len(op.results)) for op in ops), np.uint64)
     res_val = np.fromiter(chain.from_iterable(op.results for op in ops), np.int64)
+    value_label = _labels((v.shape, v.dtype) for v in values)
+    call_paths: dict = {}
+    for op in ops:
+        if op.call_path not in call_paths:
+            call_paths[op.call_path] = tuple(_DIGITS.sub("#", c) for c in op.call_path)
+    if op_rule is None:
+        op_rule = _labels((op.primitive, op.params) for op in ops)
+    with np.errstate(over="ignore"):
+        op_label = _mix(
+            _pair(
+                _pair(np.asarray(op_rule, dtype=np.uint64), _labels(op.source for op in ops)),
+                _labels(call_paths[op.call_path] for op in ops),
+            )
+            + _segment_sum(_pair(use_pos, value_label[use_val]), use_op, n_ops)
+            + _segment_sum(_pair(res_pos + np.uint64(1 << 20), value_label[res_val]), res_op, n_ops)
+        )
     role = np.array(
-        [_ROLE.get(v.role, 7) * 2 + v.is_output for v in values], dtype=np.uint64
+        [_ROLE.get(v.role, 7) * 2 + (v.output_name is not None) for v in values], dtype=np.uint64
     ).reshape(-1)
     sig = np.zeros((rounds + 1, n_values), dtype=np.uint64)
     base = _pair(value_label, role)
@@ -205,17 +206,22 @@ def fine_signatures(ana) -> np.ndarray:
     """[fine classes] uint64 of an `Analysis`: equal for the same dim of repeated layers."""
     value, dim, sub, atom = ana.nda.value_slots.T
     sigs = class_signatures(
-        value_signatures(ana.program), value, dim, sub, ana.fine_of_atom[atom], ana.n_fine
+        value_signatures(ana.program, ana.nda.op_rule),
+        value,
+        dim,
+        sub,
+        ana.fine_of_atom[atom],
+        ana.n_fine,
     )
     return apart_if_chained(balanced_refinement(sigs), value, ana.fine_of_atom[atom])
 
 
-def layer_groups(program: Program, value, dim, sub, cls, named, conflicts):
+def layer_groups(program: Program, value, dim, sub, cls, named, conflicts, op_rule=None):
     """(dim groups, conflict groups): named dims with equal structural signatures, and conflicts
     of one kind over grouped named dims with equal option bytes. `value`, `dim`, `sub`, `cls` are
     the program's value atoms with the named dim of each."""
     sig = balanced_refinement(
-        class_signatures(value_signatures(program), value, dim, sub, cls, len(named))
+        class_signatures(value_signatures(program, op_rule), value, dim, sub, cls, len(named))
     )
     sig = apart_if_chained(sig, value, cls)
     has_values = np.zeros(len(named), dtype=bool)

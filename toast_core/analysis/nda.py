@@ -254,6 +254,8 @@ class NdaResult:
     reshape_sites: tuple[tuple[int, int, int, int], ...]  # (value, op, position, dim)
     diagnostics: tuple[str, ...]
     fallback_ops: tuple[int, ...] = field(default=())
+    # op -> its rule (one number per distinct primitive, params, operand and result shapes)
+    op_rule: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def value_dim(self, value: int, dim: int) -> tuple[int, ...]:
         """The leaf atoms of one value dim, major to minor."""
@@ -541,6 +543,7 @@ def run_nda(program: Program) -> NdaResult:
         reshape_sites=tuple(sorted(failed)),
         diagnostics=tuple(diagnostics),
         fallback_ops=tuple(fallback_ops),
+        op_rule=op_template,
     )
 
 
@@ -561,8 +564,8 @@ def _expand(factor: np.ndarray, owner: np.ndarray, n_owners: int, leaves_of: dic
     count[where] = [len(x) for x in found]
     start = np.cumsum(count) - count
     atoms = np.repeat(factor, count)
-    for s, x in zip(start[where].tolist(), found):
-        atoms[s : s + len(x)] = x
+    _, rows = _ranges(start[where], count[where])
+    atoms[rows] = np.fromiter(chain.from_iterable(found), dtype=np.int64, count=len(rows))
     return atoms, np.bincount(owner, weights=count, minlength=n_owners).astype(np.int64)
 
 
