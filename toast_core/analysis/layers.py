@@ -12,30 +12,36 @@ source line (`flax/linen/linear.py`), so a query projection and a key projection
 where they were written. The signature is therefore built from the program's **structure** only:
 the op sequence, shapes, dtypes and roles around each value, never its name.
 
-**Signatures by rounds of neighbourhood hashing.** Round 0 labels every op by its primitive,
-params, source line, call path (digits dropped) and operand and result shapes and dtypes, and every
-value by its shape, dtype, role and its producer's label. Each further round relabels each op
-from its operands' and results' labels (by position), and each value from its producer and its
-uses (Weisfeiler-Lehman colour refinement on the def-use graph). After r rounds a value's label
-describes everything within r ops of it: round 0 cannot tell `wq` from `wk` when both feed the
-same library matmul, round 4 can (one becomes the left operand of `q @ k.T`, the other the right).
-A class (fine class or named dim) gets, per round, the sum of hashed (value label, dim, sub-factor)
-of its value atoms: an order-free multiset hash.
+**Signatures by rounds of neighbourhood hashing.** Round 0 labels every op by its rule
+(primitive, params, operand and result shapes), dtypes, source line and call path (digits dropped),
+and every value by its shape, dtype and role, plus its producer's label, or for an input (a
+parameter, optimizer state, data) the labels and operand positions of the ops reading it. Each
+further round relabels each op from its operands' and results' labels (by position), and each
+value from its producer and its uses (Weisfeiler-Lehman colour refinement on the def-use graph).
+After r rounds a value's label describes everything within r ops of it: round 0 cannot tell `wq`
+from `wk` when both feed the same library matmul, a later round can (one ends up the left operand
+of `q @ k.T`, the other the right). A class (fine class or named dim) gets, per round, the sum of
+hashed (value label, dim, sub-factor) of its value atoms: an order-free multiset hash.
 
 **Balanced refinement.** Deeper rounds tell roles apart, but they also see past the layer: the
-first layer reads the embedding and the last one feeds the final norm, so at depth r the first
-and last copies of a dim stop looking like the middle ones. Classes are therefore grouped by
-their round-0 signature and each group is split by the next round's signature only when every
-part keeps at least two members: a split into roles of repeated layers (`wq` of every layer apart
-from `wk` of every layer) keeps that; a split peeling a first or last layer off (one member) does
-not, and the group stays whole. A group that splits into singletons (the dims of a one-layer
-model, or layer 0 and layer 1 of a two-layer one) stays whole too, which is what makes the number
-of decisions the same at 2 and 96 layers.
+first layer reads the embedding and the last one feeds the final norm, so at some depth the first
+and last copies of a dim stop looking like the middle ones. Classes are therefore grouped by their
+round-0 signature, and each group is split by the next round's signature only when at least two
+of the parts keep two members or more: a split into roles of repeated layers (`wq` of every layer
+apart from `wk` of every layer, with a lone final norm beside them) is kept; a split peeling a
+first or last layer off the others (one part of several members, the rest single) is not, and
+neither is a split into singletons (layer 0 and layer 1 of a two-layer model), so the group stays
+whole. That is what makes the number of decisions the same at 2 and 96 layers.
+
+**Chains.** Classes of one group that meet in one value are not repeated layers side by side but
+links of one chain (the hidden dims of stacked same-shape dense layers: `w2[F1, F2]`). Deciding
+them at once could never shard them, and Megatron alternates column and row splits along such a
+chain, so they are decided one by one (`apart_if_chained`).
 
 Worked example: a 4-layer Flax LM, the param-side D of the q, k and v kernels (12 fine classes).
-Round 0 groups all 12 (same shape, same library matmul). Round 4 splits them into q, k and v, 4
-each: accepted. Round 6 peels layer 0 off each (its input is the embedding): rejected. The search
-then decides 3 units, at any depth.
+Round 0 groups all 12 (same shape, same library matmul). A later round splits them into q, k and
+v, 4 each: kept. A deeper one peels layer 0 off each (its input is the embedding): rejected. The
+search decides 3 units at any depth (`tests/test_layers.py` checks 2 against 4 layers).
 
 `nn.scan`-style stacked layers need none of this: their weights are one array with a layer dim.
 """
