@@ -82,14 +82,23 @@ def _pair(a, b) -> np.ndarray:
         return _mix(_mix(a) + np.uint64(0x9E3779B97F4A7C15) * _mix(np.asarray(b, dtype=np.uint64)))
 
 
-def _segment_sum(items: np.ndarray, owner: np.ndarray, n: int) -> np.ndarray:
-    """[..., n]: the wrap-around sum of `items` ([..., k]) per owner (0 where an owner has none)."""
-    out = np.zeros(items.shape[:-1] + (n,), dtype=np.uint64)
-    if owner.size == 0:
-        return out
+def _segments(owner: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(order, owners in order, start of each owner's run): the grouping `_segment_sum` needs,
+    computed once per owner array."""
+    owner = np.asarray(owner)
     order = np.argsort(owner, kind="stable")
     sorted_owner = owner[order]
     starts = np.flatnonzero(np.r_[True, sorted_owner[1:] != sorted_owner[:-1]])
+    return order, sorted_owner, starts
+
+
+def _segment_sum(items: np.ndarray, owner, n: int) -> np.ndarray:
+    """[..., n]: the wrap-around sum of `items` ([..., k]) per owner (0 where an owner has none);
+    `owner` is an array or its `_segments`."""
+    order, sorted_owner, starts = owner if isinstance(owner, tuple) else _segments(owner)
+    out = np.zeros(items.shape[:-1] + (n,), dtype=np.uint64)
+    if order.size == 0:
+        return out
     with np.errstate(over="ignore"):
         sums = np.add.reduceat(items[..., order], starts, axis=-1)
     out[..., sorted_owner[starts]] = sums
@@ -115,6 +124,7 @@ def value_signatures(program: Program, op_rule=None, rounds: int = ROUNDS) -> np
     res_op = np.repeat(np.arange(n_ops), [len(op.results) for op in ops])
     res_pos = np.fromiter(chain.from_iterable(range(len(op.results)) for op in ops), np.uint64)
     res_val = np.fromiter(chain.from_iterable(op.results for op in ops), np.int64)
+    by_use_op, by_res_op, by_use_val = _segments(use_op), _segments(res_op), _segments(use_val)
     value_label = _labels((v.shape, v.dtype) for v in values)
     call_paths: dict = {}
     for op in ops:
@@ -128,8 +138,10 @@ def value_signatures(program: Program, op_rule=None, rounds: int = ROUNDS) -> np
                 _pair(np.asarray(op_rule, dtype=np.uint64), _labels(op.source for op in ops)),
                 _labels(call_paths[op.call_path] for op in ops),
             )
-            + _segment_sum(_pair(use_pos, value_label[use_val]), use_op, n_ops)
-            + _segment_sum(_pair(res_pos + np.uint64(1 << 20), value_label[res_val]), res_op, n_ops)
+            + _segment_sum(_pair(use_pos, value_label[use_val]), by_use_op, n_ops)
+            + _segment_sum(
+                _pair(res_pos + np.uint64(1 << 20), value_label[res_val]), by_res_op, n_ops
+            )
         )
     role = np.array(
         [_ROLE.get(v.role, 7) * 2 + (v.output_name is not None) for v in values], dtype=np.uint64
@@ -144,7 +156,7 @@ def value_signatures(program: Program, op_rule=None, rounds: int = ROUNDS) -> np
     # the ops and operand positions using it, which tell a stacked `wq` from a stacked `wk`.
     is_input = np.ones(n_values, dtype=bool)
     is_input[res_val] = False
-    readers = _segment_sum(_pair(op_label[use_op], use_pos), use_val, n_values)
+    readers = _segment_sum(_pair(op_label[use_op], use_pos), by_use_val, n_values)
     produced[is_input] = readers[is_input]
     sig[0] = _pair(base, produced)
     for r in range(1, rounds + 1):
@@ -152,12 +164,12 @@ def value_signatures(program: Program, op_rule=None, rounds: int = ROUNDS) -> np
         with np.errstate(over="ignore"):
             op_sig = _mix(
                 op_label
-                + _segment_sum(_pair(use_pos, prev[use_val]), use_op, n_ops)
-                + _segment_sum(_pair(res_pos + np.uint64(1 << 20), prev[res_val]), res_op, n_ops)
+                + _segment_sum(_pair(use_pos, prev[use_val]), by_use_op, n_ops)
+                + _segment_sum(_pair(res_pos + np.uint64(1 << 20), prev[res_val]), by_res_op, n_ops)
             )
             from_producer = np.zeros(n_values, dtype=np.uint64)
             from_producer[res_val] = _pair(op_sig[res_op], res_pos)
-            from_uses = _segment_sum(_pair(op_sig[use_op], use_pos), use_val, n_values)
+            from_uses = _segment_sum(_pair(op_sig[use_op], use_pos), by_use_val, n_values)
             sig[r] = _mix(prev + _pair(from_producer, from_uses))
     return sig
 
@@ -194,14 +206,16 @@ def apart_if_chained(sig: np.ndarray, value: np.ndarray, cls: np.ndarray) -> np.
     the dims of layers 1 and 2). Deciding such a group at once could never shard it (the value
     would hold one mesh axis twice), and it is not how such stacks are sharded (Megatron
     alternates column and row splits), so its classes are decided one by one."""
-    pairs = np.unique(np.stack([value, cls]), axis=1)
-    group = sig[pairs[1]]
+    value, cls = np.asarray(value, dtype=np.int64), np.asarray(cls, dtype=np.int64)
+    n_cls = int(cls.max(initial=-1)) + 1
+    pairs = np.unique(value * n_cls + cls)  # (value, class) held, each once
+    held_value, held_cls = pairs // max(n_cls, 1), pairs % max(n_cls, 1)
+    groups, group = np.unique(sig[held_cls], return_inverse=True)
     # (value, group) pairs holding more than one class of the group.
-    codes = np.stack([pairs[0], group.view(np.int64)])
-    _, first, count = np.unique(codes, axis=1, return_index=True, return_counts=True)
+    codes, count = np.unique(held_value * len(groups) + group, return_counts=True)
     if not (count > 1).any():
         return sig
-    bad = np.unique(group[first[count > 1]])
+    bad = groups[np.unique(codes[count > 1] % len(groups))]
     out = sig.copy()
     members = np.isin(sig, bad)
     out[members] = _pair(sig[members], np.flatnonzero(members).astype(np.uint64) + np.uint64(1))
