@@ -582,3 +582,90 @@ def test_programs_with_more_ops_than_atoms_analyze(scale):
             owned = {int(ana.nda.atom_owner[a]) for a in nd.atoms if ana.nda.atom_kind[a] == kind}
             assert set(ops) == owned
     assert any(nd.reduction_ops for nd in ana.named_dims)  # the dot's contraction over a
+
+
+def _link_by_link_nda(prog: tc.Program):
+    """Reference NDA: every link aligned in program order through the factor forest (what
+    `run_nda` replays for refined components only): (atom sizes, kinds, owners, value atoms,
+    use atoms, op atoms, M-edge rows, reshape sites)."""
+    from toast_core.analysis.nda import _FactorForest
+    from toast_core.analysis.rules import factors_of
+
+    forest = _FactorForest()
+    shapes = [v.shape for v in prog.values]
+    produced = {vid for op in prog.ops for vid in op.results}
+    value_dims = [
+        None
+        if v.id in produced
+        else [[forest.new(s, "pass", -1)] if s > 1 else [] for s in v.shape]
+        for v in prog.values
+    ]
+    use_dims, op_factors = {}, []
+    for op in prog.ops:
+        rule = factors_of(op, [shapes[v] for v in op.operands], [shapes[v] for v in op.results])
+        ids = forest.new_many(rule.sizes, rule.kinds, op.index)
+        op_factors.append(ids)
+        for pos, dims in enumerate(rule.operands):
+            use_dims[(op.index, pos)] = [[ids[f] for f in d] for d in dims]
+        for vid, dims in zip(op.results, rule.results):
+            value_dims[vid] = [[ids[f] for f in d] for d in dims]
+    failed = set()
+    for op in prog.ops:
+        for pos, vid in enumerate(op.operands):
+            for d, vdim in enumerate(value_dims[vid]):
+                udim = use_dims[(op.index, pos)][d]
+                if (vdim or udim) and not forest.align(vdim, udim):
+                    failed.add((vid, op.index, pos, d))
+    value_atoms = tuple(tuple(map(forest.leaves, dims)) for dims in value_dims)
+    use_atoms = {k: tuple(map(forest.leaves, dims)) for k, dims in use_dims.items()}
+    rows = []
+    for op in prog.ops:
+        for pos, vid in enumerate(op.operands):
+            for d, (va, ua) in enumerate(zip(value_atoms[vid], use_atoms[(op.index, pos)])):
+                if (vid, op.index, pos, d) not in failed:
+                    for sub, (a, b) in enumerate(zip(va, ua)):
+                        rows.append((len(rows), vid, op.index, pos, d, sub, a, b))
+    return (
+        forest.size,
+        forest.kind,
+        forest.owner,
+        value_atoms,
+        use_atoms,
+        tuple(map(forest.leaves, op_factors)),
+        rows,
+        sorted(failed),
+    )
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama", "unet"])
+def test_vectorized_nda_matches_a_link_by_link_pass(name):
+    """`run_nda` replays only the refined components: its atoms, M-edges and reshape sites are
+    exactly those of aligning every link in program order."""
+    prog, ana = zoo(name, True)
+    nda = ana.nda
+    size, kind, owner, value_atoms, use_atoms, op_atoms, rows, failed = _link_by_link_nda(prog)
+    assert nda.atom_size.tolist() == size and list(nda.atom_kind) == kind
+    assert nda.atom_owner.tolist() == owner
+    assert nda.value_atoms == value_atoms and nda.use_atoms == use_atoms
+    assert nda.op_atoms == op_atoms
+    assert nda.medge_table.tolist() == [list(r) for r in rows]
+    assert list(nda.reshape_sites) == failed
+    assert all(
+        nda.value_dim(v, d) == value_atoms[v][d]
+        for v in range(0, len(value_atoms), 7)
+        for d in range(len(value_atoms[v]))
+    )
+
+
+def test_vectorized_nda_matches_a_link_by_link_pass_with_reshape_conflicts():
+    def clash(x, y):
+        a = x.reshape(4, 6) * 2.0
+        b = jnp.tanh(x).reshape(6, 4)
+        return a.sum() + b.sum() + (x.reshape(2, 12) @ y).sum()
+
+    prog, ana = analyzed(clash, sds(24), sds(12, 3), param_argnums=())
+    size, kind, owner, value_atoms, use_atoms, op_atoms, rows, failed = _link_by_link_nda(prog)
+    assert failed and list(ana.nda.reshape_sites) == failed
+    assert ana.nda.atom_size.tolist() == size and ana.nda.value_atoms == value_atoms
+    assert ana.nda.use_atoms == use_atoms and ana.nda.op_atoms == op_atoms
+    assert ana.nda.medge_table.tolist() == [list(r) for r in rows]

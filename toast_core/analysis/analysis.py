@@ -3,9 +3,9 @@
 This assembles the NDA pass (`nda.py`) and the conflict finder (`conflicts.py`) into one frozen
 `Analysis`, the object the cost model, the search, the explorer and the CLI all read.
 
-Decision groups: named dims (and conflicts) that repeat across identical layers share a signature
-(size plus the layer-free paths of the parameters and inputs they touch, e.g.
-`params.blocks[*].mlp.w_fc.1`), so a 96-layer model offers one decision per kind of dim, not 96.
+Decision groups: named dims (and conflicts) that repeat across identical layers share a structural
+signature (`layers.py`: the same ops, shapes and roles around them, whatever the layers are
+named), so a 96-layer model offers one decision per kind of dim, not 96.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import chain
 
 import numpy as np
 
@@ -33,6 +32,7 @@ from toast_core.analysis.conflicts import (
     nearest_cuts,
     ranked,
 )
+from toast_core.analysis.layers import layer_groups
 from toast_core.analysis.nda import (
     MEdge,
     NamedDim,
@@ -52,7 +52,6 @@ _ROLE_RANK = {
     "literal": 5,
     "intermediate": 3,
 }
-_LAYER_INDEX = re.compile(r"\[\d+\]")
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,7 +130,7 @@ class Analysis:
         Every strategy's named dims are unions of fine classes, so the cost model works on fine
         classes once and for all.
         """
-        keep = np.ones(len(self.nda.medges), dtype=bool)
+        keep = np.ones(len(self.nda.medge_table), dtype=bool)
         keep[self.candidate_edges] = False
         labels = components(len(self.atom_dim), self.medge_ends[keep])
         out = np.full(len(self.atom_dim), -1, dtype=np.int64)
@@ -225,7 +224,16 @@ def _analyze(program: Program) -> Analysis:
     named = _named_dims(program, nda, slots, atom_dim, n_dims, nbytes)
     cooc = _cooccurrence(slots, atom_dim, n_dims, len(program.values))
     conflicts = _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes)
-    dim_groups, conflict_groups = _groups(program, named, conflicts)
+    dim_groups, conflict_groups = layer_groups(
+        program,
+        slots.value,
+        slots.dim,
+        slots.sub,
+        atom_dim[slots.atom],
+        named,
+        conflicts,
+        nda.op_rule,
+    )
     diagnostics = tuple(program.diagnostics) + nda.diagnostics
     return Analysis(
         program, named, conflicts, diagnostics, nda, atom_dim, cooc, dim_groups, conflict_groups
@@ -247,25 +255,10 @@ class _Slots:
 
 
 def _slots(nda: NdaResult) -> _Slots:
-    value, dim, dims = _flatten(nda.value_atoms)
-    of_dim, sub, atoms = _flatten(dims)
-    op, _, op_atoms = _flatten(nda.op_atoms)
-    return _Slots(
-        value[of_dim],
-        dim[of_dim],
-        sub,
-        np.asarray(atoms, dtype=np.int64),
-        op,
-        np.asarray(op_atoms, dtype=np.int64),
-    )
-
-
-def _flatten(seqs) -> tuple[np.ndarray, np.ndarray, list]:
-    """(index of the owning sequence, position in it, item) for every item of `seqs`, in order."""
-    lengths = np.fromiter(map(len, seqs), dtype=np.int64, count=len(seqs))
-    owner = np.repeat(np.arange(len(seqs), dtype=np.int64), lengths)
-    position = np.arange(len(owner), dtype=np.int64) - (np.cumsum(lengths) - lengths)[owner]
-    return owner, position, list(chain.from_iterable(seqs))
+    n_ops = len(nda.op_atom_start) - 1
+    op = np.repeat(np.arange(n_ops, dtype=np.int64), np.diff(nda.op_atom_start))
+    table = nda.value_slots
+    return _Slots(table[:, 0], table[:, 1], table[:, 2], table[:, 3], op, nda.op_atom)
 
 
 def _group_by(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -309,11 +302,12 @@ def _named_dims(program: Program, nda: NdaResult, slots: _Slots, atom_dim, n: in
     )
     # Label: the member of the best-ranked role, then of the largest value, then the first; this
     # stable sort is ordered by named dim like `m_order`, so each group's first entry is its best.
-    rank = np.array([_ROLE_RANK.get(v.role, 9) for v in values], dtype=np.int64)
+    roles = [v.role for v in values]
+    rank = np.array([_ROLE_RANK.get(r, 9) for r in roles], dtype=np.int64)
     best = np.lexsort((-nbytes[slots.value], rank[slots.value], cls))
     covered = _bytes_covered(slots.value, cls, nbytes, n)
-    persistent = _dims_holding([v.is_persistent for v in values], slots.value, cls, n)
-    is_input = _dims_holding([v.role == "input" for v in values], slots.value, cls, n)
+    persistent = _dims_holding([r in ("parameter", "state") for r in roles], slots.value, cls, n)
+    is_input = _dims_holding([r == "input" for r in roles], slots.value, cls, n)
     reduction_ops = _ops_by_dim(nda, atom_dim, leaves, "reduction", n)
     replication_ops = _ops_by_dim(nda, atom_dim, leaves, "replicate", n)
     out = []
@@ -322,7 +316,7 @@ def _named_dims(program: Program, nda: NdaResult, slots: _Slots, atom_dim, n: in
         if hi > lo:
             e = int(best[lo])
             v, d, sub = int(slots.value[e]), int(slots.dim[e]), int(slots.sub[e])
-            suffix = f":{sub}" if len(nda.value_atoms[v][d]) > 1 else ""
+            suffix = f":{sub}" if len(nda.value_dim(v, d)) > 1 else ""
             label = f"{int(size[c])} ({values[v].name}.{d}{suffix})"
         else:
             label = f"{int(size[c])} (op-internal)"
@@ -421,7 +415,7 @@ def _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes) -> tuple
                 i,
                 cut,
                 int(sum(capacity[e] for e in cut)),
-                describe_cut(program, nda.medges, cut),
+                describe_cut(program, nda.medge_table, cut),
             )
             for i, cut in enumerate(cuts_list)
         )
@@ -485,8 +479,8 @@ def _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes) -> tuple
     for vid, opi, pos, d in nda.reshape_sites:
         v, op = program.values[vid], program.ops[opi]
         dims = sorted(
-            {int(atom_dim[a]) for a in nda.value_atoms[vid][d]}
-            | {int(atom_dim[a]) for a in nda.use_atoms[(opi, pos)][d]}
+            {int(atom_dim[a]) for a in nda.value_dim(vid, d)}
+            | {int(atom_dim[a]) for a in nda.use_dim(opi, pos, d)}
         )
         add(
             "reshape",
@@ -505,7 +499,7 @@ def _self_clashes(nda: NdaResult, slots: _Slots, atom_dim, n: int) -> dict:
     clash: dict[int, tuple[int, int, int]] = {}
     for vid in np.unique(held[count > 1] // max(n, 1)).tolist():
         first: dict[int, int] = {}
-        for atoms in nda.value_atoms[vid]:
+        for atoms in (nda.value_dim(vid, d) for d in range(nda.value_rank(vid))):
             for a in atoms:
                 c = int(atom_dim[a])
                 if c in first and vid not in clash:
@@ -550,8 +544,9 @@ def _axis_clash_specs(program: Program, slots: _Slots, atom_dim, data_dims, cand
     value_has_data[slots.value[is_data[cls]]] = True
     op_has_data = np.zeros(len(program.ops), dtype=bool)
     op_has_data[slots.op[is_data[op_cls]]] = True
-    is_output = np.array([v.is_output for v in values], dtype=bool)
-    keeps = is_output | np.array([v.is_persistent for v in values], dtype=bool)
+    # `Value.is_output` / `is_persistent`, read as plain fields (a property call per value adds up).
+    is_output = np.array([v.output_name is not None for v in values], dtype=bool)
+    keeps = is_output | np.array([v.role in ("parameter", "state") for v in values], dtype=bool)
     order, bounds = _group_by(cls, len(is_data))
     op_order, op_bounds = _group_by(op_cls, len(is_data))
     specs = []
@@ -642,33 +637,3 @@ def _site(program: Program, vid: int) -> Site:
     return Site(
         opi if opi is not None else -1, vid, f"{program.values[vid].display()} from {where}"
     )
-
-
-def _groups(program: Program, named, conflicts):
-    """Decision groups: named dims / conflicts with equal layer-free signatures."""
-    # The layer-free path of each input, parameter, state or output value (None for the rest).
-    path = [
-        _LAYER_INDEX.sub("[*]", v.name)
-        if v.role in ("input", "parameter", "state") or v.is_output
-        else None
-        for v in program.values
-    ]
-    sig_dims: dict[tuple, list[int]] = defaultdict(list)
-    dim_sig: dict[int, tuple] = {}
-    for nd in named:
-        paths = sorted({(path[v], d, sub) for v, d, sub in nd.members if path[v] is not None})
-        layered = any("[*]" in p[0] for p in paths)
-        sig = (nd.size, tuple(paths)) if paths and layered else ("single", nd.id)
-        dim_sig[nd.id] = sig
-        sig_dims[sig].append(nd.id)
-    dim_groups = tuple(tuple(g) for g in sig_dims.values() if len(g) > 1)
-    sig_conf: dict[tuple, list[int]] = defaultdict(list)
-    for c in conflicts:
-        # An axis clash is characterised by its parameter dim; the data dims are shared by all.
-        dims = c.named_dims[:1] if c.kind == "axis_clash" else c.named_dims
-        sig = (c.kind, tuple(dim_sig[d] for d in dims), tuple(o.bytes for o in c.options))
-        if c.kind == "axis_clash" and dim_sig[dims[0]][0] == "single":
-            sig = ("single", c.id)
-        sig_conf[sig].append(c.id)
-    conflict_groups = tuple(tuple(g) for g in sig_conf.values() if len(g) > 1)
-    return dim_groups, conflict_groups

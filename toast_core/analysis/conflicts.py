@@ -205,12 +205,13 @@ def ranked(cuts: list[frozenset[int]], capacity: np.ndarray) -> list[frozenset[i
     return sorted(found, key=lambda c: (found[c], sorted(c)))
 
 
-def describe_cut(program: Program, medges, cut: frozenset[int], limit: int = 3) -> str:
-    """ "reshard k[8, 32, 64] at dot_general at model.py:42; ..." (one phrase per cut use)."""
+def describe_cut(program: Program, medge_table, cut: frozenset[int], limit: int = 3) -> str:
+    """ "reshard k[8, 32, 64] at dot_general at model.py:42; ..." (one phrase per cut use);
+    `medge_table` is `NdaResult.medge_table`."""
     uses: dict[tuple[int, int], int] = {}
     for eid in sorted(cut):
-        e = medges[eid]
-        uses.setdefault((e.value, e.op), e.position)
+        _, value, op, position = medge_table[eid, :4].tolist()
+        uses.setdefault((value, op), position)
     parts = []
     for (vid, opi), _ in list(uses.items())[:limit]:
         v, op = program.values[vid], program.ops[opi]

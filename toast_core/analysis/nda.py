@@ -90,6 +90,20 @@ class _FactorForest:
         self.weight: list[int] = []  # class size, valid at roots (union by size)
         self.next: list[int] = []  # circular list of each class's members: O(1) union
 
+    @classmethod
+    def from_arrays(cls, size: np.ndarray, kind: list[str], owner: np.ndarray) -> _FactorForest:
+        """A forest of unlinked factors, as `new` would make them one by one."""
+        forest = cls()
+        n = len(size)
+        forest.size = size.tolist()
+        forest.kind = list(kind)
+        forest.owner = owner.tolist()
+        forest.children = [None] * n
+        forest.parent = list(range(n))
+        forest.weight = [1] * n
+        forest.next = list(range(n))
+        return forest
+
     def new(self, size: int, kind: str, owner: int) -> int:
         f = len(self.size)
         self.size.append(size)
@@ -212,107 +226,444 @@ class _FactorForest:
 
 @dataclass(frozen=True)
 class NdaResult:
-    """Raw output of the NDA pass (wrapped by `Analysis`)."""
+    """Raw output of the NDA pass (wrapped by `Analysis`).
+
+    Atoms are kept as flat tables (numpy, one row per leaf atom in value / use / op order) with
+    offsets; the nested views (`value_atoms`, `use_atoms`, `op_atoms`, `medges`) are built from
+    them when first asked for."""
 
     atom_size: np.ndarray
     atom_kind: tuple[str, ...]
     atom_owner: np.ndarray
-    value_atoms: tuple[tuple[tuple[int, ...], ...], ...]  # value -> dim -> leaf atoms
-    use_atoms: dict  # (op, position) -> dim -> leaf atoms
-    op_atoms: tuple[tuple[int, ...], ...]  # op -> all its leaf atoms (each once)
-    medges: tuple[MEdge, ...]
+    # Value atoms, [k, 4] (value, dim, sub-factor, atom) in that order; the atoms of value v dim
+    # d are rows value_dim_atoms[value_dims[v] + d] : value_dim_atoms[value_dims[v] + d + 1].
+    value_slots: np.ndarray
+    value_dims: np.ndarray  # [values + 1] first dim entry of each value
+    value_dim_atoms: np.ndarray  # [value dims + 1] first row of each dim entry
+    # Uses (operand `position` of `op`, in op order) and their atoms, laid out the same way.
+    use_op: np.ndarray
+    use_position: np.ndarray
+    use_dims: np.ndarray  # [uses + 1]
+    use_dim_atoms: np.ndarray  # [use dims + 1]
+    use_atom: np.ndarray  # [k] atoms of every use dim, in order
+    op_atom_start: np.ndarray  # [ops + 1]
+    op_atom: np.ndarray  # [k] every op's leaf atoms (each once), in op order
+    # [M-edge, 8] int64, one column per `MEdge` field (id, value, op, position, dim, sub,
+    # value_atom, use_atom): the graph work is vectorized over columns of this table.
+    medge_table: np.ndarray
     reshape_sites: tuple[tuple[int, int, int, int], ...]  # (value, op, position, dim)
     diagnostics: tuple[str, ...]
     fallback_ops: tuple[int, ...] = field(default=())
+    # op -> its rule (one number per distinct primitive, params, operand and result shapes)
+    op_rule: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def value_dim(self, value: int, dim: int) -> tuple[int, ...]:
+        """The leaf atoms of one value dim, major to minor."""
+        e = int(self.value_dims[value]) + dim
+        lo, hi = int(self.value_dim_atoms[e]), int(self.value_dim_atoms[e + 1])
+        return tuple(self.value_slots[lo:hi, 3].tolist())
+
+    def value_rank(self, value: int) -> int:
+        return int(self.value_dims[value + 1] - self.value_dims[value])
+
+    def use_dim(self, op: int, position: int, dim: int) -> tuple[int, ...]:
+        """The leaf atoms of one dim of one use (operand `position` of `op`)."""
+        u = int(self._use_index[(op, position)])
+        e = int(self.use_dims[u]) + dim
+        lo, hi = int(self.use_dim_atoms[e]), int(self.use_dim_atoms[e + 1])
+        return tuple(self.use_atom[lo:hi].tolist())
 
     @cached_property
-    def medge_table(self) -> np.ndarray:
-        """[M-edge, 8] int64, one column per `MEdge` field (id, value, op, position, dim, sub,
-        value_atom, use_atom): the graph work is vectorized over columns of this table."""
-        flat = chain.from_iterable(self.medges)
-        return np.fromiter(flat, dtype=np.int64, count=8 * len(self.medges)).reshape(-1, 8)
+    def _use_index(self) -> dict[tuple[int, int], int]:
+        return {k: i for i, k in enumerate(zip(self.use_op.tolist(), self.use_position.tolist()))}
+
+    @cached_property
+    def value_atoms(self) -> tuple[tuple[tuple[int, ...], ...], ...]:
+        """Value -> dim -> leaf atoms."""
+        dims = _split(self.value_slots[:, 3].tolist(), self.value_dim_atoms)
+        return tuple(_split(dims, self.value_dims))
+
+    @cached_property
+    def use_atoms(self) -> dict:
+        """(op, position) -> dim -> leaf atoms."""
+        dims = _split(self.use_atom.tolist(), self.use_dim_atoms)
+        keys = zip(self.use_op.tolist(), self.use_position.tolist())
+        return dict(zip(keys, _split(dims, self.use_dims)))
+
+    @cached_property
+    def op_atoms(self) -> tuple[tuple[int, ...], ...]:
+        """Op -> all its leaf atoms (each once)."""
+        return tuple(_split(self.op_atom.tolist(), self.op_atom_start))
+
+    @cached_property
+    def medges(self) -> tuple[MEdge, ...]:
+        """The M-edges as records, built from `medge_table` when first asked for."""
+        return tuple(map(MEdge._make, self.medge_table.tolist()))
+
+
+def _split(items: list, starts: np.ndarray) -> list[tuple]:
+    """`items` cut into tuples at `starts` ([n + 1] offsets)."""
+    bounds = starts.tolist()
+    return [tuple(items[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+
+@dataclass(frozen=True)
+class _Template:
+    """One op rule flattened for gathering: every op with the same rule reuses it."""
+
+    sizes: tuple[int, ...]
+    kinds: tuple[str, ...]
+    use_dims: tuple[tuple[int, int, int], ...]  # (position, dim, factors) per operand dim
+    use_factors: tuple[int, ...]  # local factor ids, in (position, dim, sub) order
+    result_dims: tuple[tuple[int, int, int], ...]  # (result, dim, factors) per result dim
+    result_factors: tuple[int, ...]
+    n_operands: int
+    is_fallback: bool
+
+    @classmethod
+    def of(cls, rule) -> _Template:
+        def flat(groups):
+            dims = tuple((i, d, len(fs)) for i, g in enumerate(groups) for d, fs in enumerate(g))
+            return dims, tuple(f for g in groups for fs in g for f in fs)
+
+        use_dims, use_factors = flat(rule.operands)
+        result_dims, result_factors = flat(rule.results)
+        return cls(
+            rule.sizes,
+            rule.kinds,
+            use_dims,
+            use_factors,
+            result_dims,
+            result_factors,
+            len(rule.operands),
+            rule.is_fallback,
+        )
+
+
+def _gather(per_op: np.ndarray, lens: np.ndarray, starts: np.ndarray):
+    """(owner op, row in the concatenated template table) of each entry when every op takes its
+    template's rows `starts[t] : starts[t] + lens[t]`."""
+    n = lens[per_op]
+    owner = np.repeat(np.arange(len(per_op)), n)
+    row = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n) + np.repeat(starts[per_op], n)
+    return owner, row
+
+
+def _table(templates: list[_Template], attr: str, width: int):
+    rows = [getattr(t, attr) for t in templates]
+    lens = np.array([len(r) for r in rows], dtype=np.int64)
+    flat = np.array([x for r in rows for x in r], dtype=np.int64).reshape(-1, width)
+    if width == 1:
+        flat = flat[:, 0]
+    return flat, lens, np.cumsum(lens) - lens
+
+
+def _ranges(start: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(owner, index) of every element of the ranges `start[i] : start[i] + count[i]`."""
+    owner = np.repeat(np.arange(len(count)), count)
+    index = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    return owner, index + start[owner]
+
+
+def _offsets(count: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(count) + 1, dtype=np.int64)
+    np.cumsum(count, out=out[1:])
+    return out
 
 
 def run_nda(program: Program) -> NdaResult:
-    """Builds atoms and M-edges for the whole program in one pass (see the module essay)."""
-    forest = _FactorForest()
-    value_dims: list[list[list[int]] | None] = [None] * len(program.values)
-    use_dims: dict[tuple[int, int], list[list[int]]] = {}
-    op_factors: list[list[int]] = []
-    diagnostics: list[str] = []
-    fallback_ops: list[int] = []
-    produced = {vid for op in program.ops for vid in op.results}
-    for v in program.values:
-        if v.id not in produced:
-            value_dims[v.id] = [[forest.new(s, "pass", -1)] if s > 1 else [] for s in v.shape]
-    unknown: dict[str, int] = {}
-    rule_cache: dict = {}
-    shape_of = [v.shape for v in program.values].__getitem__
-    for op in program.ops:
-        operand_shapes = tuple(map(shape_of, op.operands))
-        result_shapes = tuple(map(shape_of, op.results))
-        key = (op.primitive, op.params, operand_shapes, result_shapes)
-        rule = rule_cache.get(key)
-        if rule is None:
-            rule = rule_cache[key] = factors_of(op, list(operand_shapes), list(result_shapes))
-        if rule.is_fallback:
-            fallback_ops.append(op.index)
-            unknown[op.primitive] = unknown.get(op.primitive, 0) + 1
-            if unknown[op.primitive] == 1:
-                diagnostics.append(
-                    f"unknown primitive `{op.primitive}` at {op.source or '?'}: no factor rule, so "
-                    "no named dim crosses it and it is priced pessimistically (every dim is its "
-                    "own replicate factor: sharded operands are gathered, its work undivided)"
-                )
-        ids = forest.new_many(rule.sizes, rule.kinds, op.index)
-        op_factors.append(ids)
-        for pos, dims in enumerate(rule.operands):
-            use_dims[(op.index, pos)] = [[ids[f] for f in d] for d in dims]
-        for vid, dims in zip(op.results, rule.results):
-            value_dims[vid] = [[ids[f] for f in d] for d in dims]
-    for prim, count in unknown.items():
-        if count > 1:
-            diagnostics.append(f"unknown primitive `{prim}` appears {count} times")
+    """Builds atoms and M-edges for the whole program (see the module essay).
 
+    Vectorized: each op's factors come from its rule's template (gathered for all ops at once),
+    the links that need no refinement (most of them) become M-edges directly, and only the
+    factor components that a reshape refines are replayed link by link through `_FactorForest`,
+    in program order, so atom ids are exactly those of a link-by-link pass."""
+    values, ops = program.values, program.ops
+    n_values, n_ops = len(values), len(ops)
+    shape_of = [v.shape for v in values].__getitem__
+    templates: list[_Template] = []
+    index: dict = {}
+    op_template = np.zeros(n_ops, dtype=np.int64)
+    for k, op in enumerate(ops):
+        key = (
+            op.primitive,
+            op.params,
+            tuple(map(shape_of, op.operands)),
+            tuple(map(shape_of, op.results)),
+        )
+        t = index.get(key)
+        if t is None:
+            rule = factors_of(op, list(key[2]), list(key[3]))
+            t = index[key] = len(templates)
+            templates.append(_Template.of(rule))
+        op_template[k] = t
+    diagnostics, fallback_ops = _fallback_diagnostics(ops, templates, op_template)
+
+    # Operands and results of every op, flattened.
+    n_operands = np.fromiter((len(op.operands) for op in ops), dtype=np.int64, count=n_ops)
+    operand_value = np.fromiter(chain.from_iterable(op.operands for op in ops), dtype=np.int64)
+    operand_start = np.cumsum(n_operands) - n_operands
+    n_results = np.fromiter((len(op.results) for op in ops), dtype=np.int64, count=n_ops)
+    result_value = np.fromiter(chain.from_iterable(op.results for op in ops), dtype=np.int64)
+    result_start = np.cumsum(n_results) - n_results
+
+    # Factors: inputs' first (one per dim of size > 1, in value order), then each op's.
+    is_input = np.ones(n_values, dtype=bool)
+    is_input[result_value] = False
+    input_dims = [(v.id, d, s) for v in values if is_input[v.id] for d, s in enumerate(v.shape)]
+    in_value = np.array([x[0] for x in input_dims], dtype=np.int64)
+    in_dim = np.array([x[1] for x in input_dims], dtype=np.int64)
+    in_size = np.array([x[2] for x in input_dims], dtype=np.int64)
+    in_count = (in_size > 1).astype(np.int64)
+    n_in = int(in_count.sum())
+    in_factor = np.arange(n_in, dtype=np.int64)
+
+    t_sizes, t_size_lens, t_size_starts = _table(templates, "sizes", 1)
+    owner, row = _gather(op_template, t_size_lens, t_size_starts)
+    n_factors_of_op = t_size_lens[op_template]
+    base = n_in + np.cumsum(n_factors_of_op) - n_factors_of_op
+    size = np.concatenate([in_size[in_count > 0], t_sizes[row]]).astype(np.int64)
+    kinds = ["pass"] * n_in
+    kinds.extend(chain.from_iterable(templates[t].kinds for t in op_template.tolist()))
+    factor_owner = np.concatenate([np.full(n_in, -1, dtype=np.int64), owner])
+
+    # Use dims and their factors, in (op, position, dim, sub) order.
+    t_ud, t_ud_lens, t_ud_starts = _table(templates, "use_dims", 3)
+    ud_op, row = _gather(op_template, t_ud_lens, t_ud_starts)
+    ud_pos, ud_dim, ud_count = t_ud[row, 0], t_ud[row, 1], t_ud[row, 2]
+    t_uf, t_uf_lens, t_uf_starts = _table(templates, "use_factors", 1)
+    uf_op, row = _gather(op_template, t_uf_lens, t_uf_starts)
+    use_factor = t_uf[row] + base[uf_op]
+    ud_start = np.cumsum(ud_count) - ud_count
+
+    # Value dims: inputs' and results', sorted by (value, dim).
+    t_rd, t_rd_lens, t_rd_starts = _table(templates, "result_dims", 3)
+    rd_op, row = _gather(op_template, t_rd_lens, t_rd_starts)
+    rd_value = result_value[result_start[rd_op] + t_rd[row, 0]]
+    rd_dim, rd_count = t_rd[row, 1], t_rd[row, 2]
+    t_rf, t_rf_lens, t_rf_starts = _table(templates, "result_factors", 1)
+    rf_op, row = _gather(op_template, t_rf_lens, t_rf_starts)
+    result_factor = t_rf[row] + base[rf_op]
+    pool = np.concatenate([in_factor, result_factor])
+    vd_value = np.concatenate([in_value, rd_value])
+    vd_dim = np.concatenate([in_dim, rd_dim])
+    vd_count = np.concatenate([in_count, rd_count])
+    pool_start = np.concatenate(
+        [np.cumsum(in_count) - in_count, n_in + np.cumsum(rd_count) - rd_count]
+    )
+    order = np.lexsort((vd_dim, vd_value))
+    vd_value, vd_dim, vd_count = vd_value[order], vd_dim[order], vd_count[order]
+    _, pick = _ranges(pool_start[order], vd_count)
+    value_factor = pool[pick]
+    vd_start = np.cumsum(vd_count) - vd_count
+    value_dims = _offsets(np.bincount(vd_value, minlength=n_values))
+
+    # Links: every use dim with a factor on either side, in program order.
+    ud_value = operand_value[operand_start[ud_op] + ud_pos]
+    ud_vd = value_dims[ud_value] + ud_dim
+    is_link = (vd_count[ud_vd] > 0) | (ud_count > 0)
+    links = _Links(
+        ud_value[is_link],
+        ud_op[is_link],
+        ud_pos[is_link],
+        ud_dim[is_link],
+        vd_start[ud_vd[is_link]],
+        vd_count[ud_vd[is_link]],
+        ud_start[is_link],
+        ud_count[is_link],
+    )
+    plain = (links.v_count == 1) & (links.u_count == 1)
+    # First factor of each side (-1 past the end when a side has none: never read then).
+    first_v = np.append(value_factor, -1)[links.v_start]
+    first_u = np.append(use_factor, -1)[links.u_start]
+    plain &= size[first_v] == size[first_u]
+    dirty = _dirty_links(links, plain, first_v, first_u, value_factor, use_factor, len(size))
+
+    forest = _FactorForest.from_arrays(size, kinds, factor_owner)
     failed: set[tuple[int, int, int, int]] = set()
-    for op in program.ops:
-        for pos, vid in enumerate(op.operands):
-            udims = use_dims[(op.index, pos)]
-            for d, vdim in enumerate(value_dims[vid]):
-                if (vdim or udims[d]) and not forest.align(vdim, udims[d]):
-                    failed.add((vid, op.index, pos, d))
+    value_list, use_list = value_factor.tolist(), use_factor.tolist()
+    align = forest.align
+    for i in np.flatnonzero(dirty).tolist():
+        a, na = int(links.v_start[i]), int(links.v_count[i])
+        b, nb = int(links.u_start[i]), int(links.u_count[i])
+        if not align(value_list[a : a + na], use_list[b : b + nb]):
+            failed.add(links.key(i))
 
-    leaves = forest.leaves
-    value_atoms = tuple(tuple(map(leaves, dims)) for dims in value_dims)  # type: ignore[arg-type]
-    use_atoms = {key: tuple(map(leaves, dims)) for key, dims in use_dims.items()}
-    # An op's factors are distinct, so are their leaves.
-    op_atoms = tuple(map(leaves, op_factors))
-    medges: list[MEdge] = []
-    size = forest.size
-    for op in program.ops:
-        opi = op.index
-        for pos, vid in enumerate(op.operands):
-            for d, (vleaves, uleaves) in enumerate(zip(value_atoms[vid], use_atoms[(opi, pos)])):
-                if failed and (vid, opi, pos, d) in failed:
-                    continue
-                if not vleaves or not uleaves:
-                    continue  # a dim a rule left unshardable (no factors): nothing to link
-                assert len(vleaves) == len(uleaves), (vid, opi, pos, d)
-                for sub, (a, b) in enumerate(zip(vleaves, uleaves)):
-                    assert size[a] == size[b]
-                    medges.append(MEdge(len(medges), vid, opi, pos, d, sub, a, b))
+    # Leaf atoms of every slot (a factor split by refinement becomes its leaves).
+    n_initial = len(size)
+    leaves_of = {f: forest.leaves((f,)) for f in range(n_initial) if forest.children[f] is not None}
+    v_atom, v_dim_count = _expand(value_factor, _owner_of(vd_count), len(vd_count), leaves_of)
+    u_atom, u_dim_count = _expand(use_factor, _owner_of(ud_count), len(ud_count), leaves_of)
+    op_factor = np.arange(n_in, n_initial, dtype=np.int64)
+    o_atom, o_count = _expand(op_factor, factor_owner[n_in:], n_ops, leaves_of)
+    value_dim_atoms = _offsets(v_dim_count)
+    use_dim_atoms = _offsets(u_dim_count)
+    v_entry = _owner_of(v_dim_count)
+    value_slots = np.stack(
+        [
+            vd_value[v_entry],
+            vd_dim[v_entry],
+            np.arange(len(v_atom)) - value_dim_atoms[v_entry],
+            v_atom,
+        ],
+        axis=1,
+    )
+    n_uses = len(operand_value)
+    use_op = np.repeat(np.arange(n_ops), n_operands)
+    use_position = np.arange(n_uses) - np.repeat(operand_start, n_operands)
+    use_index = operand_start[ud_op] + ud_pos
+    use_dims = _offsets(np.bincount(use_index, minlength=n_uses))
+
+    table = _medge_table(
+        links,
+        failed,
+        value_dim_atoms,
+        ud_vd[is_link],
+        use_dim_atoms,
+        np.flatnonzero(is_link),
+        v_atom,
+        u_atom,
+        np.asarray(forest.size, dtype=np.int64),
+    )
     return NdaResult(
         atom_size=np.asarray(forest.size, dtype=np.int64),
         atom_kind=tuple(forest.kind),
         atom_owner=np.asarray(forest.owner, dtype=np.int64),
-        value_atoms=value_atoms,
-        use_atoms=use_atoms,
-        op_atoms=op_atoms,
-        medges=tuple(medges),
+        value_slots=value_slots.astype(np.int64).reshape(-1, 4),
+        value_dims=value_dims,
+        value_dim_atoms=value_dim_atoms,
+        use_op=use_op,
+        use_position=use_position,
+        use_dims=use_dims,
+        use_dim_atoms=use_dim_atoms,
+        use_atom=u_atom,
+        op_atom_start=_offsets(o_count),
+        op_atom=o_atom,
+        medge_table=table,
         reshape_sites=tuple(sorted(failed)),
         diagnostics=tuple(diagnostics),
         fallback_ops=tuple(fallback_ops),
+        op_rule=op_template,
     )
+
+
+def _owner_of(count: np.ndarray) -> np.ndarray:
+    return np.repeat(np.arange(len(count)), count)
+
+
+def _expand(factor: np.ndarray, owner: np.ndarray, n_owners: int, leaves_of: dict):
+    """(atoms, atoms per owner): each factor replaced by its leaves (itself if never split)."""
+    if not leaves_of:
+        return factor.astype(np.int64), np.bincount(owner, minlength=n_owners)
+    split = np.zeros(max(leaves_of) + 1, dtype=bool)
+    split[list(leaves_of)] = True
+    is_split = split[np.minimum(factor, len(split) - 1)] & (factor < len(split))
+    count = np.ones(len(factor), dtype=np.int64)
+    where = np.flatnonzero(is_split)
+    found = [leaves_of[f] for f in factor[where].tolist()]
+    count[where] = [len(x) for x in found]
+    start = np.cumsum(count) - count
+    atoms = np.repeat(factor, count)
+    _, rows = _ranges(start[where], count[where])
+    atoms[rows] = np.fromiter(chain.from_iterable(found), dtype=np.int64, count=len(rows))
+    return atoms, np.bincount(owner, weights=count, minlength=n_owners).astype(np.int64)
+
+
+def _fallback_diagnostics(ops, templates, op_template):
+    diagnostics: list[str] = []
+    fallback_ops: list[int] = []
+    unknown: dict[str, int] = {}
+    is_fallback = np.array([t.is_fallback for t in templates], dtype=bool)
+    for k in np.flatnonzero(is_fallback[op_template]).tolist():
+        op = ops[k]
+        fallback_ops.append(op.index)
+        unknown[op.primitive] = unknown.get(op.primitive, 0) + 1
+        if unknown[op.primitive] == 1:
+            diagnostics.append(
+                f"unknown primitive `{op.primitive}` at {op.source or '?'}: no factor rule, so "
+                "no named dim crosses it and it is priced pessimistically (every dim is its "
+                "own replicate factor: sharded operands are gathered, its work undivided)"
+            )
+    for prim, count in unknown.items():
+        if count > 1:
+            diagnostics.append(f"unknown primitive `{prim}` appears {count} times")
+    return diagnostics, fallback_ops
+
+
+@dataclass(frozen=True)
+class _Links:
+    """Every (use, dim) that links a value dim to an operand dim, in program order (op, operand
+    position, dim), with the slot ranges of both factor sequences as the op rules made them
+    (before refinement)."""
+
+    value: np.ndarray
+    op: np.ndarray
+    position: np.ndarray
+    dim: np.ndarray
+    v_start: np.ndarray
+    v_count: np.ndarray
+    u_start: np.ndarray
+    u_count: np.ndarray
+
+    def key(self, i: int) -> tuple[int, int, int, int]:
+        return (int(self.value[i]), int(self.op[i]), int(self.position[i]), int(self.dim[i]))
+
+
+def _dirty_links(links: _Links, plain, first_v, first_u, value_factor, use_factor, n_factors):
+    """Which links need the sequential refinement pass, as a bool per link.
+
+    Most links join one factor to one factor of the same size: a plain union that can never
+    split anything. Refinement (class-wide splits) starts only at a link whose two factor
+    sequences differ, and spreads only through links of the same connected component of the
+    factor graph. So the links of components without such a link are skipped by the sequential
+    pass (their M-edges are their factors, unchanged), and the others are replayed in program
+    order, exactly as a pass over every link would do them: atom ids and reshape conflicts come
+    out the same, at a fraction of the Python work."""
+    special = np.flatnonzero(~plain)
+    v_owner, v_slot = _ranges(links.v_start[special], links.v_count[special])
+    u_owner, u_slot = _ranges(links.u_start[special], links.u_count[special])
+    anchor = np.where(links.v_count[special] > 0, first_v[special], first_u[special])
+    rows = np.concatenate([first_v[plain], anchor[v_owner], anchor[u_owner]])
+    cols = np.concatenate([first_u[plain], value_factor[v_slot], use_factor[u_slot]])
+    graph = sp.csr_matrix(
+        (np.ones(len(rows), dtype=np.int8), (rows, cols)), shape=(n_factors, n_factors)
+    )
+    _, label = csgraph.connected_components(graph, directed=False)
+    dirty_label = np.zeros(int(label.max(initial=-1)) + 1, dtype=bool)
+    dirty_label[label[anchor]] = True
+    return dirty_label[label[np.where(links.v_count > 0, first_v, first_u)]]
+
+
+def _medge_table(
+    links, failed, value_dim_atoms, link_vd, use_dim_atoms, link_ud, v_atom, u_atom, size
+):
+    """The M-edges of every link that did not fail, in program order: one per leaf pair of
+    the refined value dim and use dim."""
+    keep = np.ones(len(links.value), dtype=bool)
+    if failed:
+        keys = list(
+            zip(
+                links.value.tolist(), links.op.tolist(), links.position.tolist(), links.dim.tolist()
+            )
+        )
+        keep = np.array([k not in failed for k in keys], dtype=bool)
+    v_lo, v_n = value_dim_atoms[link_vd], np.diff(value_dim_atoms)[link_vd]
+    u_lo, u_n = use_dim_atoms[link_ud], np.diff(use_dim_atoms)[link_ud]
+    assert (v_n[keep] == u_n[keep]).all(), "a link's refined dims differ in length"
+    count = np.where(keep, v_n, 0)
+    owner, v_rows = _ranges(v_lo, count)
+    _, u_rows = _ranges(u_lo, count)
+    table = np.empty((len(owner), 8), dtype=np.int64)
+    table[:, 0] = np.arange(len(owner))
+    table[:, 1] = links.value[owner]
+    table[:, 2] = links.op[owner]
+    table[:, 3] = links.position[owner]
+    table[:, 4] = links.dim[owner]
+    table[:, 5] = v_rows - v_lo[owner]
+    table[:, 6] = v_atom[v_rows]
+    table[:, 7] = u_atom[u_rows]
+    assert (size[table[:, 6]] == size[table[:, 7]]).all(), "an M-edge joins atoms of two sizes"
+    return table
 
 
 def components(n: int, edges: np.ndarray) -> np.ndarray:

@@ -18,8 +18,6 @@ into a `Constraints` record that the search applies on top.
 
 from __future__ import annotations
 
-import hashlib
-import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from toast_core.analysis import Analysis
+from toast_core.analysis.layers import fine_signatures
 from toast_core.errors import StrategyError
 from toast_core.mesh import MeshSpec
 from toast_core.strategy import legality
@@ -35,7 +34,6 @@ from toast_core.strategy.layout import layout
 from toast_core.strategy.memo import per_analysis
 from toast_core.strategy.resolve import Resolution, resolve
 
-_LAYER_FREE = re.compile(r"\[\d+\]|#\d+|\d+$")
 _CACHE_SIZE = 4096
 
 
@@ -87,7 +85,7 @@ class StrategySpace:
         self.axes = mesh_axes(mesh)
         self.layout = layout(ana)
         self.fine_size_ext = np.append(ana.fine_size, 1)
-        self.fine_sig = self._fine_signatures()
+        self.fine_sig = fine_signatures(ana)  # equal for the same dim of repeated layers
         nbytes = np.array([v.nbytes for v in ana.program.values], dtype=np.float64)
         self.fine_bytes = np.asarray(self.layout.value_fine.T @ nbytes).ravel()
         self._value_cols = self.layout.value_fine.tocsc()
@@ -206,28 +204,6 @@ class StrategySpace:
             )
         units.sort(key=lambda u: (-u.bytes_covered, u.dims))
         return tuple(units)
-
-    def _fine_signatures(self) -> np.ndarray:
-        """A hash per fine class of what it holds, independent of layer index: producer primitive,
-        source line, dim and dtype of each value atom."""
-        ana, prog = self.ana, self.ana.program
-        producers = prog.producers()
-        parts: list[list[str]] = [[] for _ in range(ana.n_fine)]
-        for v in prog.values:
-            p = producers[v.id]
-            where = (
-                f"{prog.ops[p].primitive}@{prog.ops[p].source}/{'/'.join(prog.ops[p].call_path)}"
-                if p is not None
-                else _LAYER_FREE.sub("*", v.name)
-            )
-            for d, fines in enumerate(self.layout.value_dim_fine[v.id]):
-                for s, f in enumerate(fines):
-                    parts[f].append(f"{where}|{d}|{s}|{v.dtype}|{v.shape}")
-        out = np.zeros(ana.n_fine, dtype=np.uint64)
-        for f, items in enumerate(parts):
-            h = hashlib.blake2b("\n".join(sorted(items)).encode(), digest_size=8).digest()
-            out[f] = np.frombuffer(h, dtype=np.uint64)[0]
-        return out
 
     # -- presentation --------------------------------------------------------------------------
 
