@@ -645,7 +645,7 @@ def _reshape(g: _Gen):
     evens = [d for d in range(r) if shp[d] % 2 == 0 and shp[d] > 2]
     if evens and r < 4:
         d = g.pick(evens)
-        f = "2, {0}.shape[%d] // 2" % d if g.coin() else "{0}.shape[%d] // 2, 2" % d
+        f = f"2, {{0}}.shape[{d}] // 2" if g.coin() else f"{{0}}.shape[{d}] // 2, 2"
         opts.append(
             (
                 "reshape_split",
