@@ -6,6 +6,7 @@ Protocol: one JSON task per line on stdin, JSON events per line on stdout.
   "max_ops"}` generates the program (checked under plain `jax.jit`) and runs the pipeline:
   events `{"event": "program", ...}`, `{"event": "stage", "stage": "validate 2x4 search"}` before
   each XLA compile, `{"event": "outcome", ...}` per outcome, then `{"event": "done"}`.
+* `{"task": "abort"}` dies by SIGABRT after announcing a stage (tests the parent's handling).
 * `{"task": "reproduce", "program": <Program.to_dict()>, "outcome": <Outcome.to_dict()>}` runs
   `pipeline.reproduce`: `{"event": "result", "outcome": ... or null}` then `{"event": "done"}`.
 
@@ -72,6 +73,9 @@ def _serve() -> None:
                     announce=lambda stage: send(event="stage", stage=stage),
                 ):
                     send(event="outcome", outcome=o.to_dict())
+            elif task["task"] == "abort":  # how the tests check that a death is recorded
+                send(event="stage", stage="validate test abort")
+                os.abort()
             elif task["task"] == "reproduce":
                 prog = Program.from_dict(task["program"])
                 want = pipeline.Outcome(**task["outcome"])
