@@ -152,6 +152,16 @@ def _by_op(records: list[dict]) -> list[dict]:
     return sorted(rows, key=lambda r: (r["flops"], r["op"]))
 
 
+def _explained(g: dict, member) -> bool:
+    """A member is explained by a reproduction whose ops it all holds (same cause, presumably)."""
+    ops = Counter(member[0].get("ops", []))
+    return any(not (Counter(x["minimized_ops"]) - ops) for x in g["repros"])
+
+
+def _unexplained(g: dict):
+    return next((m for m in g["members"] if not _explained(g, m)), None)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=5.0)
@@ -161,7 +171,8 @@ def main() -> None:
     p.add_argument("--max-ops", type=int, default=10)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per program")
     p.add_argument("--minimize-minutes", type=float, default=None)
-    p.add_argument("--minimize-each-s", type=float, default=120.0)
+    p.add_argument("--minimize-each-s", type=float, default=90.0)
+    p.add_argument("--max-per-group", type=int, default=3, help="reproductions per signature")
     p.add_argument("--out", default="fuzz")
     args = p.parse_args()
     if args.minutes <= 0:
@@ -178,7 +189,11 @@ def main() -> None:
     workers = [Worker(str(ROOT), str(log_dir / f"worker{j}.log")) for j in range(args.jobs)]
 
     def loop(worker: Worker) -> None:
+        done = 0
         while time.monotonic() < deadline:
+            done += 1
+            if done % 40 == 0:  # a fresh process now and then: JAX's caches only grow
+                worker.stop()
             with lock:
                 index = next_index[0]
                 next_index[0] += 1
@@ -249,71 +264,86 @@ def main() -> None:
     print("\nShare of validations within tolerance, by op kind in the program (worst flops first)")
     print(table(by_op[:25], ["op", "validations", *TARGETS]))
 
-    # ---- group failures by signature and minimize one of each
+    # ---- group failures by signature; minimize members until each is explained
     groups: dict[tuple, dict] = {}
     for r, o in outcomes:
         if o["kind"] == "ok" or "spec" not in r:
             continue
         out = Outcome(**o)
         g = groups.setdefault(
-            out.signature, {"count": 0, "programs": [], "first": (r, out), "meshes": Counter()}
+            out.signature, {"count": 0, "members": [], "meshes": Counter(), "repros": []}
         )
         g["count"] += 1
         g["meshes"][out.mesh] += 1
-        if r["index"] not in g["programs"]:
-            g["programs"].append(r["index"])
+        if all(m[0]["index"] != r["index"] for m in g["members"]):
+            g["members"].append((r, out))
     minimize_budget = (
         args.minimize_minutes if args.minimize_minutes is not None else min(30.0, args.minutes)
     ) * 60
     m_deadline = time.monotonic() + minimize_budget
-    worker = workers[0]
-    failure_rows = []
-    for sig, g in sorted(groups.items(), key=lambda kv: -kv[1]["count"]):
-        r, out = g["first"]
-        prog = Program.from_dict(r["spec"])
-        row = {
-            "kind": sig[0],
-            "stage": sig[1],
-            "error": out.error,
-            "where": out.where,
-            "count": g["count"],
-            "programs": len(g["programs"]),
-            "example_programs": g["programs"][:10],
-            "meshes": dict(g["meshes"]),
-            "mesh": out.mesh,
-            "strategy": out.strategy,
-            "ops": prog.ops(),
-            "mode": prog.mode,
-        }
-        left = m_deadline - time.monotonic()
-        if left > 5:
+    check = _reproduce_with(workers[0], args)
+    ordered = sorted(groups.items(), key=lambda kv: -kv[1]["count"])
+    for _round in range(args.max_per_group):
+        for sig, g in ordered:
+            member = _unexplained(g)
+            left = m_deadline - time.monotonic()
+            if member is None or left < 5:
+                continue
+            r, out = member
+            prog = Program.from_dict(r["spec"])
             small, small_out, tried = minimize(
-                prog, out, _reproduce_with(worker, args), budget_s=min(args.minimize_each_s, left)
+                prog, out, check, budget_s=min(args.minimize_each_s, left)
             )
-            still = same_failure(_reproduce_with(worker, args)(small, out), out) if tried else True
+            still = same_failure(check(small, out), out) if tried else True
             path = log_dir / f"repro_{prog.seed}_{prog.index}.py"
-            k = 1
-            while path.exists() and any(
-                f.get("repro") == str(path.relative_to(ROOT)) for f in failure_rows
+            if any(
+                x["repro"] == str(path.relative_to(ROOT))
+                for gg in groups.values()
+                for x in gg["repros"]
             ):
-                k += 1
-                path = log_dir / f"repro_{prog.seed}_{prog.index}_{k}.py"
+                path = log_dir / f"repro_{prog.seed}_{prog.index}_{len(g['repros']) + 1}.py"
             write_repro(small, small_out, path, args.sims)
-            row.update(
-                repro=str(path.relative_to(ROOT)),
-                minimized_ops=small.ops(),
-                minimized_mode=small.mode,
-                minimized_inputs={i.name: list(i.shape) for i in small.inputs},
-                candidates_tried=tried,
-                reproduces=still,
-                minimized_error=small_out.error,
+            g["repros"].append(
+                {
+                    "program": prog.index,
+                    "ops": prog.ops(),
+                    "mode": prog.mode,
+                    "mesh": out.mesh,
+                    "strategy": out.strategy,
+                    "error": out.error,
+                    "repro": str(path.relative_to(ROOT)),
+                    "minimized_ops": small.ops(),
+                    "minimized_mode": small.mode,
+                    "minimized_inputs": {i.name: list(i.shape) for i in small.inputs},
+                    "minimized_error": small_out.error,
+                    "candidates_tried": tried,
+                    "reproduces": still,
+                }
             )
             print(
-                f"\n[{sig[0]} @ {sig[1]}] x{g['count']} ({len(g['programs'])} programs): {out.error}"
-                f"\n  at {out.where}\n  minimized to {small.mode} {small.ops()} -> {row['repro']}",
+                f"\n[{sig[0]} @ {sig[1]}] x{g['count']} ({len(g['members'])} programs): {out.error}"
+                f"\n  at {out.where}\n  #{prog.index} {prog.mode} {prog.ops()}"
+                f"\n  minimized to {small.mode} {small.ops()} -> {path.relative_to(ROOT)}"
+                + ("" if still else " (no longer reproduces)"),
                 flush=True,
             )
-        failure_rows.append(row)
+    failure_rows = []
+    for sig, g in ordered:
+        failure_rows.append(
+            {
+                "kind": sig[0],
+                "stage": sig[1],
+                "error_type": sig[2],
+                "where": sig[3],
+                "count": g["count"],
+                "programs": len(g["members"]),
+                "example_programs": [m[0]["index"] for m in g["members"][:20]],
+                "example_error": g["members"][0][1].error,
+                "meshes": dict(g["meshes"]),
+                "unexplained_programs": sum(1 for m in g["members"] if not _explained(g, m)),
+                "repros": g["repros"],
+            }
+        )
     for w in workers:
         w.stop()
 

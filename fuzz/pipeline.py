@@ -67,6 +67,8 @@ def _where(exc: BaseException) -> str:
     name = f.filename
     if "toast_core" in name:
         name = "toast_core" + name.split("toast_core", 1)[1]
+    elif "site-packages/" in name:
+        name = name.split("site-packages/", 1)[1]
     return f"{name}:{f.lineno} in {f.name}"
 
 
@@ -111,12 +113,18 @@ class Front:
 
 
 def front(
-    prog, meshes: list[str], *, num_simulations: int = 24, seed: int = 0, stop_at=None
+    prog,
+    meshes: list[str],
+    *,
+    num_simulations: int = 24,
+    seed: int = 0,
+    stop_at=None,
+    with_search: bool = True,
 ) -> Iterator[Outcome | Front]:
     """trace, analyze, then per mesh search + baselines + Strategy.validate + JSON round trip.
 
     Yields an Outcome per step (failures and passes) and finally the `Front`. `stop_at` (a stage
-    name) ends after that stage, for the minimizer.
+    name) ends after that stage and `with_search=False` skips the search, for the minimizer.
     """
     import toast_core as tc
     from toast_core.search.baselines import all_baselines
@@ -145,11 +153,12 @@ def front(
         mesh = tc.MeshSpec(MESHES[mesh_name])
         plans: dict = {}
         try:
-            res = tc.search(
-                st.ana, mesh, hw, budget_s=None, num_simulations=num_simulations, seed=seed
-            )
-            plans["search"] = res.best
-            yield Outcome("ok", "search", mesh_name, "search")
+            if with_search:
+                res = tc.search(
+                    st.ana, mesh, hw, budget_s=None, num_simulations=num_simulations, seed=seed
+                )
+                plans["search"] = res.best
+                yield Outcome("ok", "search", mesh_name, "search")
         except Exception as exc:  # noqa: BLE001
             yield _classify(exc, "search", mesh=mesh_name, strategy="search")
         if stop_at != "search":
@@ -273,7 +282,10 @@ def reproduce(prog, outcome: Outcome, *, num_simulations: int = 24) -> Outcome |
     meshes = [mesh_name] if mesh_name else []
     stop = {"trace": "trace", "analyze": "analyze", "search": "search"}.get(stage)
     st = None
-    for item in front(prog, meshes, num_simulations=num_simulations, stop_at=stop):
+    with_search = stage == "search" or outcome.strategy == "search"
+    for item in front(
+        prog, meshes, num_simulations=num_simulations, stop_at=stop, with_search=with_search
+    ):
         if isinstance(item, Front):
             st = item
         elif item.kind != "ok" and (item.stage, item.strategy) == (stage, outcome.strategy):

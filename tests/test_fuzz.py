@@ -61,7 +61,17 @@ def test_generation_is_reproducible_and_renders_a_script():
 
 def test_generator_covers_the_families():
     ops = {op for i in range(60) for op in generate(5, i).ops()}
-    for prefix in ("conv", "scan", "dropout", "custom", "top", "take", "cum", "scatter", "batchnorm"):
+    for prefix in (
+        "conv",
+        "scan",
+        "dropout",
+        "custom",
+        "top",
+        "take",
+        "cum",
+        "scatter",
+        "batchnorm",
+    ):
         assert any(op.startswith(prefix) for op in ops), (prefix, sorted(ops))
     modes = {generate(5, i).mode for i in range(60)}
     assert {"forward", "sgd", "adam"} <= modes
