@@ -204,7 +204,9 @@ def main() -> None:
                 print(
                     f"[{len(records):4d}] #{index} {rec.get('mode', '?'):11s} "
                     f"{len(rec.get('ops', [])):2d} ops {rec['wall_s']:5.1f}s "
-                    + (", ".join(f"{o['kind']}@{o['stage']}" for o in bad) or "ok"),
+                    + (", ".join(f"{o['kind']}@{o['stage']}" for o in bad) or "ok")
+                    + "".join(f" FUZZER ERROR {e}" for e in rec["fuzzer_errors"])
+                    + (f" GENERATION FAILED {rec['error']}" if "error" in rec else ""),
                     flush=True,
                 )
 

@@ -553,7 +553,7 @@ _LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 def _dense(g: _Gen):
-    a = g.value(min_rank=1, max_rank=3)
+    a = g.value(min_rank=1, max_rank=4)
     if a is None:
         return None
     shp = g.shapes[a]
@@ -807,9 +807,8 @@ def _scatter(g: _Gen):
     idx = g.new_input("batch", (k,), "int32", prefix="i")
     at = _ix(r, d, "{1}").replace("[...]", "[{1}]")
     kind = g.pick(["scatter_add", "scatter_add", "scatter_mul", "scatter_set", "segment_sum"])
-    if kind == "segment_sum" and d == 0:
-        n = g.size()
-        line = f"{{out}} = jax.ops.segment_sum({{0}}[:{k}] if {{0}}.shape[0] >= {k} else jnp.resize({{0}}, ({k},) + {{0}}.shape[1:]), {{1}}, num_segments={n})"
+    if kind == "segment_sum" and d == 0 and shp[0] >= k:
+        line = f"{{out}} = jax.ops.segment_sum({{0}}[:{k}], {{1}}, num_segments={g.size()})"
         return kind, (a, idx), (line,), (), ()
     method = {"scatter_mul": "multiply", "scatter_set": "set"}.get(kind, "add")
     kind = "scatter_add" if kind == "segment_sum" else kind
@@ -1079,8 +1078,8 @@ def generate(
     last = None
     for attempt in range(20):
         prog = _draw(seed, index, attempt, max_ops, families)
-        if not prog.stmts:
-            continue
+        if not prog.stmts or (prog.mode != "forward" and not prog.group("params")):
+            continue  # nothing to compute, or a train step with nothing to train
         try:
             prog.check(run=check == "run")
         except Exception as exc:  # noqa: BLE001 - an invalid draw: draw again
