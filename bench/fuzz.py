@@ -44,7 +44,7 @@ def _run_program(worker: Worker, args, index: int) -> dict:
         "seed": args.seed,
         "index": index,
         "meshes": mesh_names,
-        "validate_meshes": [mesh_names[index % len(mesh_names)]],
+        "validate_meshes": [] if args.no_validate else [mesh_names[index % len(mesh_names)]],
         "num_simulations": args.sims,
         "max_ops": args.max_ops,
     }
@@ -174,6 +174,9 @@ def main() -> None:
     p.add_argument("--minimize-each-s", type=float, default=90.0)
     p.add_argument("--max-per-group", type=int, default=3, help="reproductions per signature")
     p.add_argument("--out", default="fuzz")
+    p.add_argument(
+        "--no-validate", action="store_true", help="trace/analyze/search/baselines only (no XLA)"
+    )
     args = p.parse_args()
     if args.minutes <= 0:
         raise SystemExit(f"fuzz: expected a positive duration, got `--minutes={args.minutes}`")
@@ -238,6 +241,8 @@ def main() -> None:
         "jobs": args.jobs,
         "num_simulations": args.sims,
     }
+    notes = Counter(n for _, o in outcomes for n in o.get("notes", []))
+    summary["notes"] = dict(notes.most_common())
     fid = _fidelity(records)
     print(
         "\nfuzz: {programs} programs, {validations} validations, {crashes} crashes, "
@@ -262,6 +267,8 @@ def main() -> None:
     print(
         f"validations with compiled collectives where none predicted: {fid['unpredicted_collectives']}"
     )
+    for note, n in notes.most_common():
+        print(f"{note}: {n} programs")
     by_op = _by_op(records)
     print("\nShare of validations within tolerance, by op kind in the program (worst flops first)")
     print(table(by_op[:25], ["op", "validations", *TARGETS]))

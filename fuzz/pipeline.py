@@ -46,6 +46,7 @@ class Outcome:
     error: str = ""  # "ExcType: first line of the message"
     where: str = ""  # innermost toast_core frame: "toast_core/x.py:123 in fn"
     fidelity: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)  # e.g. the analysis's unknown primitives
 
     @property
     def signature(self) -> tuple[str, str, str, str]:
@@ -145,7 +146,10 @@ def front(
     except Exception as exc:  # noqa: BLE001
         yield _classify(exc, "analyze")
         return
-    yield Outcome("ok", "analyze")
+    unknown = sorted(
+        {d.split("`")[1] for d in st.ana.diagnostics if d.startswith("unknown primitive `")}
+    )
+    yield Outcome("ok", "analyze", notes=[f"unknown primitive {p}" for p in unknown])
     if stop_at == "analyze":
         yield st
         return
