@@ -1,0 +1,121 @@
+"""The fuzzer (issue 14): random programs through trace, analyze, search, baselines; validation.
+
+The property test draws tiny programs (no XLA compile: generation only traces) and checks that the
+front of the pipeline never crashes or raises and that every strategy the search or a baseline
+returns passes `Strategy.validate` and round-trips through JSON. The slow test validates a few
+fixed programs with XLA. Programs that fail today (issue 14 items 1-7) are not used here; the
+bench (`bench/fuzz.py`) finds and minimizes them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fuzz.minimize import minimize, write_repro
+from fuzz.pipeline import MESHES, Front, Outcome, front, run_program
+from fuzz.programs import Program, generate
+from fuzz.worker import Worker
+
+# Families whose statements trace, analyze and search cleanly today (issue 14 lists the others:
+# a vector reduced to a scalar and broadcast back (jnp.var, log_softmax, scalar * vector) or a
+# scatter-add crash the analysis in `_ops_by_dim`; `prod` over an expanded dim crashes the
+# search's rollout). Widen this tuple as those are fixed.
+SAFE_FAMILIES = (
+    "unary",
+    "binary",
+    "dense",
+    "einsum",
+    "reshape",
+    "transpose",
+    "concat",
+    "slice",
+    "cumulative",
+    "loop",
+    "custom",
+)
+
+
+def _failures(prog: Program, meshes: list[str]) -> list[Outcome]:
+    items = list(front(prog, meshes, num_simulations=8))
+    assert isinstance(items[-1], Front), items[-1]
+    return [o for o in items[:-1] if o.kind != "ok"]
+
+
+@settings(max_examples=6, deadline=None)
+@given(index=st.integers(0, 10_000))
+def test_front_never_crashes_and_plans_are_legal(index):
+    prog = generate(7, index, max_ops=4, families=SAFE_FAMILIES)
+    failures = _failures(prog, ["2x4", "2x2x2"])
+    assert not failures, (prog.source(), failures)
+
+
+def test_generation_is_reproducible_and_renders_a_script():
+    a, b = generate(3, 11), generate(3, 11)
+    assert a.source() == b.source() and a.ops() == b.ops()
+    assert generate(3, 12).source() != a.source()
+    compile(a.source(), "program.py", "exec")
+    again = Program.from_dict(a.to_dict())
+    assert again.source() == a.source()
+    assert set(again.value_shapes()) == {s.out for s in a.stmts}
+
+
+def test_generator_covers_the_families():
+    ops = {op for i in range(60) for op in generate(5, i).ops()}
+    for prefix in (
+        "conv",
+        "scan",
+        "dropout",
+        "custom",
+        "top",
+        "take",
+        "cum",
+        "scatter",
+        "batchnorm",
+    ):
+        assert any(op.startswith(prefix) for op in ops), (prefix, sorted(ops))
+    modes = {generate(5, i).mode for i in range(60)}
+    assert {"forward", "sgd", "adam"} <= modes
+
+
+def test_minimizer_keeps_the_failing_statement_and_drops_the_rest(tmp_path):
+    prog = next(
+        p
+        for p in (generate(2, i, max_ops=8) for i in range(200))
+        if len(p.stmts) >= 5 and p.stmts[2].op not in ("dense", "matmul")
+    )
+    target = prog.stmts[2].op
+    planted = Outcome("crash", "analyze", error="PlantedError: x", where="planted")
+
+    def check(cand: Program, want: Outcome) -> Outcome:
+        return planted if target in cand.ops() else Outcome("ok", "analyze")
+
+    small, out, tried = minimize(prog, planted, check, budget_s=60)
+    assert out == planted and tried > 0
+    assert target in small.ops() and len(small.stmts) < len(prog.stmts)
+    path = write_repro(small, out, tmp_path / "repro.py")
+    text = path.read_text()
+    compile(text, str(path), "exec")
+    assert "PlantedError" in text and "tc.analyze(program)" in text
+
+
+def test_worker_death_is_reported_not_fatal():
+    w = Worker()
+    try:
+        events, died = w.run({"task": "abort"}, timeout_s=60)
+        assert died == "SIGABRT"
+        assert events[-1] == {"event": "stage", "stage": "validate test abort"}
+    finally:
+        w.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", [0, 2, 5])
+def test_pipeline_validates_fixed_programs(index):
+    prog = generate(0, index)
+    mesh = list(MESHES)[index % len(MESHES)]
+    outcomes = list(run_program(prog, [mesh], [mesh], num_simulations=16))
+    assert all(o.kind == "ok" for o in outcomes), [o for o in outcomes if o.kind != "ok"]
+    checks = [o for o in outcomes if o.stage == "validate"]
+    assert checks and all(o.fidelity["flops"] is not None for o in checks)
