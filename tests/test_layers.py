@@ -10,7 +10,7 @@ import pytest
 
 import toast_core as tc
 from toast_core.analysis.layers import balanced_refinement, fine_signatures
-from toast_core.search.space import DecisionSpace
+from toast_core.strategy import space_of
 
 MESH = tc.MeshSpec({"data": 2, "model": 4})
 
@@ -21,10 +21,10 @@ def _decisions(style: str, n_layers: int) -> tuple[int, int, int, int]:
     groups, named dim groups) of one style's train step."""
     fn, args = layer_models.STYLES[style](n_layers)
     ana = tc.analyze(tc.trace(fn, *args, param_argnums=(0, 1)))
-    space = DecisionSpace(ana, MESH, None)
+    space = space_of(ana, MESH)
     resolved = tuple(sorted((c.id, 0) for c in ana.conflicts if c.options))
     return (
-        len(space.units(space.root.options)),
+        len(space.units(())),
         len(space.units(resolved)),
         len(space.conflict_groups),
         len(ana.dim_groups),
