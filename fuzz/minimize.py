@@ -157,15 +157,13 @@ def repro_main(outcome: Outcome, num_simulations: int = 24) -> list[str]:
         )
     elif outcome.strategy:
         lines += [
-            "    from toast_core.search.baselines import all_baselines",
             "",
-            f'    plan = all_baselines(ana, mesh)["{outcome.strategy}"][0]',
+            f'    plan = tc.baselines.all(ana, mesh)["{outcome.strategy}"][0]',
         ]
     else:
         lines += [
-            "    from toast_core.search.baselines import all_baselines",
             "",
-            "    plans = all_baselines(ana, mesh)",
+            "    plans = tc.baselines.all(ana, mesh)",
         ]
         return lines
     if outcome.stage in ("strategy", "roundtrip", "search"):

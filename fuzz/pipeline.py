@@ -128,7 +128,6 @@ def front(
     name) ends after that stage and `with_search=False` skips the search, for the minimizer.
     """
     import toast_core as tc
-    from toast_core.search.baselines import all_baselines
 
     fn, args = prog.step_and_args()
     st = Front(fn, args)
@@ -167,7 +166,7 @@ def front(
             yield _classify(exc, "search", mesh=mesh_name, strategy="search")
         if stop_at != "search":
             try:
-                for name, (strategy, _why) in all_baselines(st.ana, mesh).items():
+                for name, (strategy, _why) in tc.baselines.all(st.ana, mesh).items():
                     if strategy is not None:
                         plans[name] = strategy
                 yield Outcome("ok", "baseline", mesh_name)

@@ -607,8 +607,6 @@ def test_plans_over_pooling_and_dropout_match_the_unsharded_numerics():
     import numpy as np
     from jax.sharding import Mesh
 
-    from toast_core.search.baselines import all_baselines
-
     rng = np.random.default_rng(0)
 
     def normal(*shape, scale=1.0):
@@ -620,7 +618,7 @@ def test_plans_over_pooling_and_dropout_match_the_unsharded_numerics():
     ana = tc.analyze(tc.trace(_conv_pool_dropout_step, *args))
     assert not ana.diagnostics
     spec, hw = tc.MeshSpec({"data": 2, "model": 4}), tc.hardware("tpu-v5e")
-    baselines = all_baselines(ana, spec)
+    baselines = tc.baselines.all(ana, spec)
     plans = {n: baselines[n][0] for n in ("data_parallel", "dp_megatron")}
     plans["search"] = tc.search(ana, spec, hw, budget_s=None, num_simulations=40).best
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
