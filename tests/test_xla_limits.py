@@ -47,6 +47,36 @@ _REPRODUCTIONS = {
         print("maxerr", float(jnp.abs(y - f(x)).max()))
         """,
     ],
+    "conv-spatial-multi-axis-mesh": [
+        # Spatial dim W on `data`, output features on `model`, on a 2 x 4 mesh.
+        """
+        from jax import lax
+        mesh2 = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+        rng = np.random.default_rng(0)
+        x = jnp.asarray(rng.standard_normal((4, 16, 6)), jnp.float32)
+        k = jnp.asarray(rng.standard_normal((3, 6, 8)), jnp.float32)
+        f = lambda x, k: lax.conv_general_dilated(x, k, (1,), "SAME",
+                                                  dimension_numbers=("NWC", "WIO", "NWC"))
+        s = lambda *spec: NamedSharding(mesh2, P(*spec))
+        g = jax.jit(f, in_shardings=(s(None, "data", None), s(None, None, "model")),
+                    out_shardings=s(None, "data", "model"))
+        print("maxerr", float(jnp.abs(g(x, k) - f(x, k)).max()))
+        """,
+        # The kernel gradient with the input's spatial dim on `data` alone.
+        """
+        from jax import lax
+        mesh2 = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+        rng = np.random.default_rng(0)
+        x = jnp.asarray(rng.standard_normal((4, 16, 6)), jnp.float32)
+        k = jnp.asarray(rng.standard_normal((3, 6, 8)), jnp.float32)
+        f = lambda x, k: lax.conv_general_dilated(x, k, (1,), "SAME",
+                                                  dimension_numbers=("NWC", "WIO", "NWC"))
+        grad = jax.grad(lambda k, x: jnp.sum(jnp.tanh(f(x, k))))
+        s = lambda *spec: NamedSharding(mesh2, P(*spec))
+        g = jax.jit(grad, in_shardings=(s(), s(None, "data", None)), out_shardings=s())
+        print("maxerr", float(jnp.abs(g(k, x) - grad(k, x)).max()))
+        """,
+    ],
 }
 
 
@@ -156,3 +186,59 @@ def test_baselines_and_search_never_shard_an_interior_padded_dim_and_validate():
         specs = tc.partition_specs(ana, plan, spec)
         report = tc.validate(strided_train_step, STRIDED_ARGS, ana, plan, mesh, hw)
         assert report.numerics_ok, (name, report.max_abs_error, specs)
+
+
+def conv_train_step(params, x):
+    """A 1-D conv layer and a dense head: the conv's spatial dim W is a named dim of its own."""
+
+    def loss(p):
+        h = jax.lax.conv_general_dilated(
+            x, p["k"], (1,), "SAME", dimension_numbers=("NWC", "WIO", "NWC")
+        )
+        return jnp.sum(jnp.tanh(h) @ p["w"])
+
+    grads = jax.grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+
+
+CONV_ARGS = (
+    {
+        "k": jnp.linspace(-1.0, 1.0, 3 * 6 * 8, dtype=jnp.float32).reshape(3, 6, 8),
+        "w": jnp.linspace(-1.0, 1.0, 8 * 4, dtype=jnp.float32).reshape(8, 4),
+    },
+    jnp.linspace(-2.0, 2.0, 4 * 16 * 6, dtype=jnp.float32).reshape(4, 16, 6),
+)
+
+
+def _spatial_dim(ana) -> str:
+    x = next(v for v in ana.program.values if v.name.endswith("x") and v.rank == 3)
+    (d,) = ana.value_named_dims(x.id)[1]
+    return f"N{d}"
+
+
+def test_conv_spatial_dims_stay_replicated_on_multi_axis_meshes():
+    ana = tc.analyze(tc.trace(conv_train_step, *CONV_ARGS))
+    spatial = _spatial_dim(ana)
+    two_axes = tc.MeshSpec({"data": 2, "model": 4})
+    with pytest.raises(tc.PinError, match="known XLA limitation"):
+        tc.check_pins(ana, two_axes, [f"{spatial}@data"])
+    with pytest.raises(tc.StrategyError, match="must stay replicated"):
+        tc.Strategy.make(ana, {spatial: "model"}).validate(ana, two_axes)
+    # On a one-axis mesh the same sharding is legal (XLA gets it right there).
+    tc.Strategy.make(ana, {spatial: "data"}).validate(ana, tc.MeshSpec({"data": 8}))
+    plans = [s for s, _ in tc.baselines.all(ana, two_axes).values() if s is not None]
+    plans.append(
+        tc.search(ana, two_axes, tc.hardware("tpu-v5e"), budget_s=None, num_simulations=80).best
+    )
+    for plan in plans:
+        assert not [n for n, _ in plan.shardings if tc.parent_name(n) == spatial], plan
+
+
+@pytest.mark.slow
+def test_searched_conv_plans_validate_on_a_multi_axis_mesh():
+    ana = tc.analyze(tc.trace(conv_train_step, *CONV_ARGS))
+    spec = tc.MeshSpec({"data": 2, "model": 4})
+    hw = tc.hardware("tpu-v5e")
+    plan = tc.search(ana, spec, hw, budget_s=None, num_simulations=80).best
+    report = tc.validate(conv_train_step, CONV_ARGS, ana, plan, tc.jax_mesh(spec), hw)
+    assert report.numerics_ok, (plan, report.max_abs_error)

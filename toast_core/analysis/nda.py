@@ -649,6 +649,7 @@ def _medge_table(
         keep = np.array([k not in failed for k in keys], dtype=bool)
     v_lo, v_n = value_dim_atoms[link_vd], np.diff(value_dim_atoms)[link_vd]
     u_lo, u_n = use_dim_atoms[link_ud], np.diff(use_dim_atoms)[link_ud]
+    keep &= (v_n > 0) & (u_n > 0)  # a dim a rule left unshardable (no factors): nothing to link
     assert (v_n[keep] == u_n[keep]).all(), "a link's refined dims differ in length"
     count = np.where(keep, v_n, 0)
     owner, v_rows = _ranges(v_lo, count)

@@ -8,7 +8,9 @@ A strategy is legal on a mesh when
    axis clash: `scores[S_model, T_model]` cannot be laid out);
 3. no dim split into sub-factors (`[D]` read as `[H, Dh]`) shards a minor sub-factor while a
    more major one is not completely split: that would be a strided layout, which no
-   `PartitionSpec` expresses.
+   `PartitionSpec` expresses;
+4. no named dim that a known XLA limitation forbids on this mesh is sharded
+   (`StrategySpace.blocked`: a convolution's spatial dims on a mesh with several mesh axes).
 
 `strategy_problems` checks a whole strategy and returns every problem (the error lists them
 together). `why_illegal_shard` checks one search step, "add mesh axis a to unit u", against the
@@ -99,8 +101,21 @@ def strategy_problems(space: StrategySpace, shardings, options, name: str = "") 
     # Clashes between entries are checked on the well-formed ones, so that one error lists
     # every problem rather than only the first kind found.
     masks = space.masks_of(well_formed, options)
+    problems += _blocked_problems(space, masks, res)
     problems += _layout_problems(space, masks, res)
     return problems
+
+
+def _blocked_problems(space: StrategySpace, masks: np.ndarray, res) -> list[str]:
+    """Rule 4: named dims sharded although a known XLA limitation forbids it on this mesh."""
+    out = []
+    for d in res.dims:
+        hit = next((f for f in d.fine if f in space.blocked and masks[f]), None)
+        if hit is not None:
+            out.append(
+                f"named dim {d.name} must stay replicated on this mesh: {space.blocked[hit]}"
+            )
+    return out[:SHOWN_PER_KIND]
 
 
 def _layout_problems(space: StrategySpace, masks: np.ndarray, res) -> list[str]:
@@ -152,6 +167,8 @@ def why_illegal_shard(
         return "already on that mesh axis"
     if forbidden & bit:
         return "forbidden by the user"
+    if space.blocked and any(f in space.blocked for f in unit.fines):
+        return "a known XLA limitation keeps it replicated on this mesh"
     # Rule 1 for every distinct mask among the unit's parts (after a resolution, parts of
     # different named dims with one signature may already hold different mesh axes).
     for m in np.unique(masks[list(unit.fines)]).tolist():

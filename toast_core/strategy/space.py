@@ -26,6 +26,7 @@ import numpy as np
 
 from toast_core.analysis import Analysis
 from toast_core.analysis.layers import fine_signatures
+from toast_core.analysis.xla_limits import CONV_SPATIAL_MULTI_AXIS
 from toast_core.errors import StrategyError
 from toast_core.mesh import MeshSpec
 from toast_core.strategy import legality
@@ -101,6 +102,7 @@ class StrategySpace:
         self.conflict_groups = tuple(
             sorted(g for g in groups if min(len(ana.conflicts[k].options) for k in g) > 0)
         )
+        self.blocked = _blocked_fines(ana, self.axes)
         self._units, self._touch, self._splits = _Lru(), _Lru(), _Lru()
         self._valid = _Lru()
 
@@ -232,6 +234,27 @@ class StrategySpace:
                 sub.append(nm + ("_" + "_".join(axes) if axes else ""))
             parts.append("*".join(sub))
         return f"{v.name}[{', '.join(parts)}]"
+
+
+def _blocked_fines(ana: Analysis, axes) -> dict[int, str]:
+    """Fine class -> why it must stay replicated on this mesh (known XLA limitations that depend
+    on the mesh; see `toast_core/analysis/xla_limits.py`)."""
+    if bin(axes.real).count("1") < 2:
+        return {}
+    out: dict[int, str] = {}
+    nda, prog = ana.nda, ana.program
+    for op in prog.ops:
+        if op.primitive != "conv_general_dilated":
+            continue
+        for a in nda.op_atoms[op.index]:
+            f = int(ana.fine_of_atom[a])
+            if nda.atom_kind[a] == "permute" and f >= 0 and f not in out:
+                out[f] = (
+                    f"it is a spatial dim of the convolution at {op.where()}, which XLA's "
+                    "partitioner miscomputes on a mesh with several mesh axes (known XLA "
+                    f"limitation `{CONV_SPATIAL_MULTI_AXIS}`)"
+                )
+    return out
 
 
 @per_analysis(max_keys=8)
