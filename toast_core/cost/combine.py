@@ -185,45 +185,52 @@ def site_inputs(
 
 
 def combine(
-    kinds: Sequence[str],
+    kinds: Sequence[Hashable],
     keys: Sequence[Hashable],
     result_bytes: Sequence[float],
-    order: Sequence[int],
+    order: Sequence[int] | None,
     sites: Sequence[int],
     inputs: Sequence[int],
-    thresholds: Mapping[str, float],
+    thresholds: Mapping[Hashable, float],
     max_count: int = COMBINE_COUNT,
 ) -> list[int]:
     """Combined-op id of every collective: the index of the first member of its group.
 
-    Collective i has kind `kinds[i]`, combiner key `keys[i]` (equal keys may merge; the caller
-    puts kind, mesh axes, element type, reduction and computation in it), per-device result size
-    `result_bytes[i]`, position `order[i]` in program order (ties keep list order), and site
-    `sites[i]`; `inputs[s]` is the bitset of sites site s depends on (`site_inputs`). A kind
-    missing from `thresholds` (or at 0) never combines. Implements the module essay's rule.
+    Collective i has kind `kinds[i]` (a name or code), combiner key `keys[i]` (equal keys may
+    merge; the caller puts kind, mesh axes, element type, reduction and computation in it),
+    per-device result size `result_bytes[i]`, position `order[i]` in XLA's post order (ties keep
+    list order; None: the list is in that order already), and site `sites[i]`; `inputs[s]` is
+    the bitset of sites site s depends on (`site_inputs`). A kind missing from `thresholds` (or
+    at 0) never combines. Implements the module essay's rule; it is on the search's hot path.
     """
     n = len(kinds)
-    if not all(len(x) == n for x in (keys, result_bytes, order, sites)):
+    if not all(len(x) == n for x in (keys, result_bytes, sites)) or (
+        order is not None and len(order) != n
+    ):
         raise ToastError(bad_value("kinds", n, "as many entries as keys, bytes, order and sites"))
     group = list(range(n))
-    open_groups: dict[Hashable, list] = {}  # key -> [id, bytes, count, site bits]
-    for i in sorted(range(n), key=lambda j: (order[j], j)):
-        threshold = thresholds.get(kinds[i], 0.0)
+    walk = range(n) if order is None else sorted(range(n), key=lambda j: (order[j], j))
+    open_groups: dict[Hashable, list] = {}  # key -> [id, bytes, count, site bits, threshold]
+    get = open_groups.get
+    for i in walk:
         size = result_bytes[i]
-        if threshold <= 0 or size > threshold:
+        site = sites[i]
+        current = get(keys[i])
+        if current is not None:
+            if (
+                current[1] + size <= current[4]
+                and current[2] < max_count
+                and not (inputs[site] | 1 << site) & current[3]
+            ):
+                group[i] = current[0]
+                current[1] += size
+                current[2] += 1
+                current[3] |= 1 << site
+                continue
+            if size <= current[4]:
+                open_groups[keys[i]] = [i, size, 1, 1 << site, current[4]]
             continue
-        bit = 1 << sites[i]
-        current = open_groups.get(keys[i])
-        if (
-            current is not None
-            and current[1] + size <= threshold
-            and current[2] < max_count
-            and not (inputs[sites[i]] | bit) & current[3]
-        ):
-            group[i] = current[0]
-            current[1] += size
-            current[2] += 1
-            current[3] |= bit
-            continue
-        open_groups[keys[i]] = [i, size, 1, bit]
+        threshold = thresholds.get(kinds[i], 0.0)
+        if 0 < threshold and size <= threshold:
+            open_groups[keys[i]] = [i, size, 1, 1 << site, threshold]
     return group
