@@ -54,14 +54,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from toast_core.cost.collectives import COLLECTIVE_KINDS
+from toast_core.cost.collectives import (
+    COLLECTIVE_KINDS,
+    all_gather_s,
+    all_reduce_s,
+    all_to_all_s,
+    collective_permute_s,
+    collective_time_s,
+)
 from toast_core.errors import ToastError, bad_value
+from toast_core.mesh import HardwareSpec, MeshSpec
 
 __all__ = [
     "COLLECTIVE_KINDS",
     "DTYPE_BYTES",
     "HloCollective",
+    "PricedCollective",
     "collective_bytes_by_kind",
+    "collective_ops_by_kind",
+    "price_collectives",
     "expand_replica_groups",
     "mesh_axes_of_group",
     "parse_collectives",
@@ -547,3 +558,89 @@ def mesh_axes_of_group(
                     return tuple(axis_names[index] for index in ordered)
             return tuple(axis_names[index] for index in subset)
     return None
+
+
+def collective_ops_by_kind(hlo_text: str) -> dict[str, int]:
+    """Collective instructions per kind (every kind a key): a combined collective with a tuple
+    operand counts once, as does an async pair; a loop body's collectives once."""
+    counts = dict.fromkeys(COLLECTIVE_KINDS, 0)
+    for collective in parse_collectives(hlo_text):
+        counts[collective.kind] += 1
+    return counts
+
+
+@dataclass(frozen=True, slots=True)
+class PricedCollective:
+    """A compiled collective priced with the cost model's alpha-beta formulas: the mesh axes its
+    replica groups span (None if they match no set of mesh axes), V (the full buffer on those
+    axes, from its result bytes) and its time."""
+
+    collective: HloCollective
+    mesh_axes: tuple[str, ...] | None
+    full_bytes: float
+    time_s: float
+
+
+def _full_bytes(kind: str, result_bytes: float, n: int) -> float:
+    """V of a compiled collective from its per-device result: a reduce-scatter's or all-to-all's
+    result is V / n (toast_core.cost.collectives.hlo_result_bytes, inverted)."""
+    return result_bytes * n if kind in ("reduce-scatter", "all-to-all") else result_bytes
+
+
+def _time_over_devices(kind: str, full_bytes: float, n: int, hw: HardwareSpec) -> float:
+    """Alpha-beta time over a group of n devices that spans no set of mesh axes: one ring on
+    fast links (the groups of a collective-permute between arbitrary devices, for instance)."""
+    w, alpha = hw.link_bytes_per_s(False), hw.alpha_s(False)
+    if kind == "collective-permute":
+        return collective_permute_s(full_bytes, w, alpha)
+    if n <= 1:
+        return 0.0
+    if kind == "all-reduce":
+        return all_reduce_s(full_bytes, n, w, alpha)
+    if kind == "all-to-all":
+        return all_to_all_s(full_bytes, n, w, alpha)
+    return all_gather_s(full_bytes, n, w, alpha)
+
+
+def price_collectives(
+    collectives: tuple[HloCollective, ...], mesh: MeshSpec, hw: HardwareSpec
+) -> tuple[PricedCollective, ...]:
+    """Prices every compiled collective op as the cost model prices one collective: its
+    replica groups are mapped to the mesh axes they span (devices laid out as
+    `arange(n).reshape(mesh.axis_sizes)`, as `tc.shard` builds its `jax.sharding.Mesh`), V
+    follows from its result bytes (the sum over a combined op's tuple), and
+    `collective_time_s(kind, V, axes, mesh, hw)` gives the time: a combined op pays alpha once.
+
+    A collective-permute is priced on the mesh axes its pairs run along, else as one hop on fast
+    links; groups matching no set of mesh axes are priced as one ring over the group's devices.
+    """
+    if not isinstance(mesh, MeshSpec):
+        raise ToastError(bad_value("mesh", mesh, "a tc.MeshSpec"))
+    out = []
+    for c in collectives:
+        n = c.group_size if c.kind != "collective-permute" else 1
+        full = float(_full_bytes(c.kind, c.result_bytes, max(c.group_size, 1)))
+        axes = (
+            mesh_axes_of_group(c.groups, mesh.axis_sizes, mesh.axis_names)
+            if c.groups and c.kind != "collective-permute"
+            else None
+        )
+        if c.kind == "collective-permute" and c.groups:
+            axes = _permute_axes(c, mesh)
+        if axes is not None:
+            time_s = collective_time_s(c.kind, full, axes, mesh, hw) if axes else 0.0
+        else:
+            time_s = _time_over_devices(c.kind, full, max(n, c.group_size), hw)
+        out.append(PricedCollective(c, axes, full, time_s))
+    return tuple(out)
+
+
+def _permute_axes(c: HloCollective, mesh: MeshSpec) -> tuple[str, ...] | None:
+    """Mesh axes along which every (source, target) pair of a collective-permute differs."""
+    coords = np.array(np.unravel_index(np.arange(mesh.n_devices), mesh.axis_sizes)).T
+    moved: set[int] = set()
+    for source, target in c.source_target_pairs:
+        if max(source, target) >= mesh.n_devices:
+            return None
+        moved |= {int(a) for a in np.flatnonzero(coords[source] != coords[target])}
+    return tuple(mesh.axis_names[a] for a in sorted(moved))
