@@ -12,16 +12,19 @@ from hypothesis import strategies as st
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import toast_core as tc
 from toast_core.apply.hlo import (
     COLLECTIVE_KINDS,
     DTYPE_BYTES,
     collective_bytes_by_kind,
+    collective_ops_by_kind,
     expand_replica_groups,
     mesh_axes_of_group,
     parse_collectives,
+    price_collectives,
     shape_bytes,
 )
-from toast_core.cost.collectives import hlo_result_bytes
+from toast_core.cost.collectives import collective_time_s, hlo_result_bytes
 from toast_core.errors import ToastError
 
 DATA_GROUPS = ((0, 4), (1, 5), (2, 6), (3, 7))  # devices differing along `data` of a 2x4 mesh
@@ -157,6 +160,36 @@ def test_collective_permute_line():
     assert len(collective.source_target_pairs) == 8
     assert collective.groups == MODEL_GROUPS  # connected components of the pairs
     assert collective.raw_groups is None
+
+
+def test_a_combined_all_reduce_is_one_op_priced_on_its_mesh_axes_with_latency_once():
+    mesh, hw = tc.MeshSpec({"data": 2, "model": 4}), tc.hardware("tpu-v5e")
+    (priced,) = price_collectives(parse_collectives(AR_LINE), mesh, hw)
+    full = 24 * 32 * 4 + 32 * 16 * 2  # the tuple's elements summed
+    assert priced.mesh_axes == ("data",) and priced.full_bytes == full
+    assert priced.time_s == pytest.approx(collective_time_s("all-reduce", full, "data", mesh, hw))
+    assert collective_ops_by_kind(AR_LINE)["all-reduce"] == 1
+
+
+def test_pricing_recovers_v_of_scatters_and_the_axes_of_permutes():
+    mesh, hw = tc.MeshSpec({"data": 2, "model": 4}), tc.hardware("tpu-v5e")
+    text = "\n".join(
+        [
+            "%rs = bf16[8,128]{1,0} reduce-scatter(%x), replica_groups=[2,4]<=[8], "
+            "dimensions={0}, to_apply=%add",
+            "%cp = f32[1,64]{1,0} collective-permute(%s), "
+            "source_target_pairs={{0,1},{4,5},{1,2},{5,6},{2,3},{6,7},{3,0},{7,4}}",
+        ]
+    )
+    rs, cp = price_collectives(parse_collectives(text), mesh, hw)
+    assert rs.mesh_axes == ("model",) and rs.full_bytes == 4 * 8 * 128 * 2
+    assert rs.time_s == pytest.approx(
+        collective_time_s("reduce-scatter", rs.full_bytes, "model", mesh, hw)
+    )
+    assert cp.mesh_axes == ("model",) and cp.full_bytes == 256
+    assert cp.time_s == pytest.approx(
+        collective_time_s("collective-permute", 256, "model", mesh, hw)
+    )
 
 
 ASYNC_TEXT = """HloModule m, num_partitions=4

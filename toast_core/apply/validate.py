@@ -283,6 +283,7 @@ def _small_size_run(fn, numerics_args, ana: Analysis, strategy: Strategy, mesh: 
     small = analyze(trace(fn, *numerics_args))
     try:
         small_strategy = Strategy.from_json(strategy.to_json(), small)
+        small_strategy.validate(small, mesh_spec_of(mesh))
     except ToastError as error:
         raise ToastError(
             f"validate: the strategy does not carry over to `numerics_args` ({error}); give "
