@@ -73,6 +73,7 @@ __all__ = [
     "collective_bytes_by_kind",
     "collective_ops_by_kind",
     "price_collectives",
+    "scattered_elements",
     "expand_replica_groups",
     "mesh_axes_of_group",
     "parse_collectives",
@@ -602,8 +603,77 @@ def _time_over_devices(kind: str, full_bytes: float, n: int, hw: HardwareSpec) -
     return all_gather_s(full_bytes, n, w, alpha)
 
 
+_OPERAND = re.compile(r"%([\w.\-]+)")
+_INDEX = re.compile(r"index=(\d+)")
+
+
+def _instructions(hlo_text: str) -> dict[str, tuple[str, tuple, list[str], str]]:
+    """name -> (opcode, result leaves, operand names, line) of every instruction in the text."""
+    out = {}
+    for line in hlo_text.splitlines():
+        line = _COMMENT.sub("", line)
+        instruction = _INSTRUCTION.match(line)
+        if instruction is None:
+            continue
+        try:
+            shape, pos = _parse_shape(line, instruction.end())
+        except ValueError:
+            continue
+        opcode = _OPCODE.match(line, pos)
+        if opcode is None:
+            continue
+        close = _skip_balanced(line, opcode.end() - 1, "(", ")")
+        operands = _OPERAND.findall(line[opcode.end() : close])
+        out[instruction.group("name")] = (opcode.group("opcode"), _leaves(shape), operands, line)
+    return out
+
+
+def scattered_elements(hlo_text: str) -> dict[str, set[int]]:
+    """Per all-reduce name, the tuple elements that are reduce-scatters in disguise.
+
+    XLA's CPU backend has no reduce-scatter: the partitioner emits an all-reduce of the full
+    buffer and each device then slices its 1/n piece (a dynamic slice at an offset computed from
+    `partition-id`, usually fused). An element every reader of which takes `partition-id` and
+    returns 1/n of it (n the group size) is such a reduce-scatter; on TPU and GPU it runs as one.
+    """
+    instructions = _instructions(hlo_text)
+    readers: dict[str, list[str]] = {}
+    for name, (_, _, operands, _) in instructions.items():
+        for operand in set(operands):
+            readers.setdefault(operand, []).append(name)
+    out: dict[str, set[int]] = {}
+    for c in parse_collectives(hlo_text):
+        if c.kind != "all-reduce" or c.name not in instructions or c.group_size < 2:
+            continue
+        elements: dict[int, str] = {}
+        if len(c.result_shapes) == 1 and not c.line.split("=", 1)[1].lstrip().startswith("("):
+            elements[0] = c.name
+        for reader in readers.get(c.name, []):
+            opcode, _, _, line = instructions[reader]
+            index = _INDEX.search(line)
+            if opcode == "get-tuple-element" and index is not None:
+                elements[int(index.group(1))] = reader
+        for k, element in elements.items():
+            if k >= len(c.result_shapes):
+                continue
+            size = math.prod(c.result_shapes[k][1])
+            users = readers.get(element, [])
+            if users and all(_slices_own_piece(instructions[u], size, c.group_size) for u in users):
+                out.setdefault(c.name, set()).add(k)
+    return out
+
+
+def _slices_own_piece(instruction, size: int, n: int) -> bool:
+    _, leaves, operands, _ = instruction
+    reads_partition = any(op.startswith("partition-id") for op in operands)
+    return reads_partition and len(leaves) == 1 and math.prod(leaves[0].dims) * n == size
+
+
 def price_collectives(
-    collectives: tuple[HloCollective, ...], mesh: MeshSpec, hw: HardwareSpec
+    collectives: tuple[HloCollective, ...],
+    mesh: MeshSpec,
+    hw: HardwareSpec,
+    scattered: dict[str, set[int]] | None = None,
 ) -> tuple[PricedCollective, ...]:
     """Prices every compiled collective op as the cost model prices one collective: its
     replica groups are mapped to the mesh axes they span (devices laid out as
@@ -613,6 +683,9 @@ def price_collectives(
 
     A collective-permute is priced on the mesh axes its pairs run along, else as one hop on fast
     links; groups matching no set of mesh axes are priced as one ring over the group's devices.
+    `scattered` (`scattered_elements`) names all-reduce elements that are reduce-scatters XLA's
+    CPU backend lowered to an all-reduce and a slice: they are priced as the reduce-scatter the
+    target runs (a separate op of that kind, so its own latency).
     """
     if not isinstance(mesh, MeshSpec):
         raise ToastError(bad_value("mesh", mesh, "a tc.MeshSpec"))
@@ -627,10 +700,22 @@ def price_collectives(
         )
         if c.kind == "collective-permute" and c.groups:
             axes = _permute_axes(c, mesh)
-        if axes is not None:
-            time_s = collective_time_s(c.kind, full, axes, mesh, hw) if axes else 0.0
-        else:
-            time_s = _time_over_devices(c.kind, full, max(n, c.group_size), hw)
+        parts = [(c.kind, full)]
+        hidden = (scattered or {}).get(c.name, set())
+        if hidden:
+            sizes = [math.prod(d) * _dtype_bytes(t) for t, d in c.result_shapes]
+            scatter = float(sum(sizes[k] for k in hidden))
+            parts = [
+                (kind, v)
+                for kind, v in (("all-reduce", full - scatter), ("reduce-scatter", scatter))
+                if v
+            ]
+        time_s = 0.0
+        for kind, v in parts:
+            if axes is not None:
+                time_s += collective_time_s(kind, v, axes, mesh, hw) if axes else 0.0
+            else:
+                time_s += _time_over_devices(kind, v, max(n, c.group_size), hw)
         out.append(PricedCollective(c, axes, full, time_s))
     return tuple(out)
 
