@@ -74,6 +74,7 @@ __all__ = [
     "collective_ops_by_kind",
     "price_collectives",
     "scattered_elements",
+    "target_comm_s",
     "expand_replica_groups",
     "mesh_axes_of_group",
     "parse_collectives",
@@ -729,3 +730,100 @@ def _permute_axes(c: HloCollective, mesh: MeshSpec) -> tuple[str, ...] | None:
             return None
         moved |= {int(a) for a in np.flatnonzero(coords[source] != coords[target])}
     return tuple(mesh.axis_names[a] for a in sorted(moved))
+
+
+_COMBINABLE = ("all-gather", "all-reduce", "reduce-scatter")
+
+
+def _collective_dependences(hlo_text: str, collectives: tuple[HloCollective, ...]) -> list[int]:
+    """Per collective, the bitset (over collective indices) of collectives its operands depend
+    on, following operands through the text (instruction names are unique in a module and an
+    instruction's operands are printed before it)."""
+    index = {c.name: i for i, c in enumerate(collectives)}
+    reach: dict[str, int] = {}
+    depends = [0] * len(collectives)
+    for name, (_, _, operands, _) in _instructions(hlo_text).items():
+        bits = 0
+        for operand in operands:
+            bits |= reach.get(operand, 0)
+        if name in index:
+            depends[index[name]] = bits
+            bits |= 1 << index[name]
+        reach[name] = bits
+    return depends
+
+
+def target_comm_s(hlo_text: str, mesh: MeshSpec, hw: HardwareSpec) -> float:
+    """Communication time of a compiled program as the target hardware's XLA would run it.
+
+    The compiled text comes from XLA's CPU backend, whose pipeline differs from TPU's and GPU's in
+    two ways that change the time: it combines every independent all-reduce without a byte limit
+    and never combines all-gathers or reduce-scatters, and it lowers a reduce-scatter to an
+    all-reduce and a slice. So every all-reduce, all-gather and reduce-scatter is taken apart into
+    its tuple elements (an element the CPU only slices afterwards becomes the reduce-scatter it
+    is, `scattered_elements`), the elements are combined again with the target's combiner rule
+    and thresholds (`toast_core.cost.combine.combine`, dependence read from the text's operands,
+    text order as post order, per computation), and each resulting op is priced once
+    (`collective_time_s` on its mesh axes: alpha once per op). All-to-alls and permutes are
+    priced as compiled.
+    """
+    from toast_core.cost.combine import combine  # cost reads no apply module; apply reads cost
+
+    collectives = parse_collectives(hlo_text)
+    priced = price_collectives(collectives, mesh, hw)
+    scattered = scattered_elements(hlo_text)
+    depends = _collective_dependences(hlo_text, collectives)
+    # Parts: (kind, V, result bytes, key, collective index).
+    parts: list[tuple[str, float, float, tuple, int]] = []
+    for i, (c, p) in enumerate(zip(collectives, priced)):
+        n = max(c.group_size, 1)
+        groups = p.mesh_axes if p.mesh_axes is not None else c.raw_groups
+        if c.kind not in _COMBINABLE or not c.result_shapes:
+            parts.append((c.kind, p.full_bytes, float(c.result_bytes), ("alone", i), i))
+            continue
+        hidden = scattered.get(c.name, set())
+        for k, (dtype, dims) in enumerate(c.result_shapes):
+            nbytes = float(math.prod(dims) * _dtype_bytes(dtype))
+            kind = "reduce-scatter" if k in hidden else c.kind
+            if k in hidden:
+                full, result = nbytes, nbytes / n
+            else:
+                full, result = _full_bytes(kind, nbytes, n), nbytes
+            parts.append((kind, full, result, (kind, groups, dtype, c.computation), i))
+    part_bits = [0] * len(collectives)
+    for j, part in enumerate(parts):
+        part_bits[part[4]] |= 1 << j
+    inputs = []
+    for part in parts:
+        bits, dep = 0, depends[part[4]]
+        while dep:
+            low = dep & -dep
+            bits |= part_bits[low.bit_length() - 1]
+            dep ^= low
+        inputs.append(bits)
+    group = combine(
+        [part[0] for part in parts],
+        [part[3] for part in parts],
+        [part[2] for part in parts],
+        None,
+        list(range(len(parts))),
+        inputs,
+        dict(hw.combine_threshold_bytes),
+    )
+    ops: dict[int, list[int]] = {}
+    for j, g in enumerate(group):
+        ops.setdefault(g, []).append(j)
+    total_s = 0.0
+    for members in ops.values():
+        kind, _, _, _, i = parts[members[0]]
+        full = sum(parts[j][1] for j in members)
+        axes = priced[i].mesh_axes
+        if kind == "collective-permute" or axes is None:
+            total_s += (
+                priced[i].time_s
+                if len(members) == 1 and kind == collectives[i].kind
+                else (_time_over_devices(kind, full, max(collectives[i].group_size, 1), hw))
+            )
+        elif axes:
+            total_s += collective_time_s(kind, full, axes, mesh, hw)
+    return total_s

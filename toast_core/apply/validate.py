@@ -49,9 +49,7 @@ from toast_core.analysis import Analysis
 from toast_core.apply.hlo import (
     collective_bytes_by_kind,
     collective_ops_by_kind,
-    parse_collectives,
-    price_collectives,
-    scattered_elements,
+    target_comm_s,
 )
 from toast_core.apply.shard import mesh_spec_of, shard
 from toast_core.cost import estimate
@@ -258,19 +256,18 @@ def compiled_step_time(
     from `cost_analysis()` (per device), the cost model's roofline applied to the program as a
     whole: `cost_analysis()` gives totals, not per-op figures, so this is a lower bound of the
     per-op roofline the model sums, equal to it when every op is bound the same way. Comm: every
-    collective op of the optimized HLO priced on its replica groups' mesh axes with the alpha-beta
-    formulas and constants the model uses (`toast_core.apply.hlo.price_collectives`); a combined
-    op pays its latency once; an all-reduce element the CPU backend only slices afterwards is
-    priced as the reduce-scatter TPU and GPU run (`scattered_elements`). A loop body counts once,
-    as `cost_analysis()` and the text show it.
+    collective of the optimized HLO priced on its replica groups' mesh axes with the alpha-beta
+    formulas and constants the model uses, combined as the target's XLA combines them (the CPU
+    backend combines differently and lowers reduce-scatters to all-reduces:
+    `toast_core.apply.hlo.target_comm_s`); a combined op pays its latency once. A loop body
+    counts once, as `cost_analysis()` and the text show it.
     """
     flops = float(cost.get("flops", 0.0)) + float(cost.get("transcendentals", 0.0))
     compute_s = max(
         flops / hw.effective_flops_per_s,
         float(cost.get("bytes accessed", 0.0)) / hw.hbm_bytes_per_s,
     )
-    priced = price_collectives(parse_collectives(hlo_text), mesh, hw, scattered_elements(hlo_text))
-    comm_s = sum(p.time_s for p in priced)
+    comm_s = target_comm_s(hlo_text, mesh, hw)
     return compute_s, comm_s
 
 
