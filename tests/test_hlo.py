@@ -22,7 +22,9 @@ from toast_core.apply.hlo import (
     mesh_axes_of_group,
     parse_collectives,
     price_collectives,
+    scattered_elements,
     shape_bytes,
+    target_comm_s,
 )
 from toast_core.cost.collectives import collective_time_s, hlo_result_bytes
 from toast_core.errors import ToastError
@@ -190,6 +192,39 @@ def test_pricing_recovers_v_of_scatters_and_the_axes_of_permutes():
     assert cp.time_s == pytest.approx(
         collective_time_s("collective-permute", 256, "model", mesh, hw)
     )
+
+
+CPU_TEXT = """HloModule m, num_partitions=8
+ENTRY %main (p0: f32[4,16], p1: f32[4,16], p2: f32[64,16]) -> (f32[32,16], f32[256,16], f32[8,16]) {
+  %p0 = f32[4,16]{1,0} parameter(0)
+  %p1 = f32[4,16]{1,0} parameter(1)
+  %p2 = f32[64,16]{1,0} parameter(2)
+  %ag0 = f32[32,16]{1,0} all-gather(%p0), replica_groups=[1,8]<=[8], dimensions={0}
+  %ag1 = f32[32,16]{1,0} all-gather(%p1), replica_groups=[1,8]<=[8], dimensions={0}
+  %ag2 = f32[256,16]{1,0} all-gather(%ag0), replica_groups=[1,8]<=[8], dimensions={0}
+  %ar = f32[64,16]{1,0} all-reduce(%p2), replica_groups=[1,8]<=[8], to_apply=%add
+  %partition-id = u32[] partition-id()
+  %slice = f32[8,16]{1,0} fusion(%ar, %partition-id), kind=kLoop, calls=%fused_slice
+  ROOT %t = (f32[32,16]{1,0}, f32[256,16]{1,0}, f32[8,16]{1,0}) tuple(%ag1, %ag2, %slice)
+}
+"""
+
+
+def test_the_xla_judged_comm_combines_as_the_target_and_sees_cpu_reduce_scatters():
+    """XLA CPU keeps all-gathers apart and lowers a reduce-scatter to all-reduce + own slice; on
+    the target the two independent all-gathers merge (the third reads the first: it cannot),
+    and the all-reduce runs as a reduce-scatter."""
+    mesh, hw = tc.MeshSpec({"data": 8}), tc.hardware("tpu-v5e")
+    assert scattered_elements(CPU_TEXT) == {"ar": {0}}
+    expected = (
+        collective_time_s("all-gather", 2 * 32 * 16 * 4, "data", mesh, hw)
+        + collective_time_s("all-gather", 256 * 16 * 4, "data", mesh, hw)
+        + collective_time_s("reduce-scatter", 64 * 16 * 4, "data", mesh, hw)
+    )
+    assert target_comm_s(CPU_TEXT, mesh, hw) == pytest.approx(expected)
+    alone = tc.hardware({**hw.to_dict(), "name": "no-combiner", "combine_threshold_bytes": {}})
+    # Without a combiner on the target, the two all-gathers pay their 7 ring steps' latency twice.
+    assert target_comm_s(CPU_TEXT, mesh, alone) == pytest.approx(expected + 7 * hw.fast_alpha_s)
 
 
 ASYNC_TEXT = """HloModule m, num_partitions=4
