@@ -74,6 +74,7 @@ def main() -> None:
                     "compiled": _counts(rep.compiled_collective_ops),
                     "equal": rep.predicted_collective_ops == rep.compiled_collective_ops,
                     f"target_{hw.name}": _counts(rep.predicted_collective_ops_target),
+                    "xla_target": _counts(rep.compiled_collective_ops_target),
                     "pred_us": round(rep.predicted_step_time_s * 1e6, 1),
                     "xla_us": round(rep.compiled_step_time_s * 1e6, 1),
                     "ratio": round(rep.step_time_ratio, 3),

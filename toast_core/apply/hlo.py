@@ -74,6 +74,8 @@ __all__ = [
     "collective_ops_by_kind",
     "price_collectives",
     "scattered_elements",
+    "TargetOp",
+    "target_collective_ops",
     "target_comm_s",
     "expand_replica_groups",
     "mesh_axes_of_group",
@@ -753,8 +755,22 @@ def _collective_dependences(hlo_text: str, collectives: tuple[HloCollective, ...
     return depends
 
 
-def target_comm_s(hlo_text: str, mesh: MeshSpec, hw: HardwareSpec) -> float:
-    """Communication time of a compiled program as the target hardware's XLA would run it.
+@dataclass(frozen=True, slots=True)
+class TargetOp:
+    """One collective op as the target's XLA would run the compiled program
+    (`target_collective_ops`): kind, mesh axes (None if its groups span none), V, time, the
+    number of tensors combined in it and the compiled instructions they come from."""
+
+    kind: str
+    mesh_axes: tuple[str, ...] | None
+    full_bytes: float
+    time_s: float
+    n_tensors: int
+    instructions: tuple[str, ...]
+
+
+def target_collective_ops(hlo_text: str, mesh: MeshSpec, hw: HardwareSpec) -> tuple[TargetOp, ...]:
+    """The collective ops of a compiled program as the target hardware's XLA would run them.
 
     The compiled text comes from XLA's CPU backend, whose pipeline differs from TPU's and GPU's in
     two ways that change the time: it combines every independent all-reduce without a byte limit
@@ -813,17 +829,25 @@ def target_comm_s(hlo_text: str, mesh: MeshSpec, hw: HardwareSpec) -> float:
     ops: dict[int, list[int]] = {}
     for j, g in enumerate(group):
         ops.setdefault(g, []).append(j)
-    total_s = 0.0
+    out = []
     for members in ops.values():
         kind, _, _, _, i = parts[members[0]]
         full = sum(parts[j][1] for j in members)
         axes = priced[i].mesh_axes
         if kind == "collective-permute" or axes is None:
-            total_s += (
+            time_s = (
                 priced[i].time_s
                 if len(members) == 1 and kind == collectives[i].kind
-                else (_time_over_devices(kind, full, max(collectives[i].group_size, 1), hw))
+                else _time_over_devices(kind, full, max(collectives[i].group_size, 1), hw)
             )
-        elif axes:
-            total_s += collective_time_s(kind, full, axes, mesh, hw)
-    return total_s
+        else:
+            time_s = collective_time_s(kind, full, axes, mesh, hw) if axes else 0.0
+        names = tuple(dict.fromkeys(collectives[parts[j][4]].name for j in members))
+        out.append(TargetOp(kind, axes, full, time_s, len(members), names))
+    return tuple(out)
+
+
+def target_comm_s(hlo_text: str, mesh: MeshSpec, hw: HardwareSpec) -> float:
+    """Communication time of a compiled program as the target's XLA would run it: the sum over
+    `target_collective_ops`."""
+    return sum(op.time_s for op in target_collective_ops(hlo_text, mesh, hw))

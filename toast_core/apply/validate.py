@@ -49,7 +49,7 @@ from toast_core.analysis import Analysis
 from toast_core.apply.hlo import (
     collective_bytes_by_kind,
     collective_ops_by_kind,
-    target_comm_s,
+    target_collective_ops,
 )
 from toast_core.apply.shard import mesh_spec_of, shard
 from toast_core.cost import estimate
@@ -87,10 +87,12 @@ class ValidationReport:
     compiled_compute_s: float = 0.0
     compiled_comm_s: float = 0.0
     # Collective ops per kind after combining: predicted as XLA CPU compiles them (the
-    # comparison), on the target hardware (`_target`), and parsed from the compiled text.
+    # comparison), on the target hardware (`_target`), parsed from the compiled text, and the
+    # compiled program's collectives combined as the target's XLA would (`compiled_..._target`).
     predicted_collective_ops: dict[str, int] = field(default_factory=dict)
     compiled_collective_ops: dict[str, int] = field(default_factory=dict)
     predicted_collective_ops_target: dict[str, int] = field(default_factory=dict)
+    compiled_collective_ops_target: dict[str, int] = field(default_factory=dict)
     # Numerics: whether they ran, on what, and every output leaf out of tolerance.
     numerics_checked: bool = True
     numerics_on: str = ""
@@ -167,6 +169,7 @@ class ValidationReport:
             "predicted_collective_ops": self.predicted_collective_ops,
             "compiled_collective_ops": self.compiled_collective_ops,
             "predicted_collective_ops_target": self.predicted_collective_ops_target,
+            "compiled_collective_ops_target": self.compiled_collective_ops_target,
             "numerics_checked": self.numerics_checked,
             "numerics_on": self.numerics_on,
             "numerics_mismatches": list(self.numerics_mismatches),
@@ -267,8 +270,15 @@ def compiled_step_time(
         flops / hw.effective_flops_per_s,
         float(cost.get("bytes accessed", 0.0)) / hw.hbm_bytes_per_s,
     )
-    comm_s = target_comm_s(hlo_text, mesh, hw)
+    comm_s = sum(op.time_s for op in target_collective_ops(hlo_text, mesh, hw))
     return compute_s, comm_s
+
+
+def _op_counts(ops) -> dict[str, int]:
+    counts = dict.fromkeys(COLLECTIVE_KINDS, 0)
+    for op in ops:
+        counts[op.kind] += 1
+    return counts
 
 
 def _has_abstract_leaves(args) -> bool:
@@ -439,6 +449,7 @@ def validate(
         predicted_collective_ops=ev.combined_op_counts(report.collectives, cpu=True),
         compiled_collective_ops=collective_ops_by_kind(hlo),
         predicted_collective_ops_target=report.collective_ops_by_kind(),
+        compiled_collective_ops_target=_op_counts(target_collective_ops(hlo, ms, hw)),
         numerics_checked=bool(check_numerics),
         numerics_on=numerics_on,
         numerics_mismatches=mismatches,
