@@ -6,7 +6,8 @@ model's per-device flops, memory and collective bytes are compared with `cost_an
 
 Observed fidelity on the tiny zoo models (predicted / compiled): MLP flops 0.99-1.00, memory
 0.89-1.20, collective bytes exact for every baseline; GPT flops 0.92-0.98, memory 0.93-1.17,
-collective bytes exact for every baseline.
+collective bytes exact for every baseline. Collective op counts after combining equal the
+compiled ones for every baseline on every mesh.
 """
 
 from __future__ import annotations
@@ -93,6 +94,12 @@ def assert_faithful(check, what: str, flops_rel: float, memory_rel: float) -> No
         predicted = check.predicted_collective_bytes.get(kind, 0.0)
         compiled = check.compiled_collective_bytes.get(kind, 0.0)
         assert predicted == pytest.approx(compiled, rel=0.01), f"{kind} bytes, {shown}"
+    # Op counts after XLA's combiners (CPU: only all-reduces combine; reduce-scatters run as
+    # all-reduces), and a step time judged from the compiled program.
+    assert check.predicted_collective_ops == check.compiled_collective_ops, shown
+    assert check.compiled_step_time_s >= check.compiled_comm_s > 0 or not any(
+        check.compiled_collective_ops.values()
+    ), shown
 
 
 # -- baselines --------------------------------------------------------------------------------

@@ -403,14 +403,26 @@ def test_every_collective_is_attributed(gpt_train, mesh):
             assert c.mesh_axes and set(c.mesh_axes) <= set(mesh.axis_names), name
             assert len(set(c.mesh_axes)) == len(c.mesh_axes)
             assert c.bytes > 0 and c.result_bytes > 0 and c.count >= 1
-            assert c.time_s == pytest.approx(
-                collective_time_s(c.kind, c.bytes, c.mesh_axes, mesh, HW), rel=1e-6
-            )
+            # Alone, a member would cost more than its share of the combined op.
+            alone_s = collective_time_s(c.kind, c.bytes, c.mesh_axes, mesh, HW)
+            assert c.time_s <= alone_s * (1 + 1e-9)
             op = prog.ops[c.op]
             assert c.value in op.operands + op.results, (name, c.cause)
             assert c.direction in ("forward", "backward")
             assert prog.values[c.value].display() in c.cause
         assert report.comm_s == pytest.approx(sum(c.time_s * c.count for c in report.collectives))
+        # A combined op costs one collective of its members' bytes together (latency once).
+        members = sorted(i for op in report.combined for i in op.members)
+        assert members == list(range(len(report.collectives)))
+        for k, op in enumerate(report.combined):
+            assert {report.collectives[i].group for i in op.members} == {k}
+            assert {
+                (report.collectives[i].kind, report.collectives[i].mesh_axes) for i in op.members
+            } == {(op.kind, op.mesh_axes)}
+            assert op.time_s == pytest.approx(
+                collective_time_s(op.kind, op.bytes, op.mesh_axes, mesh, HW), rel=1e-6
+            )
+        assert report.comm_s == pytest.approx(sum(op.time_s * op.count for op in report.combined))
         by_kind = report.collective_bytes_by_kind()
         assert sum(by_kind.values()) == pytest.approx(
             sum(c.result_bytes * c.count for c in report.collectives)

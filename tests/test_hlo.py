@@ -12,16 +12,21 @@ from hypothesis import strategies as st
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import toast_core as tc
 from toast_core.apply.hlo import (
     COLLECTIVE_KINDS,
     DTYPE_BYTES,
     collective_bytes_by_kind,
+    collective_ops_by_kind,
     expand_replica_groups,
     mesh_axes_of_group,
     parse_collectives,
+    price_collectives,
+    scattered_elements,
     shape_bytes,
+    target_comm_s,
 )
-from toast_core.cost.collectives import hlo_result_bytes
+from toast_core.cost.collectives import collective_time_s, hlo_result_bytes
 from toast_core.errors import ToastError
 
 DATA_GROUPS = ((0, 4), (1, 5), (2, 6), (3, 7))  # devices differing along `data` of a 2x4 mesh
@@ -157,6 +162,69 @@ def test_collective_permute_line():
     assert len(collective.source_target_pairs) == 8
     assert collective.groups == MODEL_GROUPS  # connected components of the pairs
     assert collective.raw_groups is None
+
+
+def test_a_combined_all_reduce_is_one_op_priced_on_its_mesh_axes_with_latency_once():
+    mesh, hw = tc.MeshSpec({"data": 2, "model": 4}), tc.hardware("tpu-v5e")
+    (priced,) = price_collectives(parse_collectives(AR_LINE), mesh, hw)
+    full = 24 * 32 * 4 + 32 * 16 * 2  # the tuple's elements summed
+    assert priced.mesh_axes == ("data",) and priced.full_bytes == full
+    assert priced.time_s == pytest.approx(collective_time_s("all-reduce", full, "data", mesh, hw))
+    assert collective_ops_by_kind(AR_LINE)["all-reduce"] == 1
+
+
+def test_pricing_recovers_v_of_scatters_and_the_axes_of_permutes():
+    mesh, hw = tc.MeshSpec({"data": 2, "model": 4}), tc.hardware("tpu-v5e")
+    text = "\n".join(
+        [
+            "%rs = bf16[8,128]{1,0} reduce-scatter(%x), replica_groups=[2,4]<=[8], "
+            "dimensions={0}, to_apply=%add",
+            "%cp = f32[1,64]{1,0} collective-permute(%s), "
+            "source_target_pairs={{0,1},{4,5},{1,2},{5,6},{2,3},{6,7},{3,0},{7,4}}",
+        ]
+    )
+    rs, cp = price_collectives(parse_collectives(text), mesh, hw)
+    assert rs.mesh_axes == ("model",) and rs.full_bytes == 4 * 8 * 128 * 2
+    assert rs.time_s == pytest.approx(
+        collective_time_s("reduce-scatter", rs.full_bytes, "model", mesh, hw)
+    )
+    assert cp.mesh_axes == ("model",) and cp.full_bytes == 256
+    assert cp.time_s == pytest.approx(
+        collective_time_s("collective-permute", 256, "model", mesh, hw)
+    )
+
+
+CPU_TEXT = """HloModule m, num_partitions=8
+ENTRY %main (p0: f32[4,16], p1: f32[4,16], p2: f32[64,16]) -> (f32[32,16], f32[256,16], f32[8,16]) {
+  %p0 = f32[4,16]{1,0} parameter(0)
+  %p1 = f32[4,16]{1,0} parameter(1)
+  %p2 = f32[64,16]{1,0} parameter(2)
+  %ag0 = f32[32,16]{1,0} all-gather(%p0), replica_groups=[1,8]<=[8], dimensions={0}
+  %ag1 = f32[32,16]{1,0} all-gather(%p1), replica_groups=[1,8]<=[8], dimensions={0}
+  %ag2 = f32[256,16]{1,0} all-gather(%ag0), replica_groups=[1,8]<=[8], dimensions={0}
+  %ar = f32[64,16]{1,0} all-reduce(%p2), replica_groups=[1,8]<=[8], to_apply=%add
+  %partition-id = u32[] partition-id()
+  %slice = f32[8,16]{1,0} fusion(%ar, %partition-id), kind=kLoop, calls=%fused_slice
+  ROOT %t = (f32[32,16]{1,0}, f32[256,16]{1,0}, f32[8,16]{1,0}) tuple(%ag1, %ag2, %slice)
+}
+"""
+
+
+def test_the_xla_judged_comm_combines_as_the_target_and_sees_cpu_reduce_scatters():
+    """XLA CPU keeps all-gathers apart and lowers a reduce-scatter to all-reduce + own slice; on
+    the target the two independent all-gathers merge (the third reads the first: it cannot),
+    and the all-reduce runs as a reduce-scatter."""
+    mesh, hw = tc.MeshSpec({"data": 8}), tc.hardware("tpu-v5e")
+    assert scattered_elements(CPU_TEXT) == {"ar": {0}}
+    expected = (
+        collective_time_s("all-gather", 2 * 32 * 16 * 4, "data", mesh, hw)
+        + collective_time_s("all-gather", 256 * 16 * 4, "data", mesh, hw)
+        + collective_time_s("reduce-scatter", 64 * 16 * 4, "data", mesh, hw)
+    )
+    assert target_comm_s(CPU_TEXT, mesh, hw) == pytest.approx(expected)
+    alone = tc.hardware({**hw.to_dict(), "name": "no-combiner", "combine_threshold_bytes": {}})
+    # Without a combiner on the target, the two all-gathers pay their 7 ring steps' latency twice.
+    assert target_comm_s(CPU_TEXT, mesh, alone) == pytest.approx(expected + 7 * hw.fast_alpha_s)
 
 
 ASYNC_TEXT = """HloModule m, num_partitions=4

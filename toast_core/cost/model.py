@@ -19,7 +19,9 @@ per-device shapes follow, and every cut and every sharded reduction implies a co
   collective-permute of a one-row halo.
 * Collective times use the ring alpha-beta model of `collectives.py`, composed per mesh axis. They
   are linear in bytes for given mesh axes, so the evaluator precomputes `t = c0 + c1 * V` per kind
-  and axis set.
+  and axis set. XLA's combiners then merge independent collectives of one kind and mesh axes into
+  one op up to the hardware's threshold (`combine.py`): the latency `c0` is paid once per combined
+  op, the bandwidth term `c1 * V` per member.
 * **Memory** per device: all inputs (parameters, optimizer state, data) at their per-device size,
   plus the peak over program order of live intermediates (outputs live to the end; with
   `donate_outputs`, an output that replaces a same-shaped persistent input reuses its buffer).
@@ -38,16 +40,19 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import scipy.sparse as sp
 
 from toast_core.analysis import Analysis
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
+from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.flops import op_flops, op_transcendentals
 from toast_core.cost.fusion import fusion_copies, materialized
 from toast_core.errors import ToastError, bad_value
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
+from toast_core.mesh.spec import XLA_CPU_COMBINE
 from toast_core.strategy import Strategy, mesh_axes
 from toast_core.strategy.layout import REGION_BOUNDARIES, layout
 from toast_core.strategy.memo import per_analysis
@@ -64,7 +69,13 @@ AG, AR, A2A, CP, RS = (
 
 @dataclass(frozen=True, slots=True)
 class Collective:
-    """One collective implied by a strategy, attributed to the op and value that cause it."""
+    """One collective implied by a strategy, attributed to the op and value that cause it.
+
+    `time_s` is its share of the combined op it belongs to (`group`, an index into
+    `CostReport.combined`): its own bandwidth term plus an equal share of that op's latency, so
+    the members' times add up to the combined op's time. `site` identifies where it sits in the
+    program for the combiner's dependence test (see `toast_core.cost.combine`).
+    """
 
     kind: str
     mesh_axes: tuple[str, ...]
@@ -76,6 +87,8 @@ class Collective:
     direction: str  # "forward" | "backward"
     cause: str
     count: int = 1  # executions per step (scan trip count)
+    group: int = -1  # index of its combined op in CostReport.combined
+    site: int = field(default=-1, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +122,39 @@ class CostReport:
     memory_timeline: tuple[float, ...] = field(default=(), repr=False)
     peak_op: int = -1
 
+    @cached_property
+    def combined(self) -> tuple[CombinedOp, ...]:
+        """The collective ops XLA emits after combining, in program order, each with its members
+        (indices into `collectives`); a collective that merges with nothing is its own op."""
+        members: dict[int, list[int]] = {}
+        ungrouped = len(self.collectives)
+        for i, c in enumerate(self.collectives):
+            members.setdefault(c.group if c.group >= 0 else ungrouped + i, []).append(i)
+        out = []
+        for key in sorted(members):
+            group = members[key]
+            first = self.collectives[group[0]]
+            out.append(
+                CombinedOp(
+                    first.kind,
+                    first.mesh_axes,
+                    tuple(group),
+                    sum(self.collectives[i].bytes for i in group),
+                    sum(self.collectives[i].result_bytes for i in group),
+                    sum(self.collectives[i].time_s for i in group),
+                    first.count,
+                )
+            )
+        return tuple(out)
+
+    def collective_ops_by_kind(self) -> dict[str, int]:
+        """Number of collective ops per kind after combining, as the program text lists them (an
+        op inside a loop body counts once)."""
+        out = dict.fromkeys(COLLECTIVE_KINDS, 0)
+        for op in self.combined:
+            out[op.kind] += 1
+        return out
+
     def collective_bytes_by_kind(self, result: bool = True) -> dict[str, float]:
         """Bytes per device by kind (result sizes as in HLO by default, else V)."""
         out = {k: 0.0 for k in COLLECTIVE_KINDS}
@@ -135,6 +181,7 @@ class CostReport:
             "flops_per_device": self.flops_per_device,
             "transcendentals_per_device": self.transcendentals_per_device,
             "comm_bytes_by_kind": self.collective_bytes_by_kind(),
+            "collective_ops_by_kind": self.collective_ops_by_kind(),
         }
 
 
@@ -470,7 +517,10 @@ class Evaluator:
     # -- collectives ----------------------------------------------------------------------------
 
     def _collective_arrays(self, masks: np.ndarray, value_local: np.ndarray):
-        """Every collective as parallel arrays: (kind index, mesh-axis mask, V bytes, op, value)."""
+        """Every collective as parallel arrays: (kind index, mesh-axis mask, V bytes, op, value,
+        combiner site; see `_combine_setup`)."""
+        if not hasattr(self, "_site_static"):
+            self._combine_setup()
         parts = []
         # Sharded reductions -> all-reduce, or reduce-scatter into consumers sharded on the axis.
         if len(self.red_fine):
@@ -483,14 +533,16 @@ class Evaluator:
                     scatter[j] = self._scatter_mask(int(self.red_value[act[j]]), int(m[j]), masks)
                 ops, vals = self.red_op[act], self.red_value[act]
                 v = value_local[vals]
-                parts.append((np.full(len(act), AR), m & ~scatter, v, ops, vals))
-                parts.append((np.full(len(act), RS), scatter, v, ops, vals))
+                site = self._red_site[act]
+                parts.append((np.full(len(act), AR), m & ~scatter, v, ops, vals, site))
+                parts.append((np.full(len(act), RS), scatter, v, ops, vals, site))
         # Cuts and reshape conflicts -> reshard at the use (see `_compute_reshards`).
         r = self._reshards(masks)
         if len(r.kind):
             vals = r.value[r.of]
             v = value_local[vals] * r.factor
-            parts.append((r.kind, r.mask, v, r.op[r.of], vals))
+            ops = r.op[r.of]
+            parts.append((r.kind, r.mask, v, ops, vals, self._use_site(ops, vals)))
         # Replicate factors on sharded dims -> all-gather of the operand.
         if len(self.rep):
             m = masks[self.rep[:, 2]]
@@ -502,6 +554,7 @@ class Evaluator:
                     value_local[vals] * self.mask_ways[m],
                     self.rep[:, 0],
                     vals,
+                    self._rep_site,
                 )
             )
         # Permute factors on sharded dims -> a one-row halo exchange.
@@ -510,15 +563,22 @@ class Evaluator:
             vals = self.per[:, 1]
             local_len = np.maximum(self.per[:, 3] / self.mask_ways[m], 1.0)
             parts.append(
-                (np.full(len(m), CP), m, value_local[vals] / local_len, self.per[:, 0], vals)
+                (
+                    np.full(len(m), CP),
+                    m,
+                    value_local[vals] / local_len,
+                    self.per[:, 0],
+                    vals,
+                    self._per_site,
+                )
             )
         if not parts:
             empty = np.zeros(0, dtype=np.int64)
-            return empty, empty, np.zeros(0), empty, empty
-        kinds, ms, vs, ops, vals = (np.concatenate(x) for x in zip(*parts))
+            return empty, empty, np.zeros(0), empty, empty, empty
+        kinds, ms, vs, ops, vals, sites = (np.concatenate(x) for x in zip(*parts))
         ms = ms & self.real_axes  # a collective over a size-1 mesh axis is no collective at all
         keep = (ms != 0) & (vs > 0)
-        return kinds[keep], ms[keep], vs[keep], ops[keep], vals[keep]
+        return kinds[keep], ms[keep], vs[keep], ops[keep], vals[keep], sites[keep]
 
     def _reshards(self, masks: np.ndarray):
         """Memoized for the last mask vector: communication and memory both need it. The memo is
@@ -653,16 +713,175 @@ class Evaluator:
         return result
 
     def _comm_s(self, masks, value_local) -> float:
-        kinds, ms, vs, ops, _ = self._collective_arrays(masks, value_local)
-        return float(((self.c0[kinds, ms] + self.c1[kinds, ms] * vs) * self.trip[ops]).sum())
+        """Communication time: every member's bandwidth term, and the latency once per combined
+        op (the latency of a group's first member, all members having the same kind and axes)."""
+        kinds, ms, vs, ops, _, sites = self._collective_arrays(masks, value_local)
+        trip = self.trip[ops]
+        total = float((self.c1[kinds, ms] * vs * trip).sum())
+        group = self._groups(kinds, ms, vs, ops, sites)
+        first = group == np.arange(len(group))
+        return total + float((self.c0[kinds, ms] * trip)[first].sum())
+
+    # -- combining (XLA's combiner passes, see combine.py) --------------------------------------
+
+    def _combine_setup(self) -> None:
+        """Combiner sites of every possible collective and their dependence bitsets (once per
+        evaluator): a partial sum sits on the result of its op; reshards, gathers of replicate
+        factors and halos on the use of the value by the op that reads it."""
+        prog = self.ana.program
+        index: dict[tuple[str, int, int], int] = {}
+
+        def site(where: str, op: int, value: int) -> int:
+            return index.setdefault((where, int(op), int(value)), len(index))
+
+        self._red_site = np.array(
+            [site("result", o, v) for o, v in zip(self.red_op, self.red_value)], dtype=np.int64
+        )
+        use_pairs = {(int(o), int(v)) for v, o, _ in self.sites}
+        for o, v in use_pairs:
+            site("use", o, v)
+        self._rep_site = np.array(
+            [site("use", o, v) for o, v in self.rep[:, :2].tolist()], dtype=np.int64
+        )
+        self._per_site = np.array(
+            [site("use", o, v) for o, v in self.per[:, :2].tolist()], dtype=np.int64
+        )
+        n_values = len(prog.values)
+        codes = sorted((o * n_values + v, k) for (w, o, v), k in index.items() if w == "use")
+        self._use_codes = np.array([c for c, _ in codes], dtype=np.int64)
+        self._use_ids = np.array([k for _, k in codes], dtype=np.int64)
+        sites = list(index)
+        self._site_inputs = site_inputs(
+            [op.operands for op in prog.ops], [op.results for op in prog.ops], sites
+        )
+        self._op_rank = np.array(
+            post_order(
+                [op.operands for op in prog.ops], [op.results for op in prog.ops], prog.outputs
+            ),
+            dtype=np.int64,
+        )
+        region = region_of_ops([op.primitive for op in prog.ops])
+        reducers = {"reduce_max": "max", "argmax": "max", "reduce_min": "min", "argmin": "min"}
+        statics: dict[tuple, int] = {}
+        target, cpu = [], []
+        for where, o, v in sites:
+            dtype = prog.values[v].dtype
+            reducer = reducers.get(prog.ops[o].primitive, "add") if where == "result" else ""
+            target.append(statics.setdefault((dtype, reducer, region[o]), len(statics)))
+            # XLA's CPU backend runs bf16 collectives in f32 (all-reduce promotion).
+            dtype = "float32" if dtype == "bfloat16" else dtype
+            cpu.append(statics.setdefault((dtype, reducer, region[o]), len(statics)))
+        self._site_static = {False: np.array(target, dtype=np.int64)}
+        self._site_static[True] = np.array(cpu, dtype=np.int64)
+        self._thresholds = {
+            False: {KIND_INDEX[k]: t for k, t in self.hw.combine_threshold_bytes},
+            True: {KIND_INDEX[k]: t for k, t in XLA_CPU_COMBINE},
+        }
+        # Per kind: the byte limit (-1: never combines); per (kind, axes): V / result bytes.
+        self._limit = {}
+        for cpu, thresholds in self._thresholds.items():
+            limit = np.full(len(COLLECTIVE_KINDS), -1.0)
+            for k, t in thresholds.items():
+                limit[k] = t if t > 0 else -1.0
+            self._limit[cpu] = limit
+        self._cpu_kind = np.arange(len(COLLECTIVE_KINDS))
+        self._cpu_kind[RS] = AR
+        divisor = np.ones((len(COLLECTIVE_KINDS), len(self.mask_ways)))
+        divisor[RS] = divisor[A2A] = self.mask_ways
+        self._result_div = {False: divisor, True: np.ones_like(divisor)}
+        self._key_stride = len(self.mask_ways) << 3
+        self._group_memo: dict[tuple, np.ndarray] = {}
+
+    def _use_site(self, ops: np.ndarray, vals: np.ndarray) -> np.ndarray:
+        """Combiner sites of collectives on the use of value `vals` by op `ops`."""
+        codes = ops * len(self.ana.program.values) + vals
+        return self._use_ids[np.searchsorted(self._use_codes, codes)]
+
+    def _groups(self, kinds, ms, vs, ops, sites, cpu: bool = False) -> np.ndarray:
+        """Combined-op id (index of its first member) of every collective. `cpu` combines them as
+        XLA's CPU backend does (reduce-scatters run as all-reduces of the full buffer, bf16 in
+        f32, only all-reduces combine, without a byte limit) to compare with its compiled text.
+        On the search's hot path: a handful of numpy calls, then one pass of `combine`; the
+        search meets the same collectives again often (about 40 % of calls on GPT-2), so the
+        last few thousand results are kept."""
+        if len(kinds) < 2:
+            return np.arange(len(kinds))
+        memo_key = (cpu, kinds.tobytes(), ms.tobytes(), sites.tobytes(), vs.tobytes())
+        hit = self._group_memo.get(memo_key)
+        if hit is None:
+            if len(self._group_memo) >= 4096:
+                self._group_memo.clear()
+            hit = self._group_memo[memo_key] = self._combine_groups(kinds, ms, vs, ops, sites, cpu)
+        return hit
+
+    def _combine_groups(self, kinds, ms, vs, ops, sites, cpu: bool) -> np.ndarray:
+        group = np.arange(len(kinds))
+        if cpu:
+            kinds = self._cpu_kind[kinds]
+        result = vs / self._result_div[cpu][kinds, ms]
+        ok = np.flatnonzero(result <= self._limit[cpu][kinds])
+        if len(ok) < 2:
+            return group
+        ok = ok[np.argsort(self._op_rank[ops[ok]], kind="stable")]
+        at = sites[ok]
+        kind_ok = kinds[ok]
+        keys = self._site_static[cpu][at] * self._key_stride + (ms[ok] << 3) + kind_ok
+        merged = combine(
+            kind_ok.tolist(),
+            keys.tolist(),
+            result[ok].tolist(),
+            None,
+            at.tolist(),
+            self._site_inputs,
+            self._thresholds[cpu],
+        )
+        group[ok] = ok[merged]
+        return group
+
+    def combined_op_counts(self, collectives, cpu: bool = False) -> dict[str, int]:
+        """Collective ops per kind after combining `collectives` (from this evaluator's report),
+        with this hardware's thresholds or, with `cpu`, as XLA's CPU backend compiles them."""
+        if not hasattr(self, "_site_static"):
+            self._combine_setup()
+        out = dict.fromkeys(COLLECTIVE_KINDS, 0)
+        if not collectives:
+            return out
+        kinds = np.array([KIND_INDEX[c.kind] for c in collectives], dtype=np.int64)
+        ms = np.array(
+            [sum(1 << self.mesh.axis_names.index(a) for a in c.mesh_axes) for c in collectives],
+            dtype=np.int64,
+        )
+        vs = np.array([c.bytes for c in collectives])
+        ops = np.array([c.op for c in collectives], dtype=np.int64)
+        sites = np.array([c.site for c in collectives], dtype=np.int64)
+        group = self._groups(kinds, ms, vs, ops, sites, cpu=cpu)
+        if cpu:
+            kinds = np.where(kinds == RS, AR, kinds)
+        for i in np.flatnonzero(group == np.arange(len(group))).tolist():
+            out[COLLECTIVE_KINDS[int(kinds[i])]] += 1
+        return out
 
     def _collectives(self, masks, value_local, detailed: bool = True) -> list[Collective]:
         prog = self.ana.program
-        kinds, ms, vs, ops, vals = self._collective_arrays(masks, value_local)
-        times = self.c0[kinds, ms] + self.c1[kinds, ms] * vs
+        kinds, ms, vs, ops, vals, sites = self._collective_arrays(masks, value_local)
+        group = self._groups(kinds, ms, vs, ops, sites)
+        firsts, size = np.unique(group, return_counts=True)
+        members = np.zeros(len(group))
+        members[firsts] = size
+        alpha = self.c0[kinds, ms]
+        times = self.c1[kinds, ms] * vs + alpha[group] / members[group]
+        by_op = firsts[np.lexsort((firsts, ops[firsts]))].tolist()
+        numbering = {int(g): k for k, g in enumerate(by_op)}
         out = []
-        for k, m, v, opi, vid, t in zip(
-            kinds.tolist(), ms.tolist(), vs.tolist(), ops.tolist(), vals.tolist(), times.tolist()
+        for k, m, v, opi, vid, t, g, s in zip(
+            kinds.tolist(),
+            ms.tolist(),
+            vs.tolist(),
+            ops.tolist(),
+            vals.tolist(),
+            times.tolist(),
+            group.tolist(),
+            sites.tolist(),
         ):
             kind = COLLECTIVE_KINDS[k]
             ways = self.mask_ways[m]
@@ -691,6 +910,8 @@ class Evaluator:
                     self.direction[opi],
                     cause,
                     int(self.trip[opi]),
+                    numbering[g],
+                    s,
                 )
             )
         return out

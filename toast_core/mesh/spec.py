@@ -8,8 +8,9 @@ link bandwidth and latency, so marking the cross-host axis slow is what makes th
 heavy collectives off it.
 
 A `HardwareSpec` holds the per-chip figures of DESIGN.md §4: peak bf16 FLOP/s, HBM bandwidth and
-capacity, the bandwidth of one mesh axis's links of each kind, and the per-hop latency (alpha) of
-each link kind. `HARDWARE_PRESETS` carries the public figures for common accelerators, and
+capacity, the bandwidth of one mesh axis's links of each kind, the per-hop latency (alpha) of
+each link kind, and the byte thresholds up to which the target's XLA compiler combines
+independent collectives of one kind into one op (`toast_core.cost.combine`). `HARDWARE_PRESETS` carries the public figures for common accelerators, and
 `hardware()` resolves a preset name, a spec, or a dict describing a user's own chip.
 
 Neither spec needs devices: a 2048-device mesh is just numbers.
@@ -33,7 +34,10 @@ from typing import Any
 from toast_core.errors import ToastError, bad_value
 
 __all__ = [
+    "COMBINABLE_KINDS",
     "HARDWARE_PRESETS",
+    "XLA_CPU_COMBINE",
+    "XLA_DEFAULT_COMBINE_BYTES",
     "HardwareSpec",
     "MeshSpec",
     "hardware",
@@ -200,6 +204,53 @@ class MeshSpec:
         return f"MeshSpec({self.as_dict()!r}{slow})"
 
 
+#: Collective kinds XLA has a combiner pass for (all-reduce, all-gather, reduce-scatter combiners).
+COMBINABLE_KINDS = ("all-gather", "all-reduce", "reduce-scatter")
+
+#: XLA's shared default combine threshold, `kDefault{AllReduce,AllGather,ReduceScatter}
+#: CombineThreshold = 30 * 1024 * 1024 + 7` bytes (openxla/xla xla/service/collective_utils.h),
+#: the default of the GPU flags `--xla_gpu_{all_reduce,all_gather,reduce_scatter}_combine_threshold_bytes`
+#: (xla/debug_options_flags.cc), which xla/service/gpu/gpu_compiler.cc passes to the three combiner
+#: passes with `combine_threshold_count=256`.
+XLA_DEFAULT_COMBINE_BYTES = 30 * 1024 * 1024 + 7
+_XLA_DEFAULT_COMBINE = tuple((kind, float(XLA_DEFAULT_COMBINE_BYTES)) for kind in COMBINABLE_KINDS)
+
+#: XLA's CPU compiler (xla/service/cpu/cpu_compiler.cc, after layout assignment) runs only an
+#: all-reduce combiner, with `kCombineBytes = std::numeric_limits<int64_t>::max()` and
+#: `kCombineCount = 256`: every independent all-reduce of one key merges. It is not a preset (no
+#: one trains on simulated CPU devices); `validate` uses it to predict the op counts it compiles.
+XLA_CPU_COMBINE = (("all-reduce", float(2**63 - 1)),)
+
+
+def _normalize_combine(value: object) -> tuple[tuple[str, float], ...]:
+    """A mapping (or pairs) of collective kind -> combine threshold bytes, as sorted pairs."""
+    items = value.items() if isinstance(value, Mapping) else value
+    try:
+        pairs = [(kind, threshold) for kind, threshold in items]  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise ToastError(
+            bad_value("combine_threshold_bytes", value, "a mapping of collective kind to bytes")
+        ) from None
+    out: dict[str, float] = {}
+    for kind, threshold in pairs:
+        if kind not in COMBINABLE_KINDS:
+            raise ToastError(
+                bad_value("combine_threshold_bytes", value, f"kinds among {COMBINABLE_KINDS}")
+                + f" (got {kind!r})"
+            )
+        if (
+            isinstance(threshold, bool)
+            or not isinstance(threshold, numbers.Real)
+            or not 0 <= float(threshold) < math.inf
+        ):
+            raise ToastError(
+                bad_value("combine_threshold_bytes", value, "finite non-negative byte thresholds")
+                + f" (got {kind!r}: {threshold!r})"
+            )
+        out[kind] = float(threshold)
+    return tuple(sorted(out.items()))
+
+
 def _check_positive(field_name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ToastError(bad_value(field_name, value, "a positive number"))
@@ -223,6 +274,11 @@ class HardwareSpec:
     - `flops_efficiency`: fraction of peak reachable by compute; the roofline divides by
       `peak_flops_per_s * flops_efficiency`. The default 1.0 is the pure roofline; set e.g. 0.6
       for a typical achievable model-FLOPs utilisation.
+    - `combine_threshold_bytes`: per collective kind, the byte size up to which the target's XLA
+      merges independent collectives of that kind and replica groups into one op (latency paid
+      once); a kind absent or at 0 is never combined. Given as a mapping, kept as sorted
+      `(kind, bytes)` pairs so the spec stays hashable. Default: XLA's shared default (30 MiB + 7)
+      for all-reduce, all-gather and reduce-scatter (see `XLA_DEFAULT_COMBINE_BYTES`).
     """
 
     name: str
@@ -234,12 +290,16 @@ class HardwareSpec:
     fast_alpha_s: float = 5e-6
     slow_alpha_s: float = 2e-5
     flops_efficiency: float = 1.0
+    combine_threshold_bytes: tuple[tuple[str, float], ...] = _XLA_DEFAULT_COMBINE
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ToastError(bad_value("name", self.name, "a non-empty hardware name"))
+        object.__setattr__(
+            self, "combine_threshold_bytes", _normalize_combine(self.combine_threshold_bytes)
+        )
         for spec_field in fields(self):
-            if spec_field.name == "name":
+            if spec_field.name in ("name", "combine_threshold_bytes"):
                 continue
             value = _check_positive(spec_field.name, getattr(self, spec_field.name))
             if spec_field.name == "hbm_capacity_bytes":
@@ -258,6 +318,10 @@ class HardwareSpec:
         """Alpha (latency of one ring step) of a mesh axis with slow or fast links."""
         return self.slow_alpha_s if is_slow else self.fast_alpha_s
 
+    def combine_threshold(self, kind: str) -> float:
+        """Bytes up to which XLA combines collectives of `kind` on this hardware (0: never)."""
+        return dict(self.combine_threshold_bytes).get(kind, 0.0)
+
     @property
     def effective_flops_per_s(self) -> float:
         """`peak_flops_per_s * flops_efficiency`, the compute rate of the roofline."""
@@ -265,7 +329,9 @@ class HardwareSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """All fields as a plain dict (JSON-ready); `from_dict` reads it back."""
-        return {spec_field.name: getattr(self, spec_field.name) for spec_field in fields(self)}
+        out = {spec_field.name: getattr(self, spec_field.name) for spec_field in fields(self)}
+        out["combine_threshold_bytes"] = dict(self.combine_threshold_bytes)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> HardwareSpec:
@@ -296,13 +362,18 @@ HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     spec.name: spec
     for spec in (
         # Google TPUs: per chip; capacities in GiB. Source: "How to Scale Your Model"
-        # (jax-ml scaling book) and Cloud TPU documentation.
+        # (jax-ml scaling book) and Cloud TPU documentation. Combine thresholds: XLA:TPU is closed
+        # source (libtpu; its all-reduce combiner threshold is the flag
+        # `xla_jf_crs_combiner_threshold_in_bytes`, default unpublished), so the presets keep
+        # XLA's shared default of 30 MiB + 7 (xla/service/collective_utils.h).
         HardwareSpec("tpu-v4", 2.75e14, 1.2e12, 32 * _GIB, 9e10, 2.5e10),
         HardwareSpec("tpu-v5e", 1.97e14, 8.1e11, 16 * _GIB, 9e10, 2.5e10),
         HardwareSpec("tpu-v5p", 4.59e14, 2.8e12, 95 * _GIB, 1.8e11, 2.5e10),
         HardwareSpec("tpu-v6e", 9.2e14, 1.6e12, 32 * _GIB, 1.8e11, 2.5e10),
         # NVIDIA GPUs: per GPU; capacities in GB (1e9); fast = NVLink, slow = InfiniBand.
-        # Source: vendor data sheets (dense bf16).
+        # Source: vendor data sheets (dense bf16). Combine thresholds: the defaults of
+        # --xla_gpu_{all_reduce,all_gather,reduce_scatter}_combine_threshold_bytes, 30 MiB + 7
+        # each (xla/service/collective_utils.h, xla/service/gpu/gpu_compiler.cc).
         HardwareSpec("a100-80gb", 3.12e14, 2.0e12, 80 * _GB, 3.0e11, 2.5e10),
         HardwareSpec("h100-80gb", 9.9e14, 3.35e12, 80 * _GB, 4.5e11, 5.0e10),
         HardwareSpec("h200", 9.9e14, 4.8e12, 141 * _GB, 4.5e11, 5.0e10),
