@@ -225,12 +225,23 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def _simulate_devices(n: int) -> None:
+    """Asks XLA's CPU backend for `n` simulated devices (at least 8), unless the user chose."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={max(n, 8)}"
+
+
 def cmd_search(args) -> int:
     import toast_core as tc
 
-    _, _, ana, _ = _analyze(args)
     mesh, hw = _mesh_hw(args)
     budget = _parse_budget(args.budget) if args.simulations is None or args.budget else None
+    # XLA judges the best plans when there is a time budget to do it in (or when asked).
+    verify = args.verify if args.verify is not None else (3 if budget else 0)
+    if verify:
+        _simulate_devices(mesh.n_devices)
+    _, _, ana, _ = _analyze(args)
     last = None
     for ev in tc.search_iter(
         ana,
@@ -241,6 +252,7 @@ def cmd_search(args) -> int:
         seed=args.seed,
         pins=args.pin or (),
         forbids=args.forbid or (),
+        verify=verify,
     ):
         last = ev
         if not args.json and sys.stderr.isatty() or os.environ.get("TOAST_PROGRESS"):
@@ -273,6 +285,16 @@ def cmd_search(args) -> int:
                     "report": report.to_dict(),
                     "iterations": last.iteration,
                     "evaluations": last.evaluations,
+                    "verified": [
+                        {
+                            "shardings": dict(v.strategy.shardings),
+                            "options": list(v.strategy.options),
+                            "predicted_step_time_s": v.predicted_step_time_s,
+                            "compiled_step_time_s": v.compiled_step_time_s,
+                        }
+                        for v in last.verified
+                    ],
+                    "notes": list(last.notes),
                     "evals_per_s": last.evals_per_s,
                 },
                 indent=2,
@@ -285,6 +307,16 @@ def cmd_search(args) -> int:
         f"search: {last.iteration} simulations, {last.evaluations} evaluations "
         f"({last.evals_per_s:.0f}/s) in {last.elapsed_s:.1f} s"
     )
+    if last.verified:
+        print("XLA-judged (compiled at the real size, priced from the compiled program):")
+        for i, v in enumerate(last.verified):
+            mark = "  <- returned" if i == 0 else ""
+            print(
+                f"  plan {i + 1}: predicted {fmt_s(v.predicted_step_time_s)}, "
+                f"XLA-judged {fmt_s(v.compiled_step_time_s)}{mark}"
+            )
+    for note in last.notes:
+        print(f"note: {note}")
     print(
         _table(
             [_report_row("search", report)],
@@ -345,10 +377,7 @@ def cmd_validate(args) -> int:
     args.mesh = mesh_text = _plan_mesh(args, doc)
     import toast_core as tc
 
-    n = tc.MeshSpec.parse(mesh_text).n_devices
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={max(n, 8)}"
+    _simulate_devices(tc.MeshSpec.parse(mesh_text).n_devices)
     fn, ex_args, ana, _ = _analyze(args)
     mesh, hw = _mesh_hw(args)
     strategy = _strategy_arg(args, ana, mesh, text)
@@ -487,6 +516,13 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--seed", type=int, default=0)
             s.add_argument("--pin", action="append", help="pin, e.g. N3@model or K2=0")
             s.add_argument("--forbid", action="append", help="forbid, e.g. !N3@data")
+            s.add_argument(
+                "--verify",
+                type=int,
+                default=None,
+                help="compile the K best plans with XLA (within the budget again) and keep the "
+                "best as XLA judges it (default 3 with a time budget, 0 with --simulations only)",
+            )
             s.add_argument(
                 "--out", help="write the strategy JSON here (a .py name: a module that applies it)"
             )

@@ -15,6 +15,7 @@ from toast_core.search.types import (
     Shard,
     Stop,
     TreeEdge,
+    Verified,
 )
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "Shard",
     "Stop",
     "TreeEdge",
+    "Verified",
     "baselines",
     "search",
     "search_iter",

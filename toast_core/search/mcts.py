@@ -37,7 +37,7 @@ import numpy as np
 
 from toast_core.analysis import Analysis
 from toast_core.cost import Score, evaluator
-from toast_core.fmt import fmt_bytes
+from toast_core.fmt import fmt_bytes, fmt_s
 from toast_core.mesh import HardwareSpec, MeshSpec
 from toast_core.search import seeding
 from toast_core.search.env import Environment
@@ -51,6 +51,7 @@ from toast_core.search.types import (
     TreeEdge,
     settings_of,
 )
+from toast_core.search.verify import verify_plans
 from toast_core.strategy import State, constrain, space_of
 
 STOP_PROBABILITY = 0.25
@@ -63,7 +64,7 @@ class _Run:
     def __init__(self, ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, st: SearchSettings):
         space = space_of(ana, mesh)
         self.env = Environment(space, constrain(space, st.pins, st.forbids))
-        self.scorer = Scorer(evaluator(ana, mesh, hw, st.cost_options))
+        self.scorer = Scorer(evaluator(ana, mesh, hw, st.cost_options), keep=st.verify)
         self.tree = Tree(self.env.legal_actions)
         self.rng = np.random.default_rng(st.seed)
         self.ref = 1.0
@@ -155,22 +156,29 @@ def search_iter(
     seed_deadline = start + 0.5 * budget if budget is not None else None
     polish_deadline = start + 1.1 * budget if budget is not None else None
 
-    def event(i: int, done: bool) -> SearchEvent:
+    notes: list[str] = []
+
+    def event(i: int, done: bool, verified=()) -> SearchEvent:
         elapsed = time.perf_counter() - start
-        best = run.scorer.best_score
+        best, best_state = run.scorer.best_score, run.scorer.best_state
+        if verified:  # the best plan as XLA judges it
+            best_state = verified[0].strategy.to_state(run.env.space)
+            best = run.scorer.score(best_state)
         return SearchEvent(
             iteration=i,
             elapsed_s=elapsed,
             best_step_time_s=best.step_time_s,
             best_peak_bytes=best.peak_bytes,
             best_fits=best.fits,
-            best_strategy=run.env.to_strategy(run.scorer.best_state, "search"),
+            best_strategy=run.env.to_strategy(best_state, "search"),
             tree_size=len(run.tree),
             evaluations=run.scorer.evaluations,
             evals_per_s=run.scorer.evaluations / elapsed if elapsed > 0 else 0.0,
             done=done,
             baselines=dict(run.baselines),
             tree_top=run.tree_top(),
+            verified=tuple(verified),
+            notes=tuple(notes),
         )
 
     run.seed()
@@ -190,7 +198,13 @@ def search_iter(
             last = time.perf_counter()
             yield event(i, False)
     seeding.greedy(run.scorer, run.env, run.scorer.best_state, deadline=polish_deadline)
-    yield event(i, True)
+    verified = ()
+    if st.verify:
+        yield event(i, False)  # the model's best, before the compiles
+        budget_v = st.verify_budget_s if st.verify_budget_s is not None else budget
+        verified, note = verify_plans(run.env, run.scorer, hw, st.verify, budget_v, st.cost_options)
+        notes += [note] if note else []
+    yield event(i, True, verified)
 
 
 def search(ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, **settings) -> SearchResult:
@@ -211,9 +225,9 @@ def search(ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, **settings) -> Searc
                 t_reach = t_s
                 break
     report = evaluator(ana, mesh, hw, st.cost_options).report(last.best_strategy)
-    warnings = ()
+    warnings = tuple(last.notes) + _disagreement(last.verified)
     if not report.fits:
-        warnings = (
+        warnings += (
             "NO MEMORY-FEASIBLE STRATEGY FOUND: the least infeasible one needs "
             f"{fmt_bytes(report.peak_bytes)} per device, over the "
             f"{fmt_bytes(report.capacity_bytes)} allowed",
@@ -230,4 +244,21 @@ def search(ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, **settings) -> Searc
         baselines=times,
         warnings=warnings,
         time_to_best_baseline_s=t_reach,
+        verified=last.verified,
+    )
+
+
+def _disagreement(verified) -> tuple[str, ...]:
+    """A note when XLA's ranking of the verified plans differs from the model's."""
+    if len(verified) < 2:
+        return ()
+    by_model = min(verified, key=lambda v: v.predicted_step_time_s)
+    if by_model is verified[0]:
+        return ()
+    won = verified[0]
+    return (
+        "XLA's order differs from the model's: the model's best plan compiles to "
+        f"{fmt_s(by_model.compiled_step_time_s)} (predicted {fmt_s(by_model.predicted_step_time_s)}), "
+        f"the returned one to {fmt_s(won.compiled_step_time_s)} (predicted "
+        f"{fmt_s(won.predicted_step_time_s)})",
     )

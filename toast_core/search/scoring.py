@@ -6,6 +6,8 @@ always beat infeasible ones, then lower step time (`better`). Scores are memoize
 
 from __future__ import annotations
 
+import heapq
+
 from toast_core.cost import Evaluator, Score
 from toast_core.strategy import State
 
@@ -21,14 +23,17 @@ def better(a: Score, b: Score) -> bool:
 
 
 class Scorer:
-    """Scores states through one evaluator and remembers the best one."""
+    """Scores states through one evaluator and remembers the best one (and, with `keep` > 0,
+    the `keep` best distinct states that fit, for XLA to judge)."""
 
-    def __init__(self, ev: Evaluator) -> None:
+    def __init__(self, ev: Evaluator, keep: int = 0) -> None:
         self.ev = ev
         self.scores: dict[tuple, Score] = {}
         self.evaluations = 0
         self.best_state: State | None = None
         self.best_score: Score | None = None
+        self.keep = keep
+        self._top: list[tuple[float, int, State]] = []  # max-heap by step time (negated)
 
     def score(self, state: State) -> Score:
         key = state.key
@@ -39,4 +44,17 @@ class Scorer:
             self.evaluations += 1
             if self.best_score is None or better(s, self.best_score):
                 self.best_score, self.best_state = s, state
+            if self.keep and s.fits:
+                self._remember(s.step_time_s, state)
         return s
+
+    def _remember(self, step_time_s: float, state: State) -> None:
+        entry = (-step_time_s, self.evaluations, state)
+        if len(self._top) < self.keep:
+            heapq.heappush(self._top, entry)
+        elif step_time_s < -self._top[0][0]:
+            heapq.heapreplace(self._top, entry)
+
+    def top(self) -> list[State]:
+        """The best distinct states that fit, fastest first (at most `keep`)."""
+        return [state for _, _, state in sorted(self._top, key=lambda e: (-e[0], e[1]))]

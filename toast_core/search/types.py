@@ -64,6 +64,8 @@ class SearchSettings:
     forbids: tuple = ()
     cost_options: CostOptions = field(default_factory=CostOptions)
     report_every_s: float = 0.2
+    verify: int = 0  # compile the k best distinct plans and return the best as XLA judges it
+    verify_budget_s: float | None = None  # time for the compiles (default: budget_s, or none)
 
     def __post_init__(self) -> None:
         if self.budget_s is None and self.num_simulations is None:
@@ -79,6 +81,10 @@ class SearchSettings:
         ):
             raise ToastError(
                 bad_value("num_simulations", self.num_simulations, "a non-negative int")
+            )
+        if isinstance(self.verify, bool) or not isinstance(self.verify, int) or self.verify < 0:
+            raise ToastError(
+                bad_value("verify", self.verify, "a non-negative int (plans to compile)")
             )
         if not isinstance(self.cost_options, CostOptions):
             raise ToastError(bad_value("cost_options", self.cost_options, "a tc.CostOptions"))
@@ -126,7 +132,19 @@ class SearchEvent:
     evals_per_s: float
     done: bool = False
     baselines: dict = field(default_factory=dict)  # name -> step time (fits) or None
+    verified: tuple[Verified, ...] = ()  # the final event, with verify=k
+    notes: tuple[str, ...] = ()  # e.g. why fewer plans than asked were verified
     tree_top: tuple[TreeEdge, ...] = ()  # the most visited edges of the first two levels
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A plan the search found, judged by XLA: predicted vs compiled step time."""
+
+    strategy: Strategy
+    predicted_step_time_s: float
+    compiled_step_time_s: float
+    compile_s: float
 
 
 @dataclass(frozen=True)
@@ -141,3 +159,4 @@ class SearchResult:
     baselines: dict = field(default_factory=dict)  # name -> step time (feasible) or None
     warnings: tuple[str, ...] = ()
     time_to_best_baseline_s: float | None = None
+    verified: tuple[Verified, ...] = ()  # with verify=k: the plans XLA judged, by compiled time
