@@ -21,11 +21,9 @@ from toast_core.apply.hlo import (
     expand_replica_groups,
     mesh_axes_of_group,
     parse_collectives,
-    price_collectives,
-    scattered_elements,
     shape_bytes,
-    target_comm_s,
 )
+from toast_core.apply.hlo_pricing import price_collectives, scattered_elements, target_comm_s
 from toast_core.cost.collectives import collective_time_s, hlo_result_bytes
 from toast_core.errors import ToastError
 

@@ -54,29 +54,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from toast_core.cost.collectives import (
-    COLLECTIVE_KINDS,
-    all_gather_s,
-    all_reduce_s,
-    all_to_all_s,
-    collective_permute_s,
-    collective_time_s,
-)
+from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.errors import ToastError, bad_value
-from toast_core.mesh import HardwareSpec, MeshSpec
 
 __all__ = [
     "COLLECTIVE_KINDS",
     "DTYPE_BYTES",
     "HloCollective",
-    "PricedCollective",
     "collective_bytes_by_kind",
     "collective_ops_by_kind",
-    "price_collectives",
-    "scattered_elements",
-    "TargetOp",
-    "target_collective_ops",
-    "target_comm_s",
     "expand_replica_groups",
     "mesh_axes_of_group",
     "parse_collectives",
@@ -131,7 +117,7 @@ class _ArrayShape:
 
     @property
     def n_bytes(self) -> int:
-        return math.prod(self.dims) * _dtype_bytes(self.dtype)
+        return math.prod(self.dims) * dtype_bytes(self.dtype)
 
 
 _Shape = _ArrayShape | tuple  # a tuple shape holds _Shapes
@@ -168,7 +154,7 @@ class HloCollective:
     computation: str | None = None
 
 
-def _dtype_bytes(dtype: str) -> int:
+def dtype_bytes(dtype: str) -> int:
     if dtype in DTYPE_BYTES:
         return DTYPE_BYTES[dtype]
     bits = re.match(r"[a-z]+(\d+)", dtype)
@@ -573,44 +559,11 @@ def collective_ops_by_kind(hlo_text: str) -> dict[str, int]:
     return counts
 
 
-@dataclass(frozen=True, slots=True)
-class PricedCollective:
-    """A compiled collective priced with the cost model's alpha-beta formulas: the mesh axes its
-    replica groups span (None if they match no set of mesh axes), V (the full buffer on those
-    axes, from its result bytes) and its time."""
-
-    collective: HloCollective
-    mesh_axes: tuple[str, ...] | None
-    full_bytes: float
-    time_s: float
-
-
-def _full_bytes(kind: str, result_bytes: float, n: int) -> float:
-    """V of a compiled collective from its per-device result: a reduce-scatter's or all-to-all's
-    result is V / n (toast_core.cost.collectives.hlo_result_bytes, inverted)."""
-    return result_bytes * n if kind in ("reduce-scatter", "all-to-all") else result_bytes
-
-
-def _time_over_devices(kind: str, full_bytes: float, n: int, hw: HardwareSpec) -> float:
-    """Alpha-beta time over a group of n devices that spans no set of mesh axes: one ring on
-    fast links (the groups of a collective-permute between arbitrary devices, for instance)."""
-    w, alpha = hw.link_bytes_per_s(False), hw.alpha_s(False)
-    if kind == "collective-permute":
-        return collective_permute_s(full_bytes, w, alpha)
-    if n <= 1:
-        return 0.0
-    if kind == "all-reduce":
-        return all_reduce_s(full_bytes, n, w, alpha)
-    if kind == "all-to-all":
-        return all_to_all_s(full_bytes, n, w, alpha)
-    return all_gather_s(full_bytes, n, w, alpha)
-
-
 _OPERAND = re.compile(r"%([\w.\-]+)")
 _INDEX = re.compile(r"index=(\d+)")
 
 
-def _instructions(hlo_text: str) -> dict[str, tuple[str, tuple, list[str], str]]:
+def instructions(hlo_text: str) -> dict[str, tuple[str, tuple, list[str], str]]:
     """name -> (opcode, result leaves, operand names, line) of every instruction in the text."""
     out = {}
     for line in hlo_text.splitlines():
@@ -629,225 +582,3 @@ def _instructions(hlo_text: str) -> dict[str, tuple[str, tuple, list[str], str]]
         operands = _OPERAND.findall(line[opcode.end() : close])
         out[instruction.group("name")] = (opcode.group("opcode"), _leaves(shape), operands, line)
     return out
-
-
-def scattered_elements(hlo_text: str) -> dict[str, set[int]]:
-    """Per all-reduce name, the tuple elements that are reduce-scatters in disguise.
-
-    XLA's CPU backend has no reduce-scatter: the partitioner emits an all-reduce of the full
-    buffer and each device then slices its 1/n piece (a dynamic slice at an offset computed from
-    `partition-id`, usually fused). An element every reader of which takes `partition-id` and
-    returns 1/n of it (n the group size) is such a reduce-scatter; on TPU and GPU it runs as one.
-    """
-    instructions = _instructions(hlo_text)
-    readers: dict[str, list[str]] = {}
-    for name, (_, _, operands, _) in instructions.items():
-        for operand in set(operands):
-            readers.setdefault(operand, []).append(name)
-    out: dict[str, set[int]] = {}
-    for c in parse_collectives(hlo_text):
-        if c.kind != "all-reduce" or c.name not in instructions or c.group_size < 2:
-            continue
-        elements: dict[int, str] = {}
-        if len(c.result_shapes) == 1 and not c.line.split("=", 1)[1].lstrip().startswith("("):
-            elements[0] = c.name
-        for reader in readers.get(c.name, []):
-            opcode, _, _, line = instructions[reader]
-            index = _INDEX.search(line)
-            if opcode == "get-tuple-element" and index is not None:
-                elements[int(index.group(1))] = reader
-        for k, element in elements.items():
-            if k >= len(c.result_shapes):
-                continue
-            size = math.prod(c.result_shapes[k][1])
-            users = readers.get(element, [])
-            if users and all(_slices_own_piece(instructions[u], size, c.group_size) for u in users):
-                out.setdefault(c.name, set()).add(k)
-    return out
-
-
-def _slices_own_piece(instruction, size: int, n: int) -> bool:
-    _, leaves, operands, _ = instruction
-    reads_partition = any(op.startswith("partition-id") for op in operands)
-    return reads_partition and len(leaves) == 1 and math.prod(leaves[0].dims) * n == size
-
-
-def price_collectives(
-    collectives: tuple[HloCollective, ...],
-    mesh: MeshSpec,
-    hw: HardwareSpec,
-    scattered: dict[str, set[int]] | None = None,
-) -> tuple[PricedCollective, ...]:
-    """Prices every compiled collective op as the cost model prices one collective: its
-    replica groups are mapped to the mesh axes they span (devices laid out as
-    `arange(n).reshape(mesh.axis_sizes)`, as `tc.shard` builds its `jax.sharding.Mesh`), V
-    follows from its result bytes (the sum over a combined op's tuple), and
-    `collective_time_s(kind, V, axes, mesh, hw)` gives the time: a combined op pays alpha once.
-
-    A collective-permute is priced on the mesh axes its pairs run along, else as one hop on fast
-    links; groups matching no set of mesh axes are priced as one ring over the group's devices.
-    `scattered` (`scattered_elements`) names all-reduce elements that are reduce-scatters XLA's
-    CPU backend lowered to an all-reduce and a slice: they are priced as the reduce-scatter the
-    target runs (a separate op of that kind, so its own latency).
-    """
-    if not isinstance(mesh, MeshSpec):
-        raise ToastError(bad_value("mesh", mesh, "a tc.MeshSpec"))
-    out = []
-    for c in collectives:
-        n = c.group_size if c.kind != "collective-permute" else 1
-        full = float(_full_bytes(c.kind, c.result_bytes, max(c.group_size, 1)))
-        axes = (
-            mesh_axes_of_group(c.groups, mesh.axis_sizes, mesh.axis_names)
-            if c.groups and c.kind != "collective-permute"
-            else None
-        )
-        if c.kind == "collective-permute" and c.groups:
-            axes = _permute_axes(c, mesh)
-        parts = [(c.kind, full)]
-        hidden = (scattered or {}).get(c.name, set())
-        if hidden:
-            sizes = [math.prod(d) * _dtype_bytes(t) for t, d in c.result_shapes]
-            scatter = float(sum(sizes[k] for k in hidden))
-            parts = [
-                (kind, v)
-                for kind, v in (("all-reduce", full - scatter), ("reduce-scatter", scatter))
-                if v
-            ]
-        time_s = 0.0
-        for kind, v in parts:
-            if axes is not None:
-                time_s += collective_time_s(kind, v, axes, mesh, hw) if axes else 0.0
-            else:
-                time_s += _time_over_devices(kind, v, max(n, c.group_size), hw)
-        out.append(PricedCollective(c, axes, full, time_s))
-    return tuple(out)
-
-
-def _permute_axes(c: HloCollective, mesh: MeshSpec) -> tuple[str, ...] | None:
-    """Mesh axes along which every (source, target) pair of a collective-permute differs."""
-    coords = np.array(np.unravel_index(np.arange(mesh.n_devices), mesh.axis_sizes)).T
-    moved: set[int] = set()
-    for source, target in c.source_target_pairs:
-        if max(source, target) >= mesh.n_devices:
-            return None
-        moved |= {int(a) for a in np.flatnonzero(coords[source] != coords[target])}
-    return tuple(mesh.axis_names[a] for a in sorted(moved))
-
-
-_COMBINABLE = ("all-gather", "all-reduce", "reduce-scatter")
-
-
-def _collective_dependences(hlo_text: str, collectives: tuple[HloCollective, ...]) -> list[int]:
-    """Per collective, the bitset (over collective indices) of collectives its operands depend
-    on, following operands through the text (instruction names are unique in a module and an
-    instruction's operands are printed before it)."""
-    index = {c.name: i for i, c in enumerate(collectives)}
-    reach: dict[str, int] = {}
-    depends = [0] * len(collectives)
-    for name, (_, _, operands, _) in _instructions(hlo_text).items():
-        bits = 0
-        for operand in operands:
-            bits |= reach.get(operand, 0)
-        if name in index:
-            depends[index[name]] = bits
-            bits |= 1 << index[name]
-        reach[name] = bits
-    return depends
-
-
-@dataclass(frozen=True, slots=True)
-class TargetOp:
-    """One collective op as the target's XLA would run the compiled program
-    (`target_collective_ops`): kind, mesh axes (None if its groups span none), V, time, the
-    number of tensors combined in it and the compiled instructions they come from."""
-
-    kind: str
-    mesh_axes: tuple[str, ...] | None
-    full_bytes: float
-    time_s: float
-    n_tensors: int
-    instructions: tuple[str, ...]
-
-
-def target_collective_ops(hlo_text: str, mesh: MeshSpec, hw: HardwareSpec) -> tuple[TargetOp, ...]:
-    """The collective ops of a compiled program as the target hardware's XLA would run them.
-
-    The compiled text comes from XLA's CPU backend, whose pipeline differs from TPU's and GPU's in
-    two ways that change the time: it combines every independent all-reduce without a byte limit
-    and never combines all-gathers or reduce-scatters, and it lowers a reduce-scatter to an
-    all-reduce and a slice. So every all-reduce, all-gather and reduce-scatter is taken apart into
-    its tuple elements (an element the CPU only slices afterwards becomes the reduce-scatter it
-    is, `scattered_elements`), the elements are combined again with the target's combiner rule
-    and thresholds (`toast_core.cost.combine.combine`, dependence read from the text's operands,
-    text order as post order, per computation), and each resulting op is priced once
-    (`collective_time_s` on its mesh axes: alpha once per op). All-to-alls and permutes are
-    priced as compiled.
-    """
-    from toast_core.cost.combine import combine  # cost reads no apply module; apply reads cost
-
-    collectives = parse_collectives(hlo_text)
-    priced = price_collectives(collectives, mesh, hw)
-    scattered = scattered_elements(hlo_text)
-    depends = _collective_dependences(hlo_text, collectives)
-    # Parts: (kind, V, result bytes, key, collective index).
-    parts: list[tuple[str, float, float, tuple, int]] = []
-    for i, (c, p) in enumerate(zip(collectives, priced)):
-        n = max(c.group_size, 1)
-        groups = p.mesh_axes if p.mesh_axes is not None else c.raw_groups
-        if c.kind not in _COMBINABLE or not c.result_shapes:
-            parts.append((c.kind, p.full_bytes, float(c.result_bytes), ("alone", i), i))
-            continue
-        hidden = scattered.get(c.name, set())
-        for k, (dtype, dims) in enumerate(c.result_shapes):
-            nbytes = float(math.prod(dims) * _dtype_bytes(dtype))
-            kind = "reduce-scatter" if k in hidden else c.kind
-            if k in hidden:
-                full, result = nbytes, nbytes / n
-            else:
-                full, result = _full_bytes(kind, nbytes, n), nbytes
-            parts.append((kind, full, result, (kind, groups, dtype, c.computation), i))
-    part_bits = [0] * len(collectives)
-    for j, part in enumerate(parts):
-        part_bits[part[4]] |= 1 << j
-    inputs = []
-    for part in parts:
-        bits, dep = 0, depends[part[4]]
-        while dep:
-            low = dep & -dep
-            bits |= part_bits[low.bit_length() - 1]
-            dep ^= low
-        inputs.append(bits)
-    group = combine(
-        [part[0] for part in parts],
-        [part[3] for part in parts],
-        [part[2] for part in parts],
-        None,
-        list(range(len(parts))),
-        inputs,
-        dict(hw.combine_threshold_bytes),
-    )
-    ops: dict[int, list[int]] = {}
-    for j, g in enumerate(group):
-        ops.setdefault(g, []).append(j)
-    out = []
-    for members in ops.values():
-        kind, _, _, _, i = parts[members[0]]
-        full = sum(parts[j][1] for j in members)
-        axes = priced[i].mesh_axes
-        if kind == "collective-permute" or axes is None:
-            time_s = (
-                priced[i].time_s
-                if len(members) == 1 and kind == collectives[i].kind
-                else _time_over_devices(kind, full, max(collectives[i].group_size, 1), hw)
-            )
-        else:
-            time_s = collective_time_s(kind, full, axes, mesh, hw) if axes else 0.0
-        names = tuple(dict.fromkeys(collectives[parts[j][4]].name for j in members))
-        out.append(TargetOp(kind, axes, full, time_s, len(members), names))
-    return tuple(out)
-
-
-def target_comm_s(hlo_text: str, mesh: MeshSpec, hw: HardwareSpec) -> float:
-    """Communication time of a compiled program as the target's XLA would run it: the sum over
-    `target_collective_ops`."""
-    return sum(op.time_s for op in target_collective_ops(hlo_text, mesh, hw))

@@ -46,11 +46,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from toast_core.analysis import Analysis
-from toast_core.apply.hlo import (
-    collective_bytes_by_kind,
-    collective_ops_by_kind,
-    target_collective_ops,
-)
+from toast_core.apply.hlo import collective_bytes_by_kind, collective_ops_by_kind
+from toast_core.apply.hlo_pricing import target_collective_ops
 from toast_core.apply.shard import mesh_spec_of, shard
 from toast_core.cost import CostOptions, estimate
 from toast_core.cost.collectives import COLLECTIVE_KINDS
@@ -262,7 +259,7 @@ def compiled_step_time(
     collective of the optimized HLO priced on its replica groups' mesh axes with the alpha-beta
     formulas and constants the model uses, combined as the target's XLA combines them (the CPU
     backend combines differently and lowers reduce-scatters to all-reduces:
-    `toast_core.apply.hlo.target_comm_s`); a combined op pays its latency once. A loop body
+    `toast_core.apply.hlo_pricing.target_comm_s`); a combined op pays its latency once. A loop body
     counts once, as `cost_analysis()` and the text show it.
     """
     flops = float(cost.get("flops", 0.0)) + float(cost.get("transcendentals", 0.0))
