@@ -680,17 +680,15 @@ class Evaluator:
         real = self.real_axes
 
         def ordered(subs) -> list[int]:
-            return [
-                a for m in subs.tolist() for a in range(self.n_axes) if m >> a & 1 and real >> a & 1
-            ]
+            return [a for m in subs.tolist() for a in self.axes.indices(m & real)]
 
         lost, gained = [], []
         for tv, tu in zip(map(ordered, vsub), map(ordered, usub)):
             k = 0
             while k < min(len(tv), len(tu)) and tv[k] == tu[k]:
                 k += 1
-            lost.append(sum(1 << a for a in tv[k:]))
-            gained.append(sum(1 << a for a in tu[k:]))
+            lost.append(sum(self.axes.bit(a) for a in tv[k:]))
+            gained.append(sum(self.axes.bit(a) for a in tu[k:]))
         moved = 0
         for d, x in enumerate(lost):
             for e, y in enumerate(gained):

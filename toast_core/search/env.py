@@ -91,7 +91,7 @@ class Environment:
         if isinstance(action, Shard):
             unit = self.units(state)[action.unit]
             masks = state.masks.copy()
-            masks[list(unit.fines)] |= 1 << action.axis
+            masks[list(unit.fines)] |= self.space.axes.bit(action.axis)
             return State(state.options, masks)
         return state
 

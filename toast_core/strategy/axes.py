@@ -55,6 +55,16 @@ class MeshAxes:
             m |= 1 << self.index(a)
         return m
 
+    @staticmethod
+    def bit(i: int) -> int:
+        """The mask of mesh axis i alone."""
+        return 1 << i
+
+    def indices(self, mask: int) -> list[int]:
+        """Mesh axis indices of a bitmask, in mesh order."""
+        mask = int(mask)
+        return [i for i in range(len(self.names)) if mask >> i & 1]
+
     def names_of(self, mask: int) -> tuple[str, ...]:
         """Mesh axis names of a bitmask, in mesh order."""
         mask = int(mask)

@@ -162,7 +162,7 @@ def why_illegal_shard(
     the reason. `counts` is `space.axis_counts(masks)`; `forbidden` the mesh axes the user
     forbids on the unit."""
     ax = space.axes
-    bit = 1 << a
+    bit = ax.bit(a)
     if int(masks[unit.fines[0]]) & bit:
         return "already on that mesh axis"
     if forbidden & bit:
