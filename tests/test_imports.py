@@ -155,3 +155,43 @@ def test_a_violation_is_reported_with_its_place(tmp_path):
     bad.write_text("import os\n\ndef f():\n    from jax._src import core\n")
     found = violations([bad], lambda path, name: is_under(name, JAX_INTERNALS), tmp_path)
     assert found == ["bad.py:4 imports jax._src", "bad.py:4 imports jax._src.core"]
+
+
+# --- one owner per fact (issue 13) -----------------------------------------------------------
+
+
+def _grep(pattern: str, skip=()) -> list[str]:
+    import re
+
+    rx = re.compile(pattern)
+    out = []
+    for path in python_files(CORE) + python_files(ROOT / "app"):
+        if path.relative_to(ROOT).as_posix() in skip:
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if rx.search(line):
+                out.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    return out
+
+
+def test_mesh_axis_bits_are_read_only_in_axes_py():
+    found = _grep(r">>\s*\w+\s*&\s*1", skip=("toast_core/strategy/axes.py",))
+    assert not found, "\n".join(found)
+
+
+def test_the_analysis_carries_no_mutable_cache():
+    import dataclasses
+
+    import toast_core as tc
+
+    fields = {f.name: f.type for f in dataclasses.fields(tc.Analysis)}
+    assert "cache" not in fields and not any("dict" in str(t) for t in fields.values())
+    assert not _grep(r"ana\.cache|\.cache\[")
+
+
+def test_pins_are_parsed_only_by_the_pin_grammar():
+    """The app and CLI hand pin texts to the core as they are (forbids among them)."""
+    found = _grep(
+        r"startswith\(\"!\"\)|split_pins|split\(\"!\"\)", skip=("toast_core/strategy/pins.py",)
+    )
+    assert not found, "\n".join(found)

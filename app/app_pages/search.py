@@ -159,14 +159,18 @@ if ws["pins"] and len(ws["pins"]) <= MANY_PINS:
     st.markdown("**Current pins** (kept across runs; forbids start with `!`)")
     for i, p in enumerate(ws["pins"]):
         a, b = st.columns([8, 1.2], vertical_alignment="center")
-        icon = ":material/block:" if p.startswith("!") else ":material/push_pin:"
+        icon = ":material/block:" if tc.parse_pin(p).forbid else ":material/push_pin:"
         a.markdown(f"{icon} `{p}`")
         b.button("Remove", key=f"rm_pin_{i}", on_click=_remove_pin, args=(p,), width="stretch")
     st.button("Clear all pins", key="clear_pins", on_click=_clear_pins)
 elif ws["pins"]:
     # A frozen plan pins hundreds of decisions: one row and one button each would bury the page.
-    n_forbid = sum(p.startswith("!") for p in ws["pins"])
-    n_repl = sum(p.endswith("@-") or p.endswith("=none") for p in ws["pins"])
+    parsed = [tc.parse_pin(p) for p in ws["pins"]]
+    n_forbid = sum(p.forbid for p in parsed)
+    n_repl = sum(
+        not p.forbid and (p.kind == "dim" and not p.axes or p.kind == "option" and p.option is None)
+        for p in parsed
+    )
     st.markdown(
         f"**Current pins: {len(ws['pins'])}** ({len(ws['pins']) - n_forbid - n_repl} sharded or "
         f"resolved, {n_repl} kept replicated or unresolved, {n_forbid} forbids; kept across runs)"
