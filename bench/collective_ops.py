@@ -40,9 +40,6 @@ def main() -> None:
     p.add_argument("--hardware", default="tpu-v5e")
     p.add_argument("--gpt-size", default="tiny")
     args = p.parse_args()
-    import jax
-    import numpy as np
-    from jax.sharding import Mesh
 
     import toast_core as tc
     from demos import MODEL_ZOO
@@ -54,9 +51,7 @@ def main() -> None:
         ana = tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
         for mesh_name, axes in MESHES.items():
             mesh = tc.MeshSpec(axes)
-            jm = Mesh(
-                np.array(jax.devices()[: mesh.n_devices]).reshape(mesh.axis_sizes), mesh.axis_names
-            )
+            jm = tc.jax_mesh(mesh)
             for name, (strategy, _why) in tc.baselines.all(ana, mesh).items():
                 if strategy is None or name == "replicated":
                     continue

@@ -94,13 +94,9 @@ def _is_xla_rejection(exc: BaseException) -> bool:
 
 def jax_mesh(axes: dict[str, int]):
     """A jax Mesh (Auto axes) over the first n of this host's devices."""
-    import jax
-    import numpy as np
-    from jax.sharding import Mesh
+    import toast_core as tc
 
-    n = math.prod(axes.values())
-    devices = np.array(jax.devices()[:n]).reshape(tuple(axes.values()))
-    return Mesh(devices, tuple(axes))
+    return tc.jax_mesh(tc.MeshSpec(axes))
 
 
 @dataclass

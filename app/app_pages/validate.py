@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import jax
-import numpy as np
 import streamlit as st
 
 import toast_core as tc
@@ -82,9 +81,7 @@ def run_validation(mode: str) -> None:
                 )
                 plan.validate(target.ana, mesh)
             st.write("Sharding the function: in/out shardings and constraints at the cuts.")
-            jax_mesh = jax.sharding.Mesh(
-                np.array(devices[: mesh.n_devices]).reshape(mesh.axis_sizes), mesh.axis_names
-            )
+            jax_mesh = tc.jax_mesh(mesh, devices)
             st.write(
                 "Lowering, compiling, running, and running the unsharded function."
                 if target.is_concrete
