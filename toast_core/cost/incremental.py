@@ -27,6 +27,8 @@ those entries recomputed.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -38,7 +40,7 @@ from toast_core.cost.model import Evaluator, Score
 #: Cached evaluations kept (each holds a few arrays of the program's size).
 CACHE_SIZE = 8
 #: Beyond this fraction of values re-priced, a full evaluation is as cheap.
-FULL_FRACTION = 0.5
+FULL_FRACTION = 0.1
 
 
 @dataclass(slots=True)
@@ -63,7 +65,7 @@ class _SitesOf:
     values, everything else (coefficients, layouts, memos of pure functions) shared. Lets the
     evaluator's own `_collective_arrays` and `_reshards` price a few values."""
 
-    def __init__(self, ev: Evaluator, inc: Incremental, values: np.ndarray) -> None:
+    def __init__(self, ev: Evaluator, inc: _Tables, values: np.ndarray) -> None:
         self._ev = ev
         self._last_reshards = None
         red = inc.red_of.take(values)
@@ -105,15 +107,11 @@ class _Groups:
         return self.rows[starts + np.arange(total)]
 
 
-class Incremental:
-    """Scores fine-class masks like `ev.score`, re-pricing only what differs from a cached state."""
+class _Tables:
+    """What a delta looks up, per evaluator: sites grouped by value, incidences by row."""
 
-    def __init__(self, ev: Evaluator, cache_size: int = CACHE_SIZE) -> None:
+    def __init__(self, ev: Evaluator) -> None:
         self.ev = ev
-        self.cache_size = cache_size
-        self._cache: OrderedDict[bytes, _Cached] = OrderedDict()
-        self.full_evaluations = 0
-        self.delta_evaluations = 0
         prog = ev.ana.program
         n_values, n_ops = len(prog.values), len(prog.ops)
         self.n_values = n_values
@@ -140,7 +138,6 @@ class Incremental:
         """[values, fine]: fine classes a value's collectives depend on: its own dims, the dims
         of its uses, the reduction factors producing it, the factors of its uses."""
         ev, lay = self.ev, self.ev.lay
-        uses = ev.ana.program.uses()
         rows, cols = [], []
         v_of_use = np.array([ev.ana.program.ops[o].operands[p] for o, p in lay.use_keys])
         use = lay.use_fine.tocoo()
@@ -150,12 +147,39 @@ class Incremental:
         rows.append(ev.red_value), cols.append(ev.red_fine)
         rows.append(ev.rep[:, 1]), cols.append(ev.rep[:, 2])
         rows.append(ev.per[:, 1]), cols.append(ev.per[:, 2])
-        del uses
         r = np.concatenate([np.asarray(x, dtype=np.int64) for x in rows])
         c = np.concatenate([np.asarray(x, dtype=np.int64) for x in cols])
         m = sp.csr_matrix((np.ones(len(r)), (r, c)), shape=(len(ev.ana.program.values), n_fine))
         m.sum_duplicates()
         return m
+
+
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_TABLES_LOCK = threading.Lock()
+
+
+def _tables(ev: Evaluator) -> _Tables:
+    """The tables of `ev`, built once (a pure function of the evaluator)."""
+    with _TABLES_LOCK:
+        hit = _TABLES.get(ev)
+    if hit is None:
+        hit = _Tables(ev)
+        with _TABLES_LOCK:
+            _TABLES[ev] = hit
+    return hit
+
+
+class Incremental:
+    """Scores fine-class masks like `ev.score`, re-pricing only what differs from a cached state.
+    One per search (its cache is not locked); the tables it reads are shared per evaluator."""
+
+    def __init__(self, ev: Evaluator, cache_size: int = CACHE_SIZE) -> None:
+        self.ev = ev
+        self.tab = _tables(ev)
+        self.cache_size = cache_size
+        self._cache: OrderedDict[bytes, _Cached] = OrderedDict()
+        self.full_evaluations = 0
+        self.delta_evaluations = 0
 
     # -- public --------------------------------------------------------------------------------
 
@@ -200,7 +224,7 @@ class Incremental:
         fine_logdeg, value_local, op_logdeg = ev._local(masks)
         _, _, _, t = ev._compute(value_local, op_logdeg)
         comm_v = self._comm_per_value(ev, masks, value_local)
-        delta = np.zeros(self.n_ops + 2)
+        delta = np.zeros(self.tab.n_ops + 2)
         b = value_local[ev.live_ids]
         np.add.at(delta, ev.born, b)
         np.add.at(delta, ev.dies, -b)
@@ -216,7 +240,7 @@ class Incremental:
         ev = self.ev
         kinds, ms, vs, ops, vals = view._collective_arrays(masks, value_local)
         times = (ev.c0[kinds, ms] + ev.c1[kinds, ms] * vs) * ev.trip[ops]
-        out = np.bincount(vals, weights=times, minlength=self.n_values)
+        out = np.bincount(vals, weights=times, minlength=self.tab.n_values)
         return out.astype(np.float64, copy=False)
 
     def _delta(self, base: _Cached, masks: np.ndarray) -> _Cached | None:
@@ -225,23 +249,23 @@ class Incremental:
         if not len(changed):
             return base
         # Values whose collectives may move; values whose local size moved.
-        comm_vals = self.fine_comm_values.cols(changed)
-        if len(comm_vals) > self.full_limit:
+        comm_vals = self.tab.fine_comm_values.cols(changed)
+        if len(comm_vals) > self.tab.full_limit:
             return None
         self.delta_evaluations += 1
         fine_logdeg = base.fine_logdeg.copy()
         bits = ev.axes.bits(masks[changed])
         fine_logdeg[changed] = bits.T @ ev.log2n
-        size_vals = self.fine_values.cols(changed)
+        size_vals = self.tab.fine_values.cols(changed)
         value_local = base.value_local.copy()
         if len(size_vals):
-            logdeg = self.value_fine.matvec(size_vals, fine_logdeg)
+            logdeg = self.tab.value_fine.matvec(size_vals, fine_logdeg)
             value_local[size_vals] = ev.nbytes[size_vals] * np.exp2(-logdeg)
             size_vals = size_vals[value_local[size_vals] != base.value_local[size_vals]]
         # Compute: ops dividing work over a changed fine, ops touching a resized value.
-        ops = self.fine_ops.cols(changed)
+        ops = self.tab.fine_ops.cols(changed)
         if len(size_vals):
-            ops = np.union1d(ops, self.value_ops.cols(size_vals))
+            ops = np.union1d(ops, self.tab.value_ops.cols(size_vals))
         t = base.t.copy()
         if len(ops):
             t[ops] = self._op_times(ops, value_local, fine_logdeg)
@@ -250,11 +274,13 @@ class Incremental:
         res = (base.res_value, base.res_lo, base.res_hi, base.res_bytes)
         delta = base.delta.copy()
         if len(comm_vals):
-            view = _SitesOf(ev, self, comm_vals)
+            view = _SitesOf(ev, self.tab, comm_vals)
             comm_v[comm_vals] = 0.0
             comm_v += self._comm_per_value(view, masks, value_local)
             # Resharded copies of those values: out with the old, in with the new.
-            old = np.isin(base.res_value, comm_vals)
+            touched = np.zeros(self.tab.n_values, dtype=bool)
+            touched[comm_vals] = True
+            old = touched[base.res_value]
             np.add.at(delta, base.res_lo[old], -base.res_bytes[old])
             np.add.at(delta, base.res_hi[old] + 1, base.res_bytes[old])
             r = view._reshards(masks)
@@ -269,7 +295,7 @@ class Incremental:
                 np.concatenate([base.res_bytes[keep], new_bytes]),
             )
         # Live ranges of resized values.
-        pos = self.live_pos[size_vals]
+        pos = self.tab.live_pos[size_vals]
         pos = pos[pos >= 0]
         if len(pos):
             vids = ev.live_ids[pos]
@@ -281,9 +307,9 @@ class Incremental:
     def _op_times(self, ops, value_local, fine_logdeg) -> np.ndarray:
         """`Evaluator._compute`'s roofline time, for some ops only (same formula, same order)."""
         ev = self.ev
-        share = np.exp2(-self.op_work_fine.matvec(ops, fine_logdeg))
+        share = np.exp2(-self.tab.op_work_fine.matvec(ops, fine_logdeg))
         flops_local, trans_local = ev.op_flops[ops] * share, ev.op_trans[ops] * share
-        bytes_local = self.op_values.matvec(ops, value_local) * ev.trip[ops]
+        bytes_local = self.tab.op_values.matvec(ops, value_local) * ev.trip[ops]
         return np.maximum(
             (flops_local + trans_local) / ev.peak_flops, bytes_local / ev.hw.hbm_bytes_per_s
         )
@@ -294,7 +320,7 @@ class Incremental:
         ev = self.ev
         compute_s = float(t.sum())
         comm_s = float(comm_v.sum())
-        timeline = np.cumsum(delta)[: self.n_ops]
+        timeline = np.cumsum(delta)[: self.tab.n_ops]
         persistent = float(value_local[ev.persistent_ids].sum())
         peak = persistent + (float(timeline.max()) if len(timeline) else 0.0)
         step = compute_s + (1.0 - ev.overlap) * comm_s

@@ -80,15 +80,17 @@ class _Run:
         while not node.terminal and not node.untried and node.children:
             node = uct(node)
             path.append(node)
+        parent = node.state
         if not node.terminal and node.untried:
             node = self.tree.expand(node, self.env.apply)
             path.append(node)
-        score = self.scorer.score(node.state)
+        score = self.scorer.score(node.state, parent)
         r = max(self.reward(score), self.reward(self.rollout(node.state)))
         backup(path, r)
 
     def rollout(self, state: State) -> Score:
         """Random legal actions until stop."""
+        start = state
         for _ in range(ROLLOUT_STEPS):
             if self.rng.random() < STOP_PROBABILITY:
                 break
@@ -96,7 +98,7 @@ class _Run:
             if action is None:
                 break
             state = self.env.apply(state, action)
-        return self.scorer.score(state)
+        return self.scorer.score(state, start)
 
     def finished(self) -> bool:
         root = self.tree.node(self.env.root)

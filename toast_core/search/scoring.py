@@ -2,11 +2,15 @@
 
 The environment is deterministic, so the best state seen is the answer: memory-feasible states
 always beat infeasible ones, then lower step time (`better`). Scores are memoized per state key.
+
+States are priced incrementally (`cost.incremental`): from the cached evaluation of the state they
+were reached from (`parent`), or the nearest recently scored one, re-pricing only what changed.
 """
 
 from __future__ import annotations
 
 from toast_core.cost import Evaluator, Score
+from toast_core.cost.incremental import Incremental
 from toast_core.strategy import State
 
 
@@ -25,16 +29,19 @@ class Scorer:
 
     def __init__(self, ev: Evaluator) -> None:
         self.ev = ev
+        self.incremental = Incremental(ev)
         self.scores: dict[tuple, Score] = {}
         self.evaluations = 0
         self.best_state: State | None = None
         self.best_score: Score | None = None
 
-    def score(self, state: State) -> Score:
+    def score(self, state: State, parent: State | None = None) -> Score:
+        """The score of `state`; `parent`, a state scored just before that differs from it in a
+        few fine classes, makes it cheaper."""
         key = state.key
         s = self.scores.get(key)
         if s is None:
-            s = self.ev.score(state.masks)
+            s = self.incremental.score(state.masks, None if parent is None else parent.masks)
             self.scores[key] = s
             self.evaluations += 1
             if self.best_score is None or better(s, self.best_score):

@@ -70,7 +70,7 @@ def greedy(
             nxt = env.apply(current, a)
             candidates = [nxt] if isinstance(a, Shard) else follow_ups(env, nxt, a)
             for cand in candidates:
-                s = scorer.score(cand)
+                s = scorer.score(cand, current)
                 if better(s, best_s):
                     best_next, best_s = cand, s
         if best_next is None:
