@@ -32,6 +32,7 @@ from __future__ import annotations
 import time
 import warnings as _warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -39,13 +40,13 @@ from toast_core.analysis import Analysis
 from toast_core.cost import Score, evaluator
 from toast_core.fmt import fmt_bytes
 from toast_core.mesh import HardwareSpec, MeshSpec
-from toast_core.search import seeding
+from toast_core.search import parallel, seeding
 from toast_core.search.env import Environment
 from toast_core.search.scoring import Scorer
 from toast_core.search.selection import uct
 from toast_core.search.tree import Tree, backup
 from toast_core.search.types import SearchEvent, SearchResult, SearchSettings, settings_of
-from toast_core.strategy import State, constrain, space_of
+from toast_core.strategy import State, Strategy, constrain, space_of
 
 STOP_PROBABILITY = 0.25
 ROLLOUT_STEPS = 24
@@ -63,8 +64,8 @@ class _Run:
         self.ref = 1.0
         self.baselines: dict = {}
 
-    def seed(self) -> None:
-        self.baselines, admitted = seeding.score_baselines(self.scorer, self.env)
+    def seed(self, deadline: float | None = None) -> None:
+        self.baselines, admitted = seeding.score_baselines(self.scorer, self.env, deadline)
         feasible = [t for t in admitted.values() if t is not None]
         self.ref = min(feasible) if feasible else (self.scorer.best_score.step_time_s or 1.0)
 
@@ -105,6 +106,20 @@ class _Run:
         return root.terminal or root.is_exhausted()
 
 
+#: When each phase of a timed search must end, as fractions of the budget: the baselines, the
+#: greedy descents, the tree, the final polish; the rest is left for the result's report.
+PHASE_ENDS = {"baselines": 0.25, "descents": 0.5, "tree": 0.85, "polish": 0.95}
+
+
+def _deadlines(start: float, budget_s: float | None) -> dict[str, float | None]:
+    """Absolute deadlines of the phases (None everywhere in simulation mode, so that a seeded
+    run is deterministic)."""
+    return {
+        name: None if budget_s is None else start + end * budget_s
+        for name, end in PHASE_ENDS.items()
+    }
+
+
 def search_iter(
     ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, **settings
 ) -> Iterator[SearchEvent]:
@@ -115,14 +130,12 @@ def search_iter(
     `cost_options` (a `tc.CostOptions`), `report_every_s`. The last event has `done=True`.
     """
     st = settings_of(settings)
+    if st.workers > 1:
+        yield _parallel_event(ana, mesh, hw, st)
+        return
     start = time.perf_counter()
     run = _Run(ana, mesh, hw, st)
-    # Time budgets: half for seeding (baselines, greedy descents), the rest for the tree, and a
-    # final polish allowed to overrun by a tenth of the budget. No deadlines in simulation mode,
-    # so that a seeded run is deterministic.
-    budget = st.budget_s
-    seed_deadline = start + 0.5 * budget if budget is not None else None
-    polish_deadline = start + 1.1 * budget if budget is not None else None
+    phase = _deadlines(start, st.budget_s)
 
     def event(i: int, done: bool) -> SearchEvent:
         elapsed = time.perf_counter() - start
@@ -141,24 +154,55 @@ def search_iter(
             baselines=dict(run.baselines),
         )
 
-    run.seed()
+    run.seed(phase["baselines"])
     yield event(0, False)  # the best baseline, at once
-    seeding.descend(run.scorer, run.env, seed_deadline)
+    seeding.descend(run.scorer, run.env, phase["descents"])
     yield event(0, False)
     last = time.perf_counter()
     i = 0
     while not run.finished():
         if st.num_simulations is not None and i >= st.num_simulations:
             break
-        if budget is not None and time.perf_counter() - start >= budget:
+        # The tree always runs at least once: its share is never taken by the seeding.
+        if i > 0 and seeding._past(phase["tree"]):
             break
         run.iterate()
         i += 1
         if time.perf_counter() - last >= st.report_every_s:
             last = time.perf_counter()
             yield event(i, False)
-    seeding.greedy(run.scorer, run.env, run.scorer.best_state, deadline=polish_deadline)
+    seeding.greedy(run.scorer, run.env, run.scorer.best_state, deadline=phase["polish"])
     yield event(i, True)
+
+
+@dataclass(frozen=True)
+class _Last:
+    """What `search` reads of the last event, for a multi-process search."""
+
+    best_strategy: Strategy
+    iteration: int
+    evaluations: int
+    elapsed_s: float
+    baselines: dict
+
+
+def _parallel_event(ana, mesh, hw, st: SearchSettings) -> SearchEvent:
+    """The one event of a multi-process search: its merged result (`parallel.run_workers`)."""
+    merged = parallel.run_workers(ana, mesh, hw, st)
+    s = evaluator(ana, mesh, hw, st.cost_options).report(merged["best"])
+    return SearchEvent(
+        iteration=merged["iterations"],
+        elapsed_s=merged["elapsed_s"],
+        best_step_time_s=s.step_time_s,
+        best_peak_bytes=s.peak_bytes,
+        best_fits=s.fits,
+        best_strategy=merged["best"],
+        tree_size=0,
+        evaluations=merged["evaluations"],
+        evals_per_s=merged["evaluations"] / max(merged["elapsed_s"], 1e-9),
+        done=True,
+        baselines=dict(merged["baselines"]),
+    )
 
 
 def search(ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, **settings) -> SearchResult:
@@ -166,9 +210,20 @@ def search(ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, **settings) -> Searc
     st = settings_of(settings)
     history = []
     last = None
-    for ev in search_iter(ana, mesh, hw, **settings):
-        history.append((ev.iteration, ev.elapsed_s, ev.best_step_time_s))
-        last = ev
+    if st.workers > 1:
+        merged = parallel.run_workers(ana, mesh, hw, st)
+        history = list(merged["history"])
+        last = _Last(
+            merged["best"],
+            merged["iterations"],
+            merged["evaluations"],
+            merged["elapsed_s"],
+            merged["baselines"],
+        )
+    else:
+        for ev in search_iter(ana, mesh, hw, **settings):
+            history.append((ev.iteration, ev.elapsed_s, ev.best_step_time_s))
+            last = ev
     times = last.baselines
     t_reach = None
     feasible_times = [t for t in times.values() if t is not None]

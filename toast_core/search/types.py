@@ -55,6 +55,8 @@ class SearchSettings:
     Budgets in seconds (`budget_s`) and/or simulations (`num_simulations`): at least one; with
     `num_simulations` set and `budget_s=None` the search is deterministic for a seed. `pins` may
     hold forbids (`!N3@data`) too; `forbids` is kept for the contract of DESIGN.md §9.
+    `workers`: independent searches run in that many processes (seeds `seed`, `seed + 1`, ...),
+    the best kept (`parallel.py`).
     """
 
     budget_s: float | None = 10.0
@@ -64,6 +66,7 @@ class SearchSettings:
     forbids: tuple = ()
     cost_options: CostOptions = field(default_factory=CostOptions)
     report_every_s: float = 0.2
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if self.budget_s is None and self.num_simulations is None:
@@ -80,6 +83,8 @@ class SearchSettings:
             raise ToastError(
                 bad_value("num_simulations", self.num_simulations, "a non-negative int")
             )
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ToastError(bad_value("workers", self.workers, "a positive int"))
         if not isinstance(self.cost_options, CostOptions):
             raise ToastError(bad_value("cost_options", self.cost_options, "a tc.CostOptions"))
         for name in ("pins", "forbids"):
