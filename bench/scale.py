@@ -28,6 +28,8 @@ import time
 from _common import peak_rss_bytes, save, set_devices, table
 
 set_devices()
+# This checkout's toast_core and demos, whatever package is installed.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # (zoo model, size, mesh, hardware, config overrides): global batches that give every data
 # shard one sequence. Llama-3 70B uses 2048-token sequences: we model full (not flash) attention

@@ -176,6 +176,7 @@ def _fsdp(ana, mesh, name) -> tuple[Strategy | None, str]:
     clashes = [c for c in ana.conflicts if c.kind == "axis_clash" and c.options]
     clashes.sort(key=lambda c: -ana.named_dims[c.named_dims[0]].bytes_covered)
     sharded, done = 0, set()
+    held = _persistent_fines(ana)
     for c in clashes:
         if c.id in done:
             continue
@@ -184,7 +185,7 @@ def _fsdp(ana, mesh, name) -> tuple[Strategy | None, str]:
         opts = dict(b.options)
         opts.update({k: 0 for k in group})
         res = resolve(ana, opts)
-        sides = [_parameter_side(ana, res, ana.conflicts[k].named_dims[0]) for k in group]
+        sides = [_parameter_side(res, ana.conflicts[k].named_dims[0], held) for k in group]
         sides = [x for x in sides if x is not None]
         if sides and b.try_shard(sides, batch_axes, opts):
             sharded += len(sides)
@@ -193,19 +194,25 @@ def _fsdp(ana, mesh, name) -> tuple[Strategy | None, str]:
     return b.strategy(), ""
 
 
-def _parameter_side(ana: Analysis, res, parent: int) -> str | None:
-    """The part of a cut named dim that holds the persistent inputs (parameters, state)."""
-    parts = [d for d in res.dims if d.parent == parent]
-    fine = ana.fine_of_atom
+def _persistent_fines(ana: Analysis) -> set[int]:
+    """Fine classes of the persistent inputs (parameters, optimizer state)."""
+    fine = ana.fine_of_atom.tolist()
     prog = ana.program
-    for part in parts:
-        fines = set(part.fine)
-        for vid in prog.inputs:
-            v = prog.values[vid]
-            if v.is_persistent and any(
-                int(fine[a]) in fines for atoms in ana.nda.value_atoms[vid] for a in atoms
-            ):
-                return part.name
+    return {
+        fine[a]
+        for vid in prog.inputs
+        if prog.values[vid].is_persistent
+        for atoms in ana.nda.value_atoms[vid]
+        for a in atoms
+    }
+
+
+def _parameter_side(res, parent: int, held: set[int]) -> str | None:
+    """The part of a cut named dim that holds the persistent inputs (`held`: their fine
+    classes)."""
+    for part in (d for d in res.dims if d.parent == parent):
+        if not held.isdisjoint(part.fine):
+            return part.name
     return None
 
 
