@@ -109,18 +109,20 @@ class _Run:
         return root.terminal or root.is_exhausted()
 
 
-#: When each phase of a timed search must end, as fractions of the budget: the baselines, the
-#: greedy descents, the tree, the final polish; the rest is left for the result's report.
+#: When each phase of a timed search must end, as fractions of the time left once the search is
+#: set up (the evaluator and the decision space, built once per analysis and mesh): the
+#: baselines, the greedy descents, the tree, the final polish; the rest is left for the
+#: result's report.
 PHASE_ENDS = {"baselines": 0.25, "descents": 0.5, "tree": 0.85, "polish": 0.95}
 
 
-def _deadlines(start: float, budget_s: float | None) -> dict[str, float | None]:
-    """Absolute deadlines of the phases (None everywhere in simulation mode, so that a seeded
-    run is deterministic)."""
-    return {
-        name: None if budget_s is None else start + end * budget_s
-        for name, end in PHASE_ENDS.items()
-    }
+def _deadlines(start: float, ready: float, budget_s: float | None) -> dict[str, float | None]:
+    """Absolute deadlines of the phases of a search started at `start` and set up at `ready`
+    (None everywhere in simulation mode, so that a seeded run is deterministic)."""
+    if budget_s is None:
+        return dict.fromkeys(PHASE_ENDS)
+    left = max(start + budget_s - ready, 0.0)
+    return {name: ready + end * left for name, end in PHASE_ENDS.items()}
 
 
 def search_iter(
@@ -169,7 +171,7 @@ def _search(ana, mesh, hw, st: SearchSettings) -> Iterator[SearchEvent]:
     """The single-process search (`search_iter`)."""
     start = time.perf_counter()
     run = _Run(ana, mesh, hw, st)
-    phase = _deadlines(start, st.budget_s)
+    phase = _deadlines(start, time.perf_counter(), st.budget_s)
 
     def event(i: int, done: bool) -> SearchEvent:
         elapsed = time.perf_counter() - start
