@@ -158,7 +158,7 @@ _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _TABLES_LOCK = threading.Lock()
 
 
-def _tables(ev: Evaluator) -> _Tables:
+def incremental_tables(ev: Evaluator) -> _Tables:
     """The tables of `ev`, built once (a pure function of the evaluator)."""
     with _TABLES_LOCK:
         hit = _TABLES.get(ev)
@@ -175,7 +175,7 @@ class Incremental:
 
     def __init__(self, ev: Evaluator, cache_size: int = CACHE_SIZE) -> None:
         self.ev = ev
-        self.tab = _tables(ev)
+        self.tab = incremental_tables(ev)
         self.cache_size = cache_size
         self._cache: OrderedDict[bytes, _Cached] = OrderedDict()
         self.full_evaluations = 0

@@ -113,7 +113,7 @@ class _Run:
 #: set up (the evaluator and the decision space, built once per analysis and mesh): the
 #: baselines, the greedy descents, the tree, the final polish; the rest is left for the
 #: result's report.
-PHASE_ENDS = {"baselines": 0.25, "descents": 0.5, "tree": 0.85, "polish": 0.95}
+PHASE_ENDS = {"baselines": 0.25, "descents": 0.5, "tree": 0.9, "polish": 0.97}
 
 
 def _deadlines(start: float, ready: float, budget_s: float | None) -> dict[str, float | None]:

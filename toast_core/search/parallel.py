@@ -21,10 +21,12 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 
 from toast_core.analysis import Analysis
-from toast_core.cost import Score
+from toast_core.cost import Score, evaluator
+from toast_core.cost.incremental import incremental_tables
 from toast_core.mesh import HardwareSpec, MeshSpec
 from toast_core.search.scoring import better
 from toast_core.search.types import SearchSettings
+from toast_core.strategy import space_of
 
 #: The fraction of the budget a worker may use: the rest pays for collecting the results and
 #: pricing the winner in full.
@@ -69,6 +71,9 @@ def run_workers(ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, st: SearchSetti
         dataclasses.replace(st, seed=st.seed + k, workers=1, budget_s=budget) for k in range(n)
     ]
     _SHARED = (ana, mesh, hw)
+    # Built once here, inherited by every fork (else each worker would build its own copy).
+    incremental_tables(evaluator(ana, mesh, hw, st.cost_options))
+    space_of(ana, mesh)
     try:
         if "fork" in multiprocessing.get_all_start_methods():
             ctx = multiprocessing.get_context("fork")
