@@ -78,6 +78,7 @@ def _without_timings(rows: list[dict]) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:os.fork")  # Ray starts its processes by fork + exec
 def test_a_sweep_gives_the_same_results_on_a_process_pool_and_on_ray():
     ray = pytest.importorskip("ray")
     cases = _cases()
