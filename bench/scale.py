@@ -1,41 +1,90 @@
 """Scale: real-size train steps traced from ShapeDtypeStructs, analyzed and searched.
 
-GPT-3 175B (unrolled, 96 layers, and with `lax.scan` over stacked layers) on a 3-axis mesh of 2048
-devices (data=8, fsdp=16, model=16: with data=16, fsdp=16, model=8 the unrolled step's activations
-need 116 GiB per chip, see the closing note of the scale issue) and Llama-3 70B on 512 devices (data=4, fsdp=16, model=8), TPU
-v5p: trace, analysis and a 30 s search in one process each. Reported: wall times, peak RSS, named
-dims, decision groups, whether the plan fits device memory and its efficiency (ideal / estimated
-step time). Targets: total under 60 s, peak RSS under 6 GB.
+Cases (TPU v5p unless said): GPT-3 175B unrolled (96 layers) and with `lax.scan` over stacked
+layers on 2048 devices (data=8, fsdp=16, model=16: with data=16, fsdp=16, model=8 the unrolled
+step's activations need 116 GiB per chip), Llama-3 70B on 512 (data=4, fsdp=16, model=8), a
+Mixtral-class MoE (8 experts of 14336, 32 layers) on 256 (data=4, fsdp=8, model=8) and the zoo's
+large U-Net on 2x2x2. Each case runs in a fresh process (so its peak RSS is its own): trace,
+analysis, preparation (the evaluator and the decision space, built once per analysis and mesh and
+reused by every later search) and a search with `--budget` seconds. Columns: those wall times and
+the total, peak RSS, evaluations/s, MCTS iterations, budget overrun (search wall time / budget - 1),
+whether the plan fits and its efficiency (ideal / estimated step time).
 
-    .venv/bin/python bench/scale.py [--budget 30] [--only gpt3]
+`--depth` adds the curve of search time and quality against depth: GPT-2-small layers (768 wide)
+stacked 1 to 96 deep on data=2,model=4 of TPU v5e, each searched with the same budget; quality is
+the found step time over the best baseline's.
+
+    .venv/bin/python bench/scale.py [--budget 5] [--only gpt3] [--depth] [--workers 2 | --ray auto]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 
-from _common import peak_rss_bytes, save, table
+from _common import peak_rss_bytes, save, set_devices, table
 
-# (zoo model, size, mesh, config overrides): global batches that give every data shard one
-# sequence. Llama-3 70B uses 2048-token sequences: we model full (not flash) attention without
-# rematerialization, whose 4096-token scores alone would overflow any chip.
+set_devices()
+# This checkout's toast_core and demos, whatever package is installed.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# (zoo model, size, mesh, hardware, config overrides): global batches that give every data
+# shard one sequence. Llama-3 70B uses 2048-token sequences: we model full (not flash) attention
+# without rematerialization, whose 4096-token scores alone would overflow any chip.
 CASES = {
-    "gpt3-175b": ("gpt", "gpt3-175b", "data=8,fsdp=16,model=16", {"batch": 128}),
-    "gpt3-175b-scan": ("gpt-scan", "gpt3-175b", "data=8,fsdp=16,model=16", {"batch": 128}),
-    "llama3-70b": ("llama", "llama3-70b", "data=4,fsdp=16,model=8", {"batch": 64, "seq": 2048}),
+    "gpt3-175b": ("gpt", "gpt3-175b", "data=8,fsdp=16,model=16", "tpu-v5p", {"batch": 128}),
+    "gpt3-175b-scan": (
+        "gpt-scan",
+        "gpt3-175b",
+        "data=8,fsdp=16,model=16",
+        "tpu-v5p",
+        {"batch": 128},
+    ),
+    "llama3-70b": (
+        "llama",
+        "llama3-70b",
+        "data=4,fsdp=16,model=8",
+        "tpu-v5p",
+        {"batch": 64, "seq": 2048},
+    ),
+    "mixtral-8x7b": (
+        "moe",
+        "mixtral-8x7b",
+        "data=4,fsdp=8,model=8",
+        "tpu-v5p",
+        {"batch": 32, "seq": 2048},
+    ),
+    "unet-large": ("unet", "large", "data=2,fsdp=2,model=2", "tpu-v5p", {}),
 }
+DEPTHS = (1, 2, 4, 8, 16, 32, 48, 64, 96)
+COLUMNS = [
+    "case",
+    "devices",
+    "eqns",
+    "trace_s",
+    "analysis_s",
+    "prepare_s",
+    "search_s",
+    "total_s",
+    "peak_rss_gb",
+    "evals_per_s",
+    "iterations",
+    "overrun",
+    "fits",
+    "efficiency",
+    "vs_best_baseline",
+]
 
 
-def run_case(key: str, budget_s: float, hardware: str) -> dict:
+def run_case(model: str, size: str, mesh_text: str, hardware: str, overrides: dict, budget_s):
     """One case, measured in this (fresh) process."""
     import toast_core as tc
     from demos import MODEL_ZOO
 
-    model, size, mesh_text, overrides = CASES[key]
     t0 = time.perf_counter()
     w = MODEL_ZOO[model](size=size, **overrides)
     prog = tc.trace(w.fn, *w.args, param_argnums=w.param_argnums)
@@ -43,72 +92,117 @@ def run_case(key: str, budget_s: float, hardware: str) -> dict:
     ana = tc.analyze(prog)
     t2 = time.perf_counter()
     mesh, hw = tc.MeshSpec.parse(mesh_text), tc.hardware(hardware)
+    # The per-(analysis, mesh) structures every search reuses (memoized): timed apart, so that
+    # the search column shows what a re-search (after a pin) costs.
+    from toast_core.cost import evaluator
+    from toast_core.strategy import space_of
+
+    evaluator(ana, mesh, hw)
+    space_of(ana, mesh)
+    t_prep = time.perf_counter()
     result = tc.search(ana, mesh, hw, budget_s=budget_s, seed=0)
     t3 = time.perf_counter()
     s, r = ana.summary(), result.report
-    feasible_baselines = {k: v for k, v in result.baselines.items() if v is not None}
-    best_base = min(feasible_baselines.values()) if feasible_baselines else None
+    feasible = [v for v in result.baselines.values() if v is not None]
+    best_base = min(feasible) if feasible else None
     return {
-        "case": key,
         "devices": mesh.n_devices,
-        "batch": w.config.batch,
-        "seq": w.config.seq,
         "eqns": s["ops"],
-        "tensor_dims": s["tensor_dims"],
         "named_dims": s["named_dims"],
         "dim_groups": s["dim_groups"],
         "conflicts": s["conflicts"],
-        "conflict_groups": s["conflict_groups"],
         "trace_s": round(t1 - t0, 2),
-        "analyze_s": round(t2 - t1, 2),
-        "search_s": round(t3 - t2, 2),
+        "analysis_s": round(t2 - t1, 2),
+        "prepare_s": round(t_prep - t2, 2),
+        "search_s": round(t3 - t_prep, 2),
         "total_s": round(t3 - t0, 2),
         "peak_rss_gb": round(peak_rss_bytes() / 1e9, 2),
         "evals_per_s": round(result.evaluations / max(result.elapsed_s, 1e-9)),
+        "evaluations": result.evaluations,
+        "iterations": result.iterations,
+        "overrun": f"{(t3 - t_prep) / budget_s - 1:+.1%}",
         "fits": r.fits,
         "peak_gib": round(r.peak_bytes / 2**30, 1),
-        "step_s": round(r.step_time_s, 3),
+        "step_s": r.step_time_s,
         "efficiency": round(r.efficiency, 3),
-        "vs_best_baseline": round(r.step_time_s / best_base, 3)
-        if best_base
-        else "no feasible baseline",
+        "vs_best_baseline": round(r.step_time_s / best_base, 3) if best_base else "none fits",
     }
+
+
+def in_fresh_process(job: dict) -> dict:
+    """Runs one job (`--job` JSON) in a new interpreter: peak RSS is the job's alone. Module
+    level, so that a process pool or Ray can call it by name."""
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--job", json.dumps(job)],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    )
+    if out.returncode:
+        return {**job, "error": out.stderr.strip().splitlines()[-1:]}
+    return {"case": job["name"], **json.loads(out.stdout.strip().splitlines()[-1])}
+
+
+def jobs(args) -> list[dict]:
+    out = []
+    for key, (model, size, mesh, hardware, overrides) in CASES.items():
+        if args.only and args.only not in key:
+            continue
+        out.append(
+            dict(
+                name=key,
+                model=model,
+                size=size,
+                mesh=mesh,
+                hardware=hardware,
+                overrides=overrides,
+                budget_s=args.budget,
+            )
+        )
+    if args.depth:
+        for n in DEPTHS:
+            out.append(
+                dict(
+                    name=f"gpt2-depth-{n}",
+                    model="gpt",
+                    size="gpt2",
+                    mesh="data=2,model=4",
+                    hardware="tpu-v5e",
+                    overrides={"n_layers": n},
+                    budget_s=args.budget,
+                )
+            )
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--budget", type=float, default=30.0)
-    p.add_argument("--hardware", default="tpu-v5p")
-    p.add_argument("--only", default="")
-    p.add_argument("--case", default="", help=argparse.SUPPRESS)  # internal: run one case
+    p.add_argument("--budget", type=float, default=5.0)
+    p.add_argument("--only", default="", help="run the cases whose key contains this")
+    p.add_argument("--depth", action="store_true", help="also the depth curve (GPT-2, 1-96)")
+    p.add_argument("--workers", type=int, default=1, help="cases run at once (process pool)")
+    p.add_argument("--ray", default=None, help="run the cases on a Ray cluster: auto|ADDRESS")
+    p.add_argument("--job", default="", help=argparse.SUPPRESS)  # internal: run one job
     args = p.parse_args()
-    if args.case:
-        print(json.dumps(run_case(args.case, args.budget, args.hardware)))
-        return
-    rows = []
-    for key in CASES:
-        if args.only and args.only not in key:
-            continue
-        # A fresh process per case, so peak RSS is that case's alone.
-        out = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--case",
-                key,
-                "--budget",
-                str(args.budget),
-                "--hardware",
-                args.hardware,
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
+    if args.job:
+        j = json.loads(args.job)
+        row = run_case(
+            j["model"], j["size"], j["mesh"], j["hardware"], j["overrides"], j["budget_s"]
         )
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(table(rows[-1:], list(rows[-1])), flush=True)
+        print(json.dumps(row))
+        return
+    from toast_core.search.sweep import sweep
+
+    todo = jobs(args)
+    if args.ray or args.workers > 1:
+        rows = sweep(in_fresh_process, todo, workers=args.workers, ray=args.ray)
+    else:
+        rows = []
+        for job in todo:
+            rows.append(in_fresh_process(job))
+            print(table(rows[-1:], COLUMNS), flush=True)
     print()
-    print(table(rows, list(rows[0])))
+    print(table(rows, COLUMNS))
     print(f"results: {save('scale', rows)}")
 
 

@@ -4,6 +4,7 @@
     toast search gpt --mesh data=2,model=4 --hardware tpu-v5e --budget 10s --out s.json
     toast compare gpt --mesh data=2,model=4 --hardware h100-80gb
     toast validate gpt --mesh data=2,model=4 --strategy s.json
+    toast sweep gpt mlp --mesh data=8 --mesh data=2,model=4 --simulations 20 [--ray auto]
 
 TARGET is a zoo name (`gpt`, `llama`, ... with `--size`) or `path/to/file.py:function` where the
 function returns `(fn, example_args)` (or a demos Workload). Human tables by default, `--json` for
@@ -242,32 +243,21 @@ def cmd_search(args) -> int:
     if verify:
         _simulate_devices(mesh.n_devices)
     _, _, ana, _ = _analyze(args)
-    last = None
-    for ev in tc.search_iter(
-        ana,
-        mesh,
-        hw,
+    settings = dict(
         budget_s=budget,
         num_simulations=args.simulations,
         seed=args.seed,
         pins=args.pin or (),
         forbids=args.forbid or (),
         verify=verify,
-    ):
-        last = ev
-        if not args.json and sys.stderr.isatty() or os.environ.get("TOAST_PROGRESS"):
-            frac = min(ev.elapsed_s / budget, 1.0) if budget else 0.0
-            bar = "#" * int(30 * frac)
-            print(
-                f"\r[{bar:<30}] {ev.elapsed_s:5.1f}s best {fmt_s(ev.best_step_time_s)} "
-                f"{'fits' if ev.best_fits else 'DOES NOT FIT'} | {ev.evals_per_s:.0f} evals/s "
-                f"| tree {ev.tree_size}",
-                end="",
-                file=sys.stderr,
-                flush=True,
-            )
-    if not args.json and (sys.stderr.isatty() or os.environ.get("TOAST_PROGRESS")):
-        print(file=sys.stderr)
+        workers=args.workers,
+    )
+    show = not args.json and sys.stderr.isatty() or bool(os.environ.get("TOAST_PROGRESS"))
+    last = None
+    with _progress(show, budget) as update:
+        for ev in tc.search_iter(ana, mesh, hw, **settings):
+            last = ev
+            update(ev)
     best = last.best_strategy.with_name("search")
     report = tc.estimate(ana, best, mesh, hw)
     if args.out:
@@ -333,6 +323,134 @@ def cmd_search(args) -> int:
             print(f"  {c.name} option {o}: {c.options[o].description}")
     if args.out:
         print(f"\nsaved {args.out}")
+    return 0
+
+
+class _progress:
+    """A progress bar on stderr while a search runs: elapsed of the budget, evaluations/s and the
+    best step time so far (rich when installed, else one plain line redrawn)."""
+
+    def __init__(self, show: bool, budget_s: float | None) -> None:
+        self.show, self.budget = show, budget_s
+        self.bar = None
+
+    def __enter__(self):
+        if not self.show:
+            return lambda ev: None
+        try:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        except ImportError:
+            return self._plain
+        self.bar = Progress(
+            TextColumn("search"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"),
+            console=Console(file=sys.stderr),
+            transient=False,
+        )
+        self.bar.__enter__()
+        self.task = self.bar.add_task("search", total=self.budget or None, status="")
+        return self._rich
+
+    def _status(self, ev) -> str:
+        return (
+            f"best {fmt_s(ev.best_step_time_s)} {'fits' if ev.best_fits else 'DOES NOT FIT'} "
+            f"| {ev.evals_per_s:,.0f} evals/s | {ev.iteration} simulations"
+        )
+
+    def _rich(self, ev) -> None:
+        done = self.budget if ev.done and self.budget else min(ev.elapsed_s, self.budget or 0)
+        self.bar.update(self.task, completed=done, status=self._status(ev))
+
+    def _plain(self, ev) -> None:
+        frac = min(ev.elapsed_s / self.budget, 1.0) if self.budget else 0.0
+        print(
+            f"\r[{'#' * int(30 * frac):<30}] {ev.elapsed_s:5.1f}s {self._status(ev)}",
+            end="\n" if ev.done else "",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+
+def search_case(case: dict) -> dict:
+    """One case of a sweep: trace, analyze and search a zoo model or `file.py:function` on a
+    mesh and hardware preset. `case`: target, size, mesh, hardware, and the search keywords
+    (budget_s, num_simulations, seed); a module-level function, so that a process pool or Ray
+    can run it by name."""
+    import toast_core as tc
+
+    keys = ("target", "size", "mesh", "hardware")
+    missing = [k for k in keys if k not in case]
+    if missing:
+        raise tc.ToastError(f"expected a sweep case with {', '.join(keys)}, got `case={case}`")
+    t0 = time.perf_counter()
+    fn, ex_args, argnums, _ = load_target(case["target"], case["size"], False)
+    ana = tc.analyze(tc.trace(fn, *ex_args, param_argnums=argnums))
+    t1 = time.perf_counter()
+    mesh, hw = tc.MeshSpec.parse(case["mesh"]), tc.hardware(case["hardware"])
+    settings = {k: case[k] for k in ("budget_s", "num_simulations", "seed") if k in case}
+    r = tc.search(ana, mesh, hw, **settings)
+    return {
+        **{k: case[k] for k in keys},
+        "step_time_s": r.report.step_time_s,
+        "peak_bytes": r.report.peak_bytes,
+        "fits": r.report.fits,
+        "efficiency": r.report.efficiency,
+        "iterations": r.iterations,
+        "evaluations": r.evaluations,
+        "strategy": [list(x) for x in r.best.shardings],
+        "options": [list(x) for x in r.best.options],
+        "analysis_s": t1 - t0,
+        "search_s": r.elapsed_s,
+    }
+
+
+def cmd_sweep(args) -> int:
+    from toast_core.search.sweep import sweep
+
+    budget = _parse_budget(args.budget) if args.simulations is None or args.budget else None
+    cases = [
+        {
+            "target": t,
+            "size": args.size,
+            "mesh": m,
+            "hardware": h,
+            "budget_s": budget,
+            "num_simulations": args.simulations,
+            "seed": args.seed,
+        }
+        for t in args.target
+        for m in args.mesh or ["data=2,model=4"]
+        for h in args.hardware or ["tpu-v5e"]
+    ]
+    rows = sweep(search_case, cases, workers=args.workers, ray=args.ray)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(
+        _table(
+            [
+                [
+                    r["target"],
+                    r["mesh"],
+                    r["hardware"],
+                    fmt_s(r["step_time_s"]),
+                    fmt_bytes(r["peak_bytes"]),
+                    "yes" if r["fits"] else "NO",
+                    f"{r['efficiency']:.1%}",
+                    str(r["evaluations"]),
+                ]
+                for r in rows
+            ],
+            ["target", "mesh", "hardware", "step", "peak mem", "fits", "efficiency", "evals"],
+        )
+    )
     return 0
 
 
@@ -483,15 +601,23 @@ def build_parser() -> argparse.ArgumentParser:
         ("compare", "baseline strategies side by side"),
         ("validate", "compile a strategy with XLA and compare with the prediction"),
         ("explain", "what if each decision of a strategy changed: step time, memory, collectives"),
+        ("sweep", "search many targets x meshes x hardware presets in parallel"),
     ):
         s = sub.add_parser(name, help=help_text)
-        s.add_argument("target", help="zoo model name or path/to/file.py:function")
+        s.add_argument(
+            "target",
+            nargs="+" if name == "sweep" else None,
+            help="zoo model name or path/to/file.py:function",
+        )
         s.add_argument("--size", default="tiny", help="zoo model size (default tiny)")
         s.add_argument(
             "--forward", action="store_true", help="zoo model forward pass, not a train step"
         )
         s.add_argument("--json", action="store_true", help="machine-readable output")
-        if name in ("validate", "explain"):
+        if name == "sweep":
+            s.add_argument("--mesh", action="append", help="mesh axes (repeat for several)")
+            s.add_argument("--hardware", action="append", help="hardware preset (repeat)")
+        elif name in ("validate", "explain"):
             s.add_argument(
                 "--mesh",
                 default=None,
@@ -504,12 +630,21 @@ def build_parser() -> argparse.ArgumentParser:
                 default=DEFAULT_MESH,
                 help=f"mesh axes, e.g. data=4,model=2 (default {DEFAULT_MESH})",
             )
-        if name != "analyze":
+        if name not in ("analyze", "sweep"):
             s.add_argument(
                 "--hardware",
                 default=DEFAULT_HARDWARE,
                 help=f"hardware preset (default {DEFAULT_HARDWARE})",
             )
+        if name in ("search", "sweep"):
+            s.add_argument(
+                "--workers", type=int, default=1 if name == "search" else None, help="processes"
+            )
+        if name == "sweep":
+            s.add_argument("--budget", default=None, help="time budget per case, e.g. 5s")
+            s.add_argument("--simulations", type=int, default=None, help="simulations per case")
+            s.add_argument("--seed", type=int, default=0)
+            s.add_argument("--ray", default=None, help="run on a Ray cluster: auto or ADDRESS")
         if name == "search":
             s.add_argument("--budget", default=None, help="time budget, e.g. 10s (default 10s)")
             s.add_argument("--simulations", type=int, default=None, help="simulation budget")
@@ -540,7 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "search" and args.budget is None and args.simulations is None:
+    if args.command in ("search", "sweep") and args.budget is None and args.simulations is None:
         args.budget = "10s"
     from toast_core.errors import ToastError
 
@@ -551,6 +686,7 @@ def main(argv: list[str] | None = None) -> int:
             "compare": cmd_compare,
             "validate": cmd_validate,
             "explain": cmd_explain,
+            "sweep": cmd_sweep,
         }[args.command](args)
     except (CliError, ToastError) as exc:
         print(f"toast: error: {_one_line(str(exc))}", file=sys.stderr)

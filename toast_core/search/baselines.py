@@ -186,6 +186,7 @@ def _fsdp(ana, mesh, name) -> tuple[Strategy | None, str]:
     clashes = [c for c in ana.conflicts if c.kind == "axis_clash" and c.options]
     clashes.sort(key=lambda c: -ana.named_dims[c.named_dims[0]].bytes_covered)
     sharded, done = 0, set()
+    held = _persistent_fines(ana)
     for c in clashes:
         if c.id in done:
             continue
@@ -194,7 +195,7 @@ def _fsdp(ana, mesh, name) -> tuple[Strategy | None, str]:
         opts = dict(b.options)
         opts.update({k: 0 for k in group})
         res = resolve(ana, opts)
-        sides = [_parameter_side(ana, res, ana.conflicts[k].named_dims[0]) for k in group]
+        sides = [_parameter_side(res, ana.conflicts[k].named_dims[0], held) for k in group]
         sides = [x for x in sides if x is not None]
         if sides and b.try_shard(sides, batch_axes, opts):
             sharded += len(sides)
@@ -203,19 +204,25 @@ def _fsdp(ana, mesh, name) -> tuple[Strategy | None, str]:
     return b.strategy(), why
 
 
-def _parameter_side(ana: Analysis, res, parent: int) -> str | None:
-    """The part of a cut named dim that holds the persistent inputs (parameters, state)."""
-    parts = [d for d in res.dims if d.parent == parent]
-    fine = ana.fine_of_atom
+def _persistent_fines(ana: Analysis) -> set[int]:
+    """Fine classes of the persistent inputs (parameters, optimizer state)."""
+    fine = ana.fine_of_atom.tolist()
     prog = ana.program
-    for part in parts:
-        fines = set(part.fine)
-        for vid in prog.inputs:
-            v = prog.values[vid]
-            if v.is_persistent and any(
-                int(fine[a]) in fines for atoms in ana.nda.value_atoms[vid] for a in atoms
-            ):
-                return part.name
+    return {
+        fine[a]
+        for vid in prog.inputs
+        if prog.values[vid].is_persistent
+        for atoms in ana.nda.value_atoms[vid]
+        for a in atoms
+    }
+
+
+def _parameter_side(res, parent: int, held: set[int]) -> str | None:
+    """The part of a cut named dim that holds the persistent inputs (`held`: their fine
+    classes)."""
+    for part in (d for d in res.dims if d.parent == parent):
+        if not held.isdisjoint(part.fine):
+            return part.name
     return None
 
 
@@ -340,17 +347,28 @@ def sequence_parallel(ana: Analysis, mesh: MeshSpec) -> Strategy | None:
     return _sequence_parallel(ana, mesh, "sequence_parallel")[0]
 
 
-@per_analysis(max_keys=8)
+#: Every baseline's builder, in the order the search scores them.
+BUILDERS = {
+    "replicated": lambda ana, mesh: (replicated(ana, mesh), ""),
+    "data_parallel": lambda ana, mesh: _data_parallel(ana, mesh, mesh.axis_names, "data_parallel"),
+    "fsdp": lambda ana, mesh: _fsdp(ana, mesh, "fsdp"),
+    "megatron": lambda ana, mesh: _megatron(ana, mesh, "megatron"),
+    "dp_megatron": lambda ana, mesh: _dp_megatron(ana, mesh, "dp_megatron"),
+    "expert_parallel": lambda ana, mesh: _expert_parallel(ana, mesh, "expert_parallel"),
+    "sequence_parallel": lambda ana, mesh: _sequence_parallel(ana, mesh, "sequence_parallel"),
+}
+
+
+@per_analysis(max_keys=8 * len(BUILDERS))
+def one(ana: Analysis, mesh: MeshSpec, name: str) -> tuple[Strategy | None, str]:
+    """One baseline by name (a key of `BUILDERS`) and why it does not apply, built once per
+    (analysis, mesh): the search builds them one at a time, so that a time budget can stop it
+    between two."""
+    return BUILDERS[name](ana, mesh)
+
+
 def _every(ana: Analysis, mesh: MeshSpec) -> dict[str, tuple[Strategy | None, str]]:
-    return {
-        "replicated": (replicated(ana, mesh), ""),
-        "data_parallel": _data_parallel(ana, mesh, mesh.axis_names, "data_parallel"),
-        "fsdp": _fsdp(ana, mesh, "fsdp"),
-        "megatron": _megatron(ana, mesh, "megatron"),
-        "dp_megatron": _dp_megatron(ana, mesh, "dp_megatron"),
-        "expert_parallel": _expert_parallel(ana, mesh, "expert_parallel"),
-        "sequence_parallel": _sequence_parallel(ana, mesh, "sequence_parallel"),
-    }
+    return {name: one(ana, mesh, name) for name in BUILDERS}
 
 
 def all(ana: Analysis, mesh: MeshSpec) -> dict[str, tuple[Strategy | None, str]]:  # noqa: A001

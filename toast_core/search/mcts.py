@@ -38,8 +38,9 @@ import numpy as np
 from toast_core.analysis import Analysis
 from toast_core.cost import Score, evaluator
 from toast_core.fmt import fmt_bytes, fmt_s
+from toast_core.gcpause import gc_paused
 from toast_core.mesh import HardwareSpec, MeshSpec
-from toast_core.search import seeding
+from toast_core.search import parallel, seeding
 from toast_core.search.env import Environment
 from toast_core.search.scoring import Scorer
 from toast_core.search.selection import uct
@@ -70,8 +71,8 @@ class _Run:
         self.ref = 1.0
         self.baselines: dict = {}
 
-    def seed(self) -> None:
-        self.baselines, admitted = seeding.score_baselines(self.scorer, self.env)
+    def seed(self, deadline: float | None = None) -> None:
+        self.baselines, admitted = seeding.score_baselines(self.scorer, self.env, deadline)
         feasible = [t for t in admitted.values() if t is not None]
         self.ref = min(feasible) if feasible else (self.scorer.best_score.step_time_s or 1.0)
 
@@ -87,15 +88,17 @@ class _Run:
         while not node.terminal and not node.untried and node.children:
             node = uct(node)
             path.append(node)
+        parent = node.state
         if not node.terminal and node.untried:
             node = self.tree.expand(node, self.env.apply)
             path.append(node)
-        score = self.scorer.score(node.state)
+        score = self.scorer.score(node.state, parent)
         r = max(self.reward(score), self.reward(self.rollout(node.state)))
         backup(path, r)
 
     def rollout(self, state: State) -> Score:
         """Random legal actions until stop."""
+        start = state
         for _ in range(ROLLOUT_STEPS):
             if self.rng.random() < STOP_PROBABILITY:
                 break
@@ -103,7 +106,7 @@ class _Run:
             if action is None:
                 break
             state = self.env.apply(state, action)
-        return self.scorer.score(state)
+        return self.scorer.score(state, start)
 
     def tree_top(self, width: int = 6) -> tuple[TreeEdge, ...]:
         """The `width` most visited children of the root and of each of those (for teaching)."""
@@ -137,6 +140,22 @@ class _Run:
         return root.terminal or root.is_exhausted()
 
 
+#: When each phase of a timed search must end, as fractions of the time left once the search is
+#: set up (the evaluator and the decision space, built once per analysis and mesh): the
+#: baselines, the greedy descents, the tree, the final polish; the rest is left for the
+#: result's report.
+PHASE_ENDS = {"baselines": 0.25, "descents": 0.5, "tree": 0.9, "polish": 0.97}
+
+
+def _deadlines(start: float, ready: float, budget_s: float | None) -> dict[str, float | None]:
+    """Absolute deadlines of the phases of a search started at `start` and set up at `ready`
+    (None everywhere in simulation mode, so that a seeded run is deterministic)."""
+    if budget_s is None:
+        return dict.fromkeys(PHASE_ENDS)
+    left = max(start + budget_s - ready, 0.0)
+    return {name: ready + end * left for name, end in PHASE_ENDS.items()}
+
+
 def search_iter(
     ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, **settings
 ) -> Iterator[SearchEvent]:
@@ -147,14 +166,18 @@ def search_iter(
     `cost_options` (a `tc.CostOptions`), `report_every_s`. The last event has `done=True`.
     """
     st = settings_of(settings)
+    if st.workers > 1:
+        yield _parallel(ana, mesh, hw, st)[0]
+        return
+    with gc_paused():
+        yield from _search(ana, mesh, hw, st)
+
+
+def _search(ana, mesh, hw, st: SearchSettings) -> Iterator[SearchEvent]:
+    """The single-process search (`search_iter`)."""
     start = time.perf_counter()
     run = _Run(ana, mesh, hw, st)
-    # Time budgets: half for seeding (baselines, greedy descents), the rest for the tree, and a
-    # final polish allowed to overrun by a tenth of the budget. No deadlines in simulation mode,
-    # so that a seeded run is deterministic.
-    budget = st.budget_s
-    seed_deadline = start + 0.5 * budget if budget is not None else None
-    polish_deadline = start + 1.1 * budget if budget is not None else None
+    phase = _deadlines(start, time.perf_counter(), st.budget_s)
 
     notes: list[str] = []
 
@@ -181,30 +204,54 @@ def search_iter(
             notes=tuple(notes),
         )
 
-    run.seed()
+    run.seed(phase["baselines"])
     yield event(0, False)  # the best baseline, at once
-    seeding.descend(run.scorer, run.env, seed_deadline)
+    seeding.descend(run.scorer, run.env, phase["descents"])
     yield event(0, False)
     last = time.perf_counter()
     i = 0
     while not run.finished():
         if st.num_simulations is not None and i >= st.num_simulations:
             break
-        if budget is not None and time.perf_counter() - start >= budget:
+        # The tree always runs at least once: its share is never taken by the seeding.
+        if i > 0 and seeding._past(phase["tree"]):
             break
         run.iterate()
         i += 1
         if time.perf_counter() - last >= st.report_every_s:
             last = time.perf_counter()
             yield event(i, False)
-    seeding.greedy(run.scorer, run.env, run.scorer.best_state, deadline=polish_deadline)
+    seeding.greedy(run.scorer, run.env, run.scorer.best_state, deadline=phase["polish"])
     verified = ()
     if st.verify:
         yield event(i, False)  # the model's best, before the compiles
-        budget_v = st.verify_budget_s if st.verify_budget_s is not None else budget
+        budget_v = st.verify_budget_s if st.verify_budget_s is not None else st.budget_s
         verified, note = verify_plans(run.env, run.scorer, hw, st.verify, budget_v, st.cost_options)
         notes += [note] if note else []
     yield event(i, True, verified)
+
+
+def _parallel(ana, mesh, hw, st: SearchSettings) -> tuple[SearchEvent, list]:
+    """The one event of a multi-process search (its merged result, `parallel.run_workers`) and
+    the merged history of best step times."""
+    merged = parallel.run_workers(ana, mesh, hw, st)
+    s = evaluator(ana, mesh, hw, st.cost_options).report(merged["best"])
+    notes = ("verify applies to single-process searches: not verified with XLA",) * bool(st.verify)
+    event = SearchEvent(
+        iteration=merged["iterations"],
+        elapsed_s=merged["elapsed_s"],
+        best_step_time_s=s.step_time_s,
+        best_peak_bytes=s.peak_bytes,
+        best_fits=s.fits,
+        best_strategy=merged["best"],
+        tree_size=0,
+        evaluations=merged["evaluations"],
+        evals_per_s=merged["evaluations"] / max(merged["elapsed_s"], 1e-9),
+        done=True,
+        baselines=dict(merged["baselines"]),
+        notes=notes,
+    )
+    return event, list(merged["history"])
 
 
 def search(ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, **settings) -> SearchResult:
@@ -212,9 +259,12 @@ def search(ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, **settings) -> Searc
     st = settings_of(settings)
     history = []
     last = None
-    for ev in search_iter(ana, mesh, hw, **settings):
-        history.append((ev.iteration, ev.elapsed_s, ev.best_step_time_s))
-        last = ev
+    if st.workers > 1:
+        last, history = _parallel(ana, mesh, hw, st)
+    else:
+        for ev in search_iter(ana, mesh, hw, **settings):
+            history.append((ev.iteration, ev.elapsed_s, ev.best_step_time_s))
+            last = ev
     times = last.baselines
     t_reach = None
     feasible_times = [t for t in times.values() if t is not None]
@@ -232,7 +282,7 @@ def search(ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, **settings) -> Searc
             f"{fmt_bytes(report.peak_bytes)} per device, over the "
             f"{fmt_bytes(report.capacity_bytes)} allowed",
         )
-        _warnings.warn(warnings[0], RuntimeWarning, stacklevel=2)
+        _warnings.warn(warnings[-1], RuntimeWarning, stacklevel=2)
     return SearchResult(
         best=last.best_strategy,
         report=report,

@@ -2,6 +2,9 @@
 
 The environment is deterministic, so the best state seen is the answer: memory-feasible states
 always beat infeasible ones, then lower step time (`better`). Scores are memoized per state key.
+
+States are priced incrementally (`cost.incremental`): from the cached evaluation of the state they
+were reached from (`parent`), or the nearest recently scored one, re-pricing only what changed.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import heapq
 
 from toast_core.cost import Evaluator, Score
+from toast_core.cost.incremental import Incremental
 from toast_core.strategy import State
 
 
@@ -28,6 +32,7 @@ class Scorer:
 
     def __init__(self, ev: Evaluator, keep: int = 0) -> None:
         self.ev = ev
+        self.incremental = Incremental(ev)
         self.scores: dict[tuple, Score] = {}
         self.evaluations = 0
         self.best_state: State | None = None
@@ -35,11 +40,13 @@ class Scorer:
         self.keep = keep
         self._top: list[tuple[float, int, State]] = []  # max-heap by step time (negated)
 
-    def score(self, state: State) -> Score:
+    def score(self, state: State, parent: State | None = None) -> Score:
+        """The score of `state`; `parent`, a state scored just before that differs from it in a
+        few fine classes, makes it cheaper."""
         key = state.key
         s = self.scores.get(key)
         if s is None:
-            s = self.ev.score(state.masks)
+            s = self.incremental.score(state.masks, None if parent is None else parent.masks)
             self.scores[key] = s
             self.evaluations += 1
             if self.best_score is None or better(s, self.best_score):

@@ -16,13 +16,20 @@ from toast_core.search.types import Resolve, Shard, Stop
 from toast_core.strategy import State
 
 
-def score_baselines(scorer: Scorer, env: Environment) -> tuple[dict, dict]:
-    """Scores the root and every baseline. Returns (step time of each baseline that fits,
+def score_baselines(
+    scorer: Scorer, env: Environment, deadline: float | None = None
+) -> tuple[dict, dict]:
+    """Scores the root and every baseline, built one at a time until `deadline` (those not
+    reached by then count as not applying). Returns (step time of each baseline that fits,
     None otherwise; the same restricted to baselines that honour the pins). Only those that
     honour the pins count as states the search found."""
     scorer.score(env.root)
     every, admitted = {}, {}
-    for name, (strategy, _) in baselines.all(env.ana, env.mesh).items():
+    for name in baselines.BUILDERS:
+        if _past(deadline):
+            every[name] = admitted[name] = None
+            continue
+        strategy, _ = baselines.one(env.ana, env.mesh, name)
         if strategy is None:
             every[name] = admitted[name] = None
             continue
@@ -37,12 +44,18 @@ def score_baselines(scorer: Scorer, env: Environment) -> tuple[dict, dict]:
     return every, admitted
 
 
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() > deadline
+
+
 def descend(scorer: Scorer, env: Environment, deadline: float | None = None) -> None:
     """Greedy descents from the best state so far (usually the best baseline), then the root."""
     starts = [scorer.best_state]
     if scorer.best_state.key != env.root.key:
         starts.append(env.root)
     for start in starts:
+        if _past(deadline):
+            break
         greedy(scorer, env, start, deadline=deadline)
 
 
@@ -58,25 +71,37 @@ def greedy(
     Resolving a conflict changes no cost by itself (parts inherit their mesh axes); its value
     shows only once a part is sharded differently. So a resolution is scored together with the
     best way to shard one of the parts it creates (a two-step look-ahead).
+
+    The deadline is checked before every candidate: at the deadline the best step found so far
+    is taken and the descent ends.
     """
     current, cur = state, scorer.score(state)
     for _ in range(max_steps):
-        if deadline is not None and time.perf_counter() > deadline:
+        if _past(deadline):
             break
         best_next, best_s = None, cur
-        for a in env.legal_actions(current):
-            if isinstance(a, Stop):
-                continue
-            nxt = env.apply(current, a)
-            candidates = [nxt] if isinstance(a, Shard) else follow_ups(env, nxt, a)
-            for cand in candidates:
-                s = scorer.score(cand)
-                if better(s, best_s):
-                    best_next, best_s = cand, s
+        for cand in _candidates(env, current):
+            if _past(deadline):
+                break
+            s = scorer.score(cand, current)
+            if better(s, best_s):
+                best_next, best_s = cand, s
         if best_next is None:
             break
         current, cur = best_next, best_s
     return current
+
+
+def _candidates(env: Environment, state: State):
+    """The states one greedy step considers, lazily (so that a deadline cuts the look-ahead)."""
+    for a in env.legal_actions(state):
+        if isinstance(a, Stop):
+            continue
+        nxt = env.apply(state, a)
+        if isinstance(a, Shard):
+            yield nxt
+        else:
+            yield from follow_ups(env, nxt, a)
 
 
 def follow_ups(env: Environment, state: State, resolve: Resolve) -> list[State]:

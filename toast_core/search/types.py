@@ -55,6 +55,8 @@ class SearchSettings:
     Budgets in seconds (`budget_s`) and/or simulations (`num_simulations`): at least one; with
     `num_simulations` set and `budget_s=None` the search is deterministic for a seed. `pins` may
     hold forbids (`!N3@data`) too; `forbids` is kept for the contract of DESIGN.md §9.
+    `workers`: independent searches run in that many processes (seeds `seed`, `seed + 1`, ...),
+    the best kept (`parallel.py`).
     """
 
     budget_s: float | None = 10.0
@@ -66,6 +68,7 @@ class SearchSettings:
     report_every_s: float = 0.2
     verify: int = 0  # compile the k best distinct plans and return the best as XLA judges it
     verify_budget_s: float | None = None  # time for the compiles (default: budget_s, or none)
+    workers: int = 1  # independent searches in forked processes (root-parallel MCTS)
 
     def __post_init__(self) -> None:
         if self.budget_s is None and self.num_simulations is None:
@@ -86,6 +89,8 @@ class SearchSettings:
             raise ToastError(
                 bad_value("verify", self.verify, "a non-negative int (plans to compile)")
             )
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
+            raise ToastError(bad_value("workers", self.workers, "a positive int"))
         if not isinstance(self.cost_options, CostOptions):
             raise ToastError(bad_value("cost_options", self.cost_options, "a tc.CostOptions"))
         for name in ("pins", "forbids"):

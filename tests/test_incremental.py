@@ -1,0 +1,99 @@
+"""Incremental evaluation against the full evaluator: the same numbers after any sequence of
+legal search steps, whichever cached state a delta starts from."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import toast_core as tc
+from demos import MODEL_ZOO
+from toast_core.cost import evaluator
+from toast_core.cost.incremental import Incremental
+from toast_core.search.env import Environment
+from toast_core.search.types import Stop
+from toast_core.strategy import constrain, space_of
+
+HW = tc.hardware("tpu-v5e")
+MESHES = {
+    "2x4": tc.MeshSpec({"data": 2, "model": 4}),
+    "2x2x2": tc.MeshSpec({"data": 2, "fsdp": 2, "model": 2}),
+}
+FIELDS = ("step_time_s", "compute_s", "comm_s", "peak_bytes")
+
+
+@functools.cache
+def _env(model: str, mesh: str):
+    w = MODEL_ZOO[model](size="tiny", train=True)
+    ana = tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
+    space = space_of(ana, MESHES[mesh])
+    return Environment(space, constrain(space)), evaluator(ana, MESHES[mesh], HW)
+
+
+def _same(got, want) -> None:
+    for f in FIELDS:
+        a, b = getattr(got, f), getattr(want, f)
+        assert a == pytest.approx(b, rel=1e-12, abs=1e-300), f
+    assert got.fits == want.fits
+
+
+@settings(max_examples=30)
+@given(
+    model=st.sampled_from(["gpt", "mlp", "unet", "moe", "llama"]),
+    mesh=st.sampled_from(sorted(MESHES)),
+    data=st.data(),
+)
+def test_incremental_scores_equal_full_scores(model, mesh, data):
+    """Walk random legal actions; score each state from its parent (as the tree does), from the
+    nearest cached state (as a rollout's end is), and with every fallback to a full evaluation
+    disabled, and compare each with `Evaluator.score`."""
+    env, ev = _env(model, mesh)
+    from_parent, nearest, no_full = Incremental(ev), Incremental(ev, cache_size=3), Incremental(ev)
+    no_full_limit = no_full.tab.full_limit
+    state = env.root
+    for inc in (from_parent, nearest, no_full):
+        _same(inc.score(state.masks), ev.score(state.masks))
+    for _ in range(data.draw(st.integers(1, 14), label="steps")):
+        actions = [a for a in env.legal_actions(state) if not isinstance(a, Stop)]
+        if not actions:
+            break
+        parent, state = state, env.apply(state, data.draw(st.sampled_from(actions), label="a"))
+        want = ev.score(state.masks)
+        _same(from_parent.score(state.masks, parent.masks), want)
+        if data.draw(st.booleans(), label="score nearest now"):
+            _same(nearest.score(state.masks), want)
+        no_full.tab.full_limit = float("inf")
+        try:
+            _same(no_full.score(state.masks, parent.masks), want)
+        finally:
+            no_full.tab.full_limit = no_full_limit
+    assert no_full.full_evaluations == 1  # the root only: every later state was a delta
+
+
+def test_a_state_far_from_every_cached_one_is_evaluated_in_full():
+    env, ev = _env("gpt", "2x4")
+    inc = Incremental(ev)
+    inc.score(env.root.masks)
+    far = env.root.masks.copy()
+    far[:] = 1  # every fine class on mesh axis 0: most values re-priced
+    _same(inc.score(far), ev.score(far))
+    assert inc.full_evaluations == 2 and inc.delta_evaluations == 0
+
+
+def test_the_cache_is_bounded_and_a_hit_is_not_re_evaluated():
+    env, ev = _env("mlp", "2x4")
+    inc = Incremental(ev, cache_size=2)
+    masks = [env.root.masks.copy() for _ in range(4)]
+    for i, m in enumerate(masks[1:], 1):
+        m[i % len(m)] = 1
+    for m in masks:
+        inc.score(m)
+    assert len(inc._cache) == 2
+    n = inc.full_evaluations + inc.delta_evaluations
+    inc.score(masks[-1])
+    assert inc.full_evaluations + inc.delta_evaluations == n
+    assert np.array_equal(inc._cache[masks[-1].tobytes()].masks, masks[-1])
