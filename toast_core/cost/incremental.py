@@ -51,7 +51,8 @@ class _Cached:
     fine_logdeg: np.ndarray  # [fine]: log2 of the shard count of each fine class
     value_local: np.ndarray  # [values]: per-device bytes
     t: np.ndarray  # [ops]: roofline time
-    comm_v: np.ndarray  # [values]: communication seconds owed to each value
+    comm_v: np.ndarray  # [values]: bandwidth seconds owed to each value
+    coll: tuple  # every collective (kind, mesh axes, V, op, value, site), for the latency
     delta: np.ndarray  # [ops + 2]: live-bytes timeline deltas
     res_value: np.ndarray  # resharded copies: value, first and last reader, bytes
     res_lo: np.ndarray
@@ -68,14 +69,18 @@ class _SitesOf:
     def __init__(self, ev: Evaluator, inc: _Tables, values: np.ndarray) -> None:
         self._ev = ev
         self._last_reshards = None
+        if not hasattr(ev, "_site_static"):
+            ev._combine_setup()
         red = inc.red_of.take(values)
         self.red_op, self.red_fine = ev.red_op[red], ev.red_fine[red]
         self.red_value, self.red_rs = ev.red_value[red], ev.red_rs[red]
+        self._red_site = ev._red_site[red]
         sites = inc.sites_of.take(values)
         self.site_vf, self.site_uf = ev.site_vf[sites], ev.site_uf[sites]
         self.site_value, self.site_op = ev.site_value[sites], ev.site_op[sites]
-        self.rep = ev.rep[inc.rep_of.take(values)]
-        self.per = ev.per[inc.per_of.take(values)]
+        rep, per = inc.rep_of.take(values), inc.per_of.take(values)
+        self.rep, self._rep_site = ev.rep[rep], ev._rep_site[rep]
+        self.per, self._per_site = ev.per[per], ev._per_site[per]
 
     def __getattr__(self, name):
         return getattr(self._ev, name)
@@ -223,7 +228,7 @@ class Incremental:
         ev = self.ev
         fine_logdeg, value_local, op_logdeg = ev._local(masks)
         _, _, _, t = ev._compute(value_local, op_logdeg)
-        comm_v = self._comm_per_value(ev, masks, value_local)
+        comm_v, coll = self._comm_per_value(ev, masks, value_local)
         delta = np.zeros(self.tab.n_ops + 2)
         b = value_local[ev.live_ids]
         np.add.at(delta, ev.born, b)
@@ -233,15 +238,18 @@ class Incremental:
         np.add.at(delta, r.lo, res_bytes)
         np.add.at(delta, r.hi + 1, -res_bytes)
         return self._finish(
-            masks, fine_logdeg, value_local, t, comm_v, delta, r.value, r.lo, r.hi, res_bytes
+            masks, fine_logdeg, value_local, t, comm_v, coll, delta, r.value, r.lo, r.hi, res_bytes
         )
 
-    def _comm_per_value(self, view, masks, value_local) -> np.ndarray:
+    def _comm_per_value(self, view, masks, value_local):
+        """(bandwidth seconds per value, the collectives as arrays). Bandwidth adds up over
+        values; latency is paid once per combined op, so it is priced over all collectives."""
         ev = self.ev
-        kinds, ms, vs, ops, vals = view._collective_arrays(masks, value_local)
-        times = (ev.c0[kinds, ms] + ev.c1[kinds, ms] * vs) * ev.trip[ops]
+        coll = view._collective_arrays(masks, value_local)
+        kinds, ms, vs, ops, vals, _ = coll
+        times = ev.c1[kinds, ms] * vs * ev.trip[ops]
         out = np.bincount(vals, weights=times, minlength=self.tab.n_values)
-        return out.astype(np.float64, copy=False)
+        return out.astype(np.float64, copy=False), coll
 
     def _delta(self, base: _Cached, masks: np.ndarray) -> _Cached | None:
         ev = self.ev
@@ -271,12 +279,16 @@ class Incremental:
             t[ops] = self._op_times(ops, value_local, fine_logdeg)
         # Communication of the values it may move (collectives scale with local sizes too).
         comm_v = base.comm_v.copy()
+        coll = base.coll
         res = (base.res_value, base.res_lo, base.res_hi, base.res_bytes)
         delta = base.delta.copy()
         if len(comm_vals):
             view = _SitesOf(ev, self.tab, comm_vals)
             comm_v[comm_vals] = 0.0
-            comm_v += self._comm_per_value(view, masks, value_local)
+            moved, new = self._comm_per_value(view, masks, value_local)
+            comm_v += moved
+            stay = ~np.isin(coll[4], comm_vals)
+            coll = tuple(np.concatenate([a[stay], b]) for a, b in zip(coll, new))
             # Resharded copies of those values: out with the old, in with the new.
             touched = np.zeros(self.tab.n_values, dtype=bool)
             touched[comm_vals] = True
@@ -302,7 +314,7 @@ class Incremental:
             change = value_local[vids] - base.value_local[vids]
             np.add.at(delta, ev.born[pos], change)
             np.add.at(delta, ev.dies[pos], -change)
-        return self._finish(masks, fine_logdeg, value_local, t, comm_v, delta, *res)
+        return self._finish(masks, fine_logdeg, value_local, t, comm_v, coll, delta, *res)
 
     def _op_times(self, ops, value_local, fine_logdeg) -> np.ndarray:
         """`Evaluator._compute`'s roofline time, for some ops only (same formula, same order)."""
@@ -315,18 +327,19 @@ class Incremental:
         )
 
     def _finish(
-        self, masks, fine_logdeg, value_local, t, comm_v, delta, rv, rlo, rhi, rb
+        self, masks, fine_logdeg, value_local, t, comm_v, coll, delta, rv, rlo, rhi, rb
     ) -> _Cached:
         ev = self.ev
         compute_s = float(t.sum())
-        comm_s = float(comm_v.sum())
+        kinds, ms, vs, ops, _, sites = coll
+        comm_s = float(comm_v.sum()) + ev.latency_s(kinds, ms, vs, ops, sites)
         timeline = np.cumsum(delta)[: self.tab.n_ops]
         persistent = float(value_local[ev.persistent_ids].sum())
         peak = persistent + (float(timeline.max()) if len(timeline) else 0.0)
         step = compute_s + (1.0 - ev.overlap) * comm_s
         score = Score(step, compute_s, comm_s, peak, peak <= ev.capacity_bytes)
         return _Cached(
-            masks.copy(), fine_logdeg, value_local, t, comm_v, delta, rv, rlo, rhi, rb, score
+            masks.copy(), fine_logdeg, value_local, t, comm_v, coll, delta, rv, rlo, rhi, rb, score
         )
 
 

@@ -714,11 +714,8 @@ class Evaluator:
         """Communication time: every member's bandwidth term, and the latency once per combined
         op (the latency of a group's first member, all members having the same kind and axes)."""
         kinds, ms, vs, ops, _, sites = self._collective_arrays(masks, value_local)
-        trip = self.trip[ops]
-        total = float((self.c1[kinds, ms] * vs * trip).sum())
-        group = self._groups(kinds, ms, vs, ops, sites)
-        first = group == np.arange(len(group))
-        return total + float((self.c0[kinds, ms] * trip)[first].sum())
+        total = float((self.c1[kinds, ms] * vs * self.trip[ops]).sum())
+        return total + self.latency_s(kinds, ms, vs, ops, sites)
 
     # -- combining (XLA's combiner passes, see combine.py) --------------------------------------
 
@@ -804,13 +801,27 @@ class Evaluator:
         last few thousand results are kept."""
         if len(kinds) < 2:
             return np.arange(len(kinds))
+        # A canonical order first, so that the grouping never depends on the order in which the
+        # collectives were listed (the incremental evaluator lists them differently).
+        order = np.lexsort((vs, ms, kinds, ops, sites))
+        kinds, ms, vs, ops, sites = kinds[order], ms[order], vs[order], ops[order], sites[order]
         memo_key = (cpu, kinds.tobytes(), ms.tobytes(), sites.tobytes(), vs.tobytes())
         hit = self._group_memo.get(memo_key)
         if hit is None:
             if len(self._group_memo) >= 4096:
                 self._group_memo.clear()
             hit = self._group_memo[memo_key] = self._combine_groups(kinds, ms, vs, ops, sites, cpu)
-        return hit
+        group = np.empty_like(hit)
+        group[order] = order[hit]
+        return group
+
+    def latency_s(self, kinds, ms, vs, ops, sites) -> float:
+        """The latency part of communication: once per combined op (its first member's)."""
+        if not len(kinds):
+            return 0.0
+        group = self._groups(kinds, ms, vs, ops, sites)
+        first = group == np.arange(len(group))
+        return float((self.c0[kinds, ms] * self.trip[ops])[first].sum())
 
     def _combine_groups(self, kinds, ms, vs, ops, sites, cpu: bool) -> np.ndarray:
         group = np.arange(len(kinds))

@@ -209,16 +209,18 @@ def _search(ana, mesh, hw, st: SearchSettings) -> Iterator[SearchEvent]:
     seeding.descend(run.scorer, run.env, phase["descents"])
     yield event(0, False)
     last = time.perf_counter()
+    # Without a time budget the run is deterministic, its events too: one every tenth of it.
+    every = max(1, (st.num_simulations or 0) // 10) if st.budget_s is None else 0
     i = 0
     while not run.finished():
         if st.num_simulations is not None and i >= st.num_simulations:
             break
         # The tree always runs at least once: its share is never taken by the seeding.
-        if i > 0 and seeding._past(phase["tree"]):
+        if i > 0 and seeding.past(phase["tree"]):
             break
         run.iterate()
         i += 1
-        if time.perf_counter() - last >= st.report_every_s:
+        if (i % every == 0) if every else time.perf_counter() - last >= st.report_every_s:
             last = time.perf_counter()
             yield event(i, False)
     seeding.greedy(run.scorer, run.env, run.scorer.best_state, deadline=phase["polish"])

@@ -26,7 +26,7 @@ def score_baselines(
     scorer.score(env.root)
     every, admitted = {}, {}
     for name in baselines.BUILDERS:
-        if _past(deadline):
+        if past(deadline):
             every[name] = admitted[name] = None
             continue
         strategy, _ = baselines.one(env.ana, env.mesh, name)
@@ -44,7 +44,7 @@ def score_baselines(
     return every, admitted
 
 
-def _past(deadline: float | None) -> bool:
+def past(deadline: float | None) -> bool:
     return deadline is not None and time.perf_counter() > deadline
 
 
@@ -54,7 +54,7 @@ def descend(scorer: Scorer, env: Environment, deadline: float | None = None) -> 
     if scorer.best_state.key != env.root.key:
         starts.append(env.root)
     for start in starts:
-        if _past(deadline):
+        if past(deadline):
             break
         greedy(scorer, env, start, deadline=deadline)
 
@@ -77,11 +77,11 @@ def greedy(
     """
     current, cur = state, scorer.score(state)
     for _ in range(max_steps):
-        if _past(deadline):
+        if past(deadline):
             break
         best_next, best_s = None, cur
         for cand in _candidates(env, current):
-            if _past(deadline):
+            if past(deadline):
                 break
             s = scorer.score(cand, current)
             if better(s, best_s):
