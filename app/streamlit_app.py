@@ -10,7 +10,9 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# 16 simulated CPU devices: meshes up to 16 validate in the explorer (a device costs nothing
+# until an array lives on it; the host's memory is checked before a run).
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=16")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 ROOT = Path(__file__).resolve().parents[1]
