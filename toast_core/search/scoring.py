@@ -34,7 +34,7 @@ class Scorer:
         key = state.key
         s = self.scores.get(key)
         if s is None:
-            s = self.ev.score(state.masks)
+            s = self.ev.score(state.masks, state.remat)
             self.scores[key] = s
             self.evaluations += 1
             if self.best_score is None or better(s, self.best_score):

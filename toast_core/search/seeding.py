@@ -12,7 +12,7 @@ import time
 from toast_core.search import baselines
 from toast_core.search.env import Environment
 from toast_core.search.scoring import Scorer, better
-from toast_core.search.types import Resolve, Shard, Stop
+from toast_core.search.types import Resolve, Stop
 from toast_core.strategy import State
 
 
@@ -31,7 +31,7 @@ def score_baselines(scorer: Scorer, env: Environment) -> tuple[dict, dict]:
             s = scorer.score(state)
             admitted[name] = s.step_time_s if s.fits else None
         else:
-            s = scorer.ev.score(state.masks)
+            s = scorer.ev.score(state.masks, state.remat)
             admitted[name] = None
         every[name] = s.step_time_s if s.fits else None
     return every, admitted
@@ -57,7 +57,10 @@ def greedy(
 
     Resolving a conflict changes no cost by itself (parts inherit their mesh axes); its value
     shows only once a part is sharded differently. So a resolution is scored together with the
-    best way to shard one of the parts it creates (a two-step look-ahead).
+    best way to shard one of the parts it creates (a two-step look-ahead). Remat actions are
+    single steps like shards (they trade step time for memory, so they win only while memory
+    binds); relaxing a remat policy is a step too, so a descent that sharded its way back under
+    the memory cap stops recomputing what it no longer needs to.
     """
     current, cur = state, scorer.score(state)
     for _ in range(max_steps):
@@ -68,11 +71,15 @@ def greedy(
             if isinstance(a, Stop):
                 continue
             nxt = env.apply(current, a)
-            candidates = [nxt] if isinstance(a, Shard) else follow_ups(env, nxt, a)
+            candidates = [nxt] if not isinstance(a, Resolve) else follow_ups(env, nxt, a)
             for cand in candidates:
                 s = scorer.score(cand)
                 if better(s, best_s):
                     best_next, best_s = cand, s
+        for cand in env.remat_relaxations(current):
+            s = scorer.score(cand)
+            if better(s, best_s):
+                best_next, best_s = cand, s
         if best_next is None:
             break
         current, cur = best_next, best_s
