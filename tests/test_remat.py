@@ -10,9 +10,9 @@ import demos
 import toast_core as tc
 from toast_core.cost import evaluator
 from toast_core.errors import PinError, StrategyError
-from toast_core.strategy import constrain, remat_space, space_of
 from toast_core.search.env import Environment
 from toast_core.search.types import Remat
+from toast_core.strategy import constrain, remat_space, space_of
 
 MESH = tc.MeshSpec({"data": 8})
 HW = tc.hardware("h100-80gb")
