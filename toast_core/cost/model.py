@@ -450,7 +450,7 @@ class Evaluator:
         again = recomputed_collectives(collectives, eff)
         comm_s = sum(c.time_s * c.count for c in collectives + again)
         compute_s = float(t.sum()) + recompute_time_s(t, eff)
-        recompute_flops = float(flops_local[eff.recompute_ops].sum())
+        recompute_flops = float(flops_local[eff.twice_ops].sum())
         persistent, timeline = self._memory(value_local, masks, eff)
         peak_i = int(np.argmax(timeline)) if len(timeline) else -1
         peak = persistent + (float(timeline[peak_i]) if len(timeline) else 0.0)

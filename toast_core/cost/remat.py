@@ -3,9 +3,10 @@
 `strategy/remat.py` says, per remat group and policy, which forward ops run again and which
 residuals are no longer kept; this module turns that into the three numbers the evaluator adds:
 
-* **compute**: each recomputed op costs its roofline time once more (same per-device shapes:
-  the recomputation is sharded like the forward it repeats); its flops count again, as in
-  XLA's `cost_analysis()` of a program under `jax.checkpoint`;
+* **compute**: each recomputed op that the forward needs too costs its roofline time once more
+  (same per-device shapes: the recomputation is sharded like the forward it repeats); its flops
+  count again, as in XLA's `cost_analysis()` of a program under `jax.checkpoint`. A recomputed
+  op that only fed residuals merely moves to the backward: XLA drops its forward copy;
 * **communication**: a collective caused by a recomputed op runs again (a Megatron forward
   all-reduce, an FSDP weight gather before a recomputed matmul);
 * **memory**: a residual not kept is live from its producer to its last forward reader, and
@@ -26,15 +27,15 @@ from toast_core.strategy.remat import RematEffect
 
 def recompute_time_s(t: np.ndarray, effect: RematEffect) -> float:
     """Roofline time of the recomputed ops (`t`: per-op time of one execution of the step)."""
-    return float(t[effect.recompute_ops].sum()) if len(effect.recompute_ops) else 0.0
+    return float(t[effect.twice_ops].sum()) if len(effect.twice_ops) else 0.0
 
 
 def recompute_comm_s(ev, masks: np.ndarray, value_local: np.ndarray, effect) -> float:
     """Time of the collectives caused by recomputed ops (they run again)."""
-    if not len(effect.recompute_ops):
+    if not len(effect.twice_ops):
         return 0.0
     kinds, ms, vs, ops, _ = ev._collective_arrays(masks, value_local)
-    again = np.isin(ops, effect.recompute_ops)
+    again = np.isin(ops, effect.twice_ops)
     if not again.any():
         return 0.0
     k, m, v, o = kinds[again], ms[again], vs[again], ops[again]
@@ -43,9 +44,9 @@ def recompute_comm_s(ev, masks: np.ndarray, value_local: np.ndarray, effect) -> 
 
 def recomputed_collectives(collectives, effect) -> list:
     """The collectives of a report that run again under remat."""
-    if not len(effect.recompute_ops):
+    if not len(effect.twice_ops):
         return []
-    ops = set(effect.recompute_ops.tolist())
+    ops = set(effect.twice_ops.tolist())
     return [c for c in collectives if c.op in ops]
 
 

@@ -45,18 +45,21 @@ _SUFFIXED = re.compile(r"^(.*?)_(\d+)$")
 
 @dataclass(frozen=True)
 class RematEffect:
-    """What one policy does to one group: ops run again, and residuals whose lifetime splits
-    into [producer, fwd_end] and [bwd_start, last reader] (op indices)."""
+    """What one policy does to one group: ops run in the backward (`recompute_ops`), those of
+    them that the forward needs too and so run twice (`twice_ops`; the others only move), and
+    residuals whose lifetime splits into [producer, fwd_end] and [bwd_start, last reader] (op
+    indices; fwd_end = producer - 1 when the forward copy is no longer computed at all)."""
 
     recompute_ops: np.ndarray
     values: np.ndarray
     fwd_end: np.ndarray
     bwd_start: np.ndarray
+    twice_ops: np.ndarray
 
     @staticmethod
     def empty() -> RematEffect:
         e = np.zeros(0, dtype=np.int64)
-        return RematEffect(e, e, e, e)
+        return RematEffect(e, e, e, e, e)
 
 
 @dataclass(frozen=True)
@@ -221,9 +224,12 @@ def _make_groups(prog, block_of_op, keys, first_back) -> tuple[RematGroup, ...]:
                 if p is None or vid in kept or block_of_value(vid) != b:
                     continue
                 stack.append(p)
+        twice = _needed_in_forward(prog, recompute, kept, first_back)
         first_reader = min(o for v in dropped for o, _ in uses[v] if is_backward(prog.ops[o]))
         fwd_end = [
             max([producers[v]] + [o for o, _ in uses[v] if not is_backward(prog.ops[o])])
+            if producers[v] in twice
+            else producers[v] - 1
             for v in dropped
         ]
         return RematEffect(
@@ -231,6 +237,7 @@ def _make_groups(prog, block_of_op, keys, first_back) -> tuple[RematGroup, ...]:
             np.array(dropped, dtype=np.int64),
             np.array(fwd_end, dtype=np.int64),
             np.full(len(dropped), first_reader, dtype=np.int64),
+            np.array(sorted(twice), dtype=np.int64),
         )
 
     by_group: dict[str, list[int]] = {}
@@ -260,7 +267,29 @@ def _make_groups(prog, block_of_op, keys, first_back) -> tuple[RematGroup, ...]:
     return tuple(groups)
 
 
-_FIELDS = ("recompute_ops", "values", "fwd_end", "bwd_start")
+_FIELDS = ("recompute_ops", "values", "fwd_end", "bwd_start", "twice_ops")
+
+
+def _needed_in_forward(prog, recompute: set, kept: set, first_back: int) -> set:
+    """The recomputed ops whose forward copy is still needed: a result kept, or read by a
+    forward op that is itself needed (every op not recomputed is). The others compute only
+    residuals; once those are recomputed, XLA removes the forward copy as dead code."""
+    uses = prog.uses()
+    needed: set[int] = set()
+    for o in sorted(recompute, reverse=True):
+        for v in prog.ops[o].results:
+            if v in kept or prog.values[v].is_output:
+                needed.add(o)
+                break
+            if any(
+                r < first_back
+                and not is_backward(prog.ops[r])
+                and (r not in recompute or r in needed)
+                for r, _ in uses[v]
+            ):
+                needed.add(o)
+                break
+    return needed
 
 
 def remat_effect(space: RematSpace, remat) -> RematEffect:
