@@ -11,6 +11,7 @@ import toast_core as tc
 from toast_core.cost import evaluator
 from toast_core.errors import PinError, StrategyError
 from toast_core.search.env import Environment
+from toast_core.search.meshes import memory_floor
 from toast_core.search.types import Remat
 from toast_core.strategy import constrain, remat_space, space_of
 
@@ -147,3 +148,37 @@ def test_remat_applied_validates(model):
     grew_xla = full.compiled_flops - none.compiled_flops
     assert grew_xla > 0
     assert grew_xla == pytest.approx(grew_pred, rel=0.05 if model == "gpt" else 0.15)
+
+
+def test_mesh_shapes():
+    shapes = [str(m) for m in tc.mesh_shapes(8, "tpu-v5e")]
+    assert shapes == ["data=8", "data=4,model=2", "data=2,fsdp=2,model=2"]
+    # 16 GPUs are two NVLink nodes: a slow major axis of at least 2 keeps the rest in a node.
+    for m in tc.mesh_shapes(16, "h100-80gb"):
+        assert m.slow_axes == ("dcn",) and dict(m.axes)["dcn"] >= 2
+        assert m.n_devices == 16
+    assert all(m.n_devices == 2048 for m in tc.mesh_shapes(2048, "tpu-v5p"))
+    with pytest.raises(tc.ToastError, match="devices"):
+        tc.mesh_shapes(0, "tpu-v5e")
+
+
+def test_search_meshes_streams_and_ranks(gpt):
+    events = list(tc.search_meshes_iter(gpt, 4, HW, budget_s=1.5))
+    assert events[-1].done and not any(e.done for e in events[:-1])
+    assert {e.shape_index for e in events[:-1]} == {0, 1}  # data=4; data=2,model=2
+    ranking = events[-1].ranking
+    assert [p.fits for p in ranking] == sorted((p.fits for p in ranking), reverse=True)
+    times = [p.step_time_s for p in ranking if p.fits]
+    assert times == sorted(times)
+
+
+def test_min_devices_finds_the_smallest_count_and_says_why(gpt):
+    floor, _ = memory_floor(gpt)
+    hw = dataclasses.replace(HW, name="tiny-hbm", hbm_capacity_bytes=int(floor / 1.5))
+    opts = tc.CostOptions(memory_headroom=0.0)
+    fit = tc.min_devices(gpt, hw, budget_s=1.0, cost_options=opts, max_devices=64)
+    assert fit.lower_bound_devices == 2  # 1.5 devices' worth of bytes -> 2 at least
+    assert "cannot fit" in fit.arithmetic[1]
+    assert fit.devices is not None and fit.devices >= 2 and fit.plan.fits
+    assert fit.plan.mesh.n_devices == fit.devices
+    assert all(not p.fits for n, p in fit.tried if n < fit.devices)
