@@ -32,6 +32,7 @@ from toast_core.fmt import fmt_bytes
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
 from toast_core.search.mcts import search_iter
 from toast_core.search.types import SearchEvent
+from toast_core.strategy import remat_space
 
 #: Chips joined by fast links (ICI, NVLink) per preset; a larger mesh crosses slow links.
 FAST_DOMAIN = {
@@ -195,12 +196,21 @@ def memory_floor(ana: Analysis) -> tuple[float, tuple[str, ...]]:
     """(bytes no plan can spread below, the arithmetic): weights + gradients + optimizer state +
     data, all live together at the update of a train step."""
     prog = ana.program
-    weights = sum(prog.values[v].nbytes for v in prog.inputs if prog.values[v].role == "parameter")
-    state = sum(prog.values[v].nbytes for v in prog.inputs if prog.values[v].role == "state")
-    data = sum(
-        prog.values[v].nbytes for v in prog.inputs if prog.values[v].role in ("input", "constant")
-    )
-    has_backward = any("transpose(" in op.name_stack for op in prog.ops)
+    first_backward = remat_space(ana).first_backward
+    has_backward = first_backward < len(prog.ops)
+    # Weights are the persistent inputs the forward reads; the other persistent inputs (Adam's
+    # moments, step counts) are optimizer state, read only by the update.
+    read_forward = {v for op in prog.ops[:first_backward] for v in op.operands}
+    weights = state = data = 0
+    for vid in prog.inputs:
+        v = prog.values[vid]
+        if v.role in ("parameter", "state"):
+            if v.role == "parameter" and (vid in read_forward or not has_backward):
+                weights += v.nbytes
+            else:
+                state += v.nbytes
+        else:
+            data += v.nbytes
     grads = weights if has_backward else 0
     total = weights + grads + state + data
     lines = (

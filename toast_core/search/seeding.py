@@ -1,7 +1,7 @@
 """Seeding the search: the baselines, and greedy descents by the cost model.
 
-Before the tree search, every baseline that honours the pins is scored (so the search never
-returns worse than them) and greedy descents from the best baseline and from the root give a
+Before the tree search, every baseline that honours the pins is scored, as is and with every
+remat group on `dots` and on `full` (so the search never returns worse than them) and greedy descents from the best baseline and from the root give a
 strong anytime answer; after it, a greedy descent polishes the best state found.
 """
 
@@ -30,11 +30,24 @@ def score_baselines(scorer: Scorer, env: Environment) -> tuple[dict, dict]:
         if env.admits(state):
             s = scorer.score(state)
             admitted[name] = s.step_time_s if s.fits else None
+            score_with_remat(scorer, env, state)
         else:
             s = scorer.ev.score(state.masks, state.remat)
             admitted[name] = None
         every[name] = s.step_time_s if s.fits else None
     return every, admitted
+
+
+def score_with_remat(scorer: Scorer, env: Environment, state: State) -> None:
+    """Scores `state` with every remat group on `dots`, then on `full` (where the pins allow):
+    textbook plans with remat, from which the greedy descent starts when memory binds."""
+    n = len(env.space.remat.groups)
+    for policy in (1, 2):
+        remat = tuple((g, policy) for g in range(n))
+        if remat and remat != state.remat:
+            cand = State(state.options, state.masks, remat)
+            if env.admits(cand):
+                scorer.score(cand)
 
 
 def descend(scorer: Scorer, env: Environment, deadline: float | None = None) -> None:
