@@ -163,14 +163,15 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=30.0, help="seconds per search (per shape)")
     p.add_argument("--only", default="", help="comma-separated case keys")
     p.add_argument("--no-min-devices", action="store_true")
+    p.add_argument("--results", default="fit", help="results file name (bench/results/NAME.json)")
     args = p.parse_args()
-    path = RESULTS / "fit.json"
+    path = RESULTS / f"{args.results}.json"
     results = json.loads(path.read_text()) if path.exists() else {}
     keys = [k for k in CASES if not args.only or k in args.only.split(",")]
     for key in keys:
         res = run_case(key, args.budget, not args.no_min_devices)
         results[key] = res
-        save("fit", results)
+        save(args.results, results)
         print(f"\n== {key}: {res['devices']} x {res['hardware']} {res['config']}")
         cols = ["plan", "mesh", "fits", "step_s", "efficiency", "peak_gib"]
         print(table(res["plans"], cols + ["recompute_flops_pct", "remat"]))
