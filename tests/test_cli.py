@@ -334,3 +334,29 @@ def test_entry_point_analyzes_a_user_file(tmp_path, user_file):
     done = toast("analyze", f"{user_file.name}:make", "--json", cwd=user_file.parent)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["summary"]["program"] == "f"
+
+
+def test_search_devices_ranks_mesh_shapes(capsys):
+    code, out, _ = run(capsys, "search", "mlp", "--devices", "4", "--budget", "1s", "--json")
+    assert code == 0
+    ranking = json.loads(out)["ranking"]
+    assert [r["mesh"] for r in ranking] and all(
+        sum(1 for _ in r["mesh"]) >= 1 and _n_devices(r["mesh"]) == 4 for r in ranking
+    )
+    code, _, err = run(capsys, "search", "mlp", "--devices", "0", "--budget", "1s")
+    assert code == 2 and "devices=0" in err
+
+
+def _n_devices(mesh: dict) -> int:
+    n = 1
+    for size in mesh.values():
+        n *= size
+    return n
+
+
+def test_fit_reports_fewest_devices_and_why(capsys):
+    code, out, _ = run(capsys, "fit", "gpt", "--hardware", "h100-80gb", "--budget", "1s", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["devices"] == 1 and doc["plan"]["fits"]
+    assert doc["arithmetic"][0].startswith("weights ")
