@@ -11,7 +11,8 @@ residuals are no longer kept; this module turns that into the three numbers the 
   all-reduce, an FSDP weight gather before a recomputed matmul);
 * **memory**: a residual not kept is live from its producer to its last forward reader, and
   again from the recomputation (just before its block's first backward reader) to its last
-  backward reader, instead of across the whole step.
+  backward reader, instead of across the whole step; a kept value the recomputation reads
+  (a block's input `x`) lives until that recomputation.
 
 Worked example: GPT-2 with `remat[blocks]=full` keeps one [B, S, D] value per layer; the
 attention scores and MLP hidden activations of a layer are live only while its backward runs.
@@ -53,6 +54,10 @@ def recomputed_collectives(collectives, effect) -> list:
 def shorten_lifetimes(delta: np.ndarray, value_local: np.ndarray, effect: RematEffect) -> None:
     """Splits each dropped residual's live range in `delta` (live bytes change after each op):
     free after its last forward reader, allocate again at its recomputation."""
+    if len(effect.extend_values):
+        b = value_local[effect.extend_values]
+        np.add.at(delta, effect.extend_from, b)
+        np.add.at(delta, effect.extend_to, -b)
     if not len(effect.values):
         return
     b = value_local[effect.values]

@@ -55,11 +55,15 @@ class RematEffect:
     fwd_end: np.ndarray
     bwd_start: np.ndarray
     twice_ops: np.ndarray
+    # Kept values the recomputation reads after their last reader: live on to `extend_to`.
+    extend_values: np.ndarray
+    extend_from: np.ndarray
+    extend_to: np.ndarray
 
     @staticmethod
     def empty() -> RematEffect:
         e = np.zeros(0, dtype=np.int64)
-        return RematEffect(e, e, e, e, e)
+        return RematEffect(e, e, e, e, e, e, e, e)
 
 
 @dataclass(frozen=True)
@@ -167,7 +171,45 @@ def remat_space(ana: Analysis) -> RematSpace:
         block_of_op[op.index] = max(current, 0)
     if not keys:
         return RematSpace((), first_back)
+    _move_boundaries(prog, block_of_op, param_layer, first_back)
     return RematSpace(_make_groups(prog, block_of_op, keys, first_back), first_back)
+
+
+def _move_boundaries(prog, block_of_op, param_layer, first_back) -> None:
+    """Moves each block boundary to where the fewest activation bytes cross it, between the
+    last op reading the previous block's parameters and the first reading the next one's: a
+    GPT block then starts at its input `x`, not at its layer norm's scale, so `full` keeps one
+    [B, S, D] value per layer instead of two."""
+    uses = prog.uses()
+    last_reader = {}
+    for v in prog.values:
+        fwd = [o for o, _ in uses[v.id] if o < first_back and not is_backward(prog.ops[o])]
+        if fwd:
+            last_reader[v.id] = max(fwd)
+    starts = [i for i in range(1, first_back) if block_of_op[i] != block_of_op[i - 1]]
+    for b in starts:
+        prev = int(block_of_op[b - 1])
+        a = b - 1
+        while (
+            a > 0
+            and block_of_op[a] == prev
+            and not any(param_layer.get(v) is not None for v in prog.ops[a].operands)
+        ):
+            a -= 1
+        if b - a <= 1:
+            continue
+        # Bytes crossing a cut before op p, for p in (a, b]: values made in [a, p) read at >= p.
+        best_p, best = b, None
+        for p in range(a + 1, b + 1):
+            crossing = sum(
+                prog.values[v].nbytes
+                for o in range(a, p)
+                for v in prog.ops[o].results
+                if last_reader.get(v, -1) >= p
+            )
+            if best is None or crossing < best:
+                best_p, best = p, crossing
+        block_of_op[best_p:b] = block_of_op[b]
 
 
 def _make_groups(prog, block_of_op, keys, first_back) -> tuple[RematGroup, ...]:
@@ -232,12 +274,24 @@ def _make_groups(prog, block_of_op, keys, first_back) -> tuple[RematGroup, ...]:
             else producers[v] - 1
             for v in dropped
         ]
+        ext = []
+        for v in sorted({v for o in recompute for v in prog.ops[o].operands}):
+            p = producers[v]
+            if p is None or producers[v] in recompute:
+                continue  # inputs are live all step; recomputed values are new copies
+            last = max(o for o, _ in uses[v])
+            if last < first_reader:
+                ext.append((v, last + 1, first_reader + 1))
+        ext_arr = np.array(ext, dtype=np.int64).reshape(-1, 3)
         return RematEffect(
             np.array(sorted(recompute), dtype=np.int64),
             np.array(dropped, dtype=np.int64),
             np.array(fwd_end, dtype=np.int64),
             np.full(len(dropped), first_reader, dtype=np.int64),
             np.array(sorted(twice), dtype=np.int64),
+            ext_arr[:, 0],
+            ext_arr[:, 1],
+            ext_arr[:, 2],
         )
 
     by_group: dict[str, list[int]] = {}
@@ -249,7 +303,9 @@ def _make_groups(prog, block_of_op, keys, first_back) -> tuple[RematGroup, ...]:
         for policy in POLICIES:
             parts = [effect(b, policy) for b in blocks]
             effects.append(
-                RematEffect(*(np.concatenate([getattr(e, f) for e in parts]) for f in _FIELDS))
+                _merge_extensions(
+                    RematEffect(*(np.concatenate([getattr(e, f) for e in parts]) for f in _FIELDS))
+                )
             )
         if not len(effects[-1].values):
             continue  # nothing to recompute: no decision
@@ -267,7 +323,16 @@ def _make_groups(prog, block_of_op, keys, first_back) -> tuple[RematGroup, ...]:
     return tuple(groups)
 
 
-_FIELDS = ("recompute_ops", "values", "fwd_end", "bwd_start", "twice_ops")
+_FIELDS = (
+    "recompute_ops",
+    "values",
+    "fwd_end",
+    "bwd_start",
+    "twice_ops",
+    "extend_values",
+    "extend_from",
+    "extend_to",
+)
 
 
 def _needed_in_forward(prog, recompute: set, kept: set, first_back: int) -> set:
@@ -299,4 +364,26 @@ def remat_effect(space: RematSpace, remat) -> RematEffect:
         return RematEffect.empty()
     if len(parts) == 1:
         return parts[0]
-    return RematEffect(*(np.concatenate([getattr(e, f) for e in parts]) for f in _FIELDS))
+    e = RematEffect(*(np.concatenate([getattr(e, f) for e in parts]) for f in _FIELDS))
+    return _merge_extensions(e)
+
+
+def _merge_extensions(e: RematEffect) -> RematEffect:
+    """One extension per value (the longest) when several groups' recomputations read it."""
+    if len(np.unique(e.extend_values)) == len(e.extend_values):
+        return e
+    order = np.lexsort((-e.extend_to, e.extend_values))
+    vals = e.extend_values[order]
+    first = np.ones(len(vals), dtype=bool)
+    first[1:] = vals[1:] != vals[:-1]
+    keep = order[first]
+    return RematEffect(
+        e.recompute_ops,
+        e.values,
+        e.fwd_end,
+        e.bwd_start,
+        e.twice_ops,
+        e.extend_values[keep],
+        e.extend_from[keep],
+        e.extend_to[keep],
+    )
