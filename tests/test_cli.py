@@ -386,3 +386,29 @@ def test_validate_uses_the_mesh_stored_in_the_strategy(capsys, tmp_path):
     code, out, err = run(capsys, "validate", "mlp", "--strategy", path)
     assert code == 0, err
     assert "on data=4,model=2: predicted vs XLA-compiled" in out
+
+
+def test_search_devices_ranks_mesh_shapes(capsys):
+    code, out, _ = run(capsys, "search", "mlp", "--devices", "4", "--budget", "1s", "--json")
+    assert code == 0
+    ranking = json.loads(out)["ranking"]
+    assert [r["mesh"] for r in ranking] and all(
+        sum(1 for _ in r["mesh"]) >= 1 and _n_devices(r["mesh"]) == 4 for r in ranking
+    )
+    code, _, err = run(capsys, "search", "mlp", "--devices", "0", "--budget", "1s")
+    assert code == 2 and "devices=0" in err
+
+
+def _n_devices(mesh: dict) -> int:
+    n = 1
+    for size in mesh.values():
+        n *= size
+    return n
+
+
+def test_fit_reports_fewest_devices_and_why(capsys):
+    code, out, _ = run(capsys, "fit", "gpt", "--hardware", "h100-80gb", "--budget", "1s", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["devices"] == 1 and doc["plan"]["fits"]
+    assert doc["arithmetic"][0].startswith("weights ")

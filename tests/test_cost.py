@@ -479,6 +479,7 @@ def test_size_one_mesh_axes_change_nothing(data):
         ana,
         {n: tuple(a for a in axes if a != "one") for n, axes in strategy.shardings},
         strategy.options,
+        remat=dict(strategy.remat),
     )
     a = tc.estimate(ana, strategy, with_one, HW)
     b = tc.estimate(ana, stripped, without, HW)

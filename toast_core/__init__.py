@@ -6,6 +6,8 @@ ana = tc.analyze(prog)
 mesh, hw = tc.MeshSpec({"data": 2, "model": 4}), tc.hardware("tpu-v5e")
 result = tc.search(ana, mesh, hw, budget_s=10)
 sharded_fn = tc.shard(fn, ana, result.best, tc.jax_mesh(mesh))
+ranking = tc.search_meshes(ana, devices=256, hw=hw, budget_s=60)   # best plan per mesh shape
+fit = tc.min_devices(ana, hw)                                      # smallest count that fits
 """
 
 from toast_core.analysis import Analysis, Conflict, ConflictOption, NamedDim, analyze
@@ -22,12 +24,19 @@ from toast_core.errors import PinError, StrategyError, ToastError, TraceError
 from toast_core.ir import Program, trace
 from toast_core.mesh import HARDWARE_PRESETS, HardwareSpec, MeshSpec, hardware
 from toast_core.search import (
+    FitResult,
+    MeshPlan,
+    MeshProgress,
     SearchEvent,
     SearchResult,
     SearchSettings,
     baselines,
+    mesh_shapes,
+    min_devices,
     search,
     search_iter,
+    search_meshes,
+    search_meshes_iter,
 )
 from toast_core.strategy import (
     Pin,
@@ -37,6 +46,7 @@ from toast_core.strategy import (
     option_pin,
     parent_name,
     parse_pin,
+    remat_pin,
     strategy_pins,
 )
 
@@ -48,7 +58,10 @@ __all__ = [
     "CostOptions",
     "CostReport",
     "Explanation",
+    "FitResult",
     "HardwareSpec",
+    "MeshPlan",
+    "MeshProgress",
     "MeshSpec",
     "NamedDim",
     "Pin",
@@ -71,13 +84,18 @@ __all__ = [
     "explain",
     "hardware",
     "jax_mesh",
+    "mesh_shapes",
+    "min_devices",
     "option_pin",
     "parent_name",
     "parse_pin",
     "partition_specs",
     "plan_module",
+    "remat_pin",
     "search",
     "search_iter",
+    "search_meshes",
+    "search_meshes_iter",
     "shard",
     "strategy_pins",
     "trace",

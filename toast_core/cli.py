@@ -5,6 +5,8 @@
     toast compare gpt --mesh data=2,model=4 --hardware h100-80gb
     toast validate gpt --mesh data=2,model=4 --strategy s.json
     toast sweep gpt mlp --mesh data=8 --mesh data=2,model=4 --simulations 20 [--ray auto]
+    toast search gpt --devices 256 --hardware tpu-v5e --budget 60s   (mesh shapes ranked)
+    toast fit moe --size mixtral-8x7b --hardware tpu-v5e             (fewest devices that fit)
 
 TARGET is a zoo name (`gpt`, `llama`, ... with `--size`) or `path/to/file.py:function` where the
 function returns `(fn, example_args)` (or a demos Workload). Human tables by default, `--json` for
@@ -233,9 +235,121 @@ def _simulate_devices(n: int) -> None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={max(n, 8)}"
 
 
+def _status_line(text: str, args) -> None:
+    if not args.json and (sys.stderr.isatty() or os.environ.get("TOAST_PROGRESS")):
+        print(f"\r{text}", end="", file=sys.stderr, flush=True)
+
+
+def _plan_rows(plans) -> list[list[str]]:
+    return [
+        [
+            str(p.mesh),
+            fmt_s(p.step_time_s),
+            fmt_bytes(p.peak_bytes),
+            "yes" if p.fits else "NO",
+            f"{p.efficiency:.1%}",
+            ",".join(f"{g}={pol}" for g, pol in p.strategy.remat) or "-",
+        ]
+        for p in plans
+    ]
+
+
+_PLAN_HEADER = ["mesh", "step", "peak mem", "fits", "efficiency", "remat"]
+
+
+def _plan_doc(p) -> dict:
+    return {
+        "mesh": p.mesh.as_dict(),
+        "slow_axes": list(p.mesh.slow_axes),
+        "step_time_s": p.step_time_s,
+        "peak_bytes": p.peak_bytes,
+        "fits": p.fits,
+        "efficiency": p.efficiency,
+        "strategy": json.loads(p.strategy.to_json(p.mesh)),
+    }
+
+
+def cmd_search_meshes(args) -> int:
+    import toast_core as tc
+
+    _, _, ana, _ = _analyze(args)
+    hw = tc.hardware(args.hardware)
+    budget = _parse_budget(args.budget)
+    last = None
+    for ev in tc.search_meshes_iter(
+        ana, args.devices, hw, budget_s=budget, seed=args.seed, pins=args.pin or ()
+    ):
+        last = ev
+        if ev.event is not None:
+            best = ev.event
+            _status_line(
+                f"[{ev.shape_index + 1}/{ev.n_shapes}] {ev.mesh}: best "
+                f"{fmt_s(best.best_step_time_s)} {'fits' if best.best_fits else 'DOES NOT FIT'}"
+                + " "
+                * 10,
+                args,
+            )
+    _status_line("\n", args)
+    ranking = last.ranking
+    if args.out and ranking:
+        Path(args.out).write_text(ranking[0].strategy.to_json(ranking[0].mesh, ana.program.name))
+    if args.json:
+        print(json.dumps({"ranking": [_plan_doc(p) for p in ranking]}, indent=2))
+        return 0
+    print(f"{ana.program.name}: mesh shapes of {args.devices} x {hw.name}, best plan each")
+    print(_table(_plan_rows(ranking), _PLAN_HEADER))
+    if ranking and not ranking[0].fits:
+        print("WARNING: NO MEMORY-FEASIBLE PLAN ON ANY SHAPE; try `toast fit` for a device count")
+    return 0
+
+
+def cmd_fit(args) -> int:
+    import toast_core as tc
+
+    _, _, ana, _ = _analyze(args)
+    hw = tc.hardware(args.hardware)
+    budget = _parse_budget(args.budget)
+
+    def progress(ev):
+        if ev.event is not None:
+            _status_line(
+                f"{ev.mesh.n_devices} devices [{ev.shape_index + 1}/{ev.n_shapes}] {ev.mesh}"
+                + " " * 20,
+                args,
+            )
+
+    fit = tc.min_devices(
+        ana, hw, budget_s=budget, seed=args.seed, max_devices=args.max_devices, progress=progress
+    )
+    _status_line("\n", args)
+    if args.json:
+        doc = {
+            "devices": fit.devices,
+            "lower_bound_devices": fit.lower_bound_devices,
+            "arithmetic": list(fit.arithmetic),
+            "plan": _plan_doc(fit.plan) if fit.plan else None,
+            "tried": [{"devices": n, **_plan_doc(p)} for n, p in fit.tried],
+        }
+        print(json.dumps(doc, indent=2))
+        return 0 if fit.devices else 1
+    print(f"{ana.program.name} on {hw.name}:")
+    for line in fit.arithmetic:
+        print(f"  {line}")
+    print(_table(_plan_rows([p for _, p in fit.tried]), _PLAN_HEADER))
+    if fit.devices is None:
+        print(f"NO PLAN FITS up to {args.max_devices} devices")
+        return 1
+    print(f"\nfewest devices that fit: {fit.devices} ({fit.plan.mesh})")
+    for line in fit.plan.strategy.describe(ana, fit.plan.mesh):
+        print(f"  {line}")
+    return 0
+
+
 def cmd_search(args) -> int:
     import toast_core as tc
 
+    if args.devices is not None:
+        return cmd_search_meshes(args)
     mesh, hw = _mesh_hw(args)
     budget = _parse_budget(args.budget) if args.simulations is None or args.budget else None
     # XLA judges the best plans when there is a time budget to do it in (or when asked).
@@ -321,6 +435,10 @@ def cmd_search(args) -> int:
         for k, o in best.options:
             c = ana.conflicts[k]
             print(f"  {c.name} option {o}: {c.options[o].description}")
+    if best.remat:
+        print("\nRematerialization")
+        for group, policy in best.remat:
+            print(f"  {group}: {policy} (recomputed in the backward)")
     if args.out:
         print(f"\nsaved {args.out}")
     return 0
@@ -602,6 +720,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("validate", "compile a strategy with XLA and compare with the prediction"),
         ("explain", "what if each decision of a strategy changed: step time, memory, collectives"),
         ("sweep", "search many targets x meshes x hardware presets in parallel"),
+        ("fit", "the fewest devices (a power of two) with a plan that fits memory"),
     ):
         s = sub.add_parser(name, help=help_text)
         s.add_argument(
@@ -617,6 +736,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "sweep":
             s.add_argument("--mesh", action="append", help="mesh axes (repeat for several)")
             s.add_argument("--hardware", action="append", help="hardware preset (repeat)")
+        elif name == "fit":
+            pass
         elif name in ("validate", "explain"):
             s.add_argument(
                 "--mesh",
@@ -645,6 +766,10 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--simulations", type=int, default=None, help="simulations per case")
             s.add_argument("--seed", type=int, default=0)
             s.add_argument("--ray", default=None, help="run on a Ray cluster: auto or ADDRESS")
+        if name == "fit":
+            s.add_argument("--budget", default="30s", help="search time per device count")
+            s.add_argument("--seed", type=int, default=0)
+            s.add_argument("--max-devices", type=int, default=1 << 16, dest="max_devices")
         if name == "search":
             s.add_argument("--budget", default=None, help="time budget, e.g. 10s (default 10s)")
             s.add_argument("--simulations", type=int, default=None, help="simulation budget")
@@ -660,6 +785,12 @@ def build_parser() -> argparse.ArgumentParser:
             )
             s.add_argument(
                 "--out", help="write the strategy JSON here (a .py name: a module that applies it)"
+            )
+            s.add_argument(
+                "--devices",
+                type=int,
+                default=None,
+                help="rank the mesh shapes of this many devices (instead of --mesh)",
             )
         if name in ("validate", "explain"):
             s.add_argument("--strategy", help="strategy JSON (from toast search --out)")
@@ -687,6 +818,7 @@ def main(argv: list[str] | None = None) -> int:
             "validate": cmd_validate,
             "explain": cmd_explain,
             "sweep": cmd_sweep,
+            "fit": cmd_fit,
         }[args.command](args)
     except (CliError, ToastError) as exc:
         print(f"toast: error: {_one_line(str(exc))}", file=sys.stderr)

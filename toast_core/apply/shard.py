@@ -21,6 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from toast_core.analysis import Analysis
+from toast_core.apply.remat import RematReplay
 from toast_core.errors import ToastError, bad_value
 from toast_core.ir.trace import run_with_constraints
 from toast_core.mesh import MeshSpec
@@ -98,7 +99,8 @@ def partition_specs(ana: Analysis, strategy: Strategy, mesh: Mesh | MeshSpec):
 
 
 def shard(fn: Callable, ana: Analysis, strategy: Strategy, mesh: Mesh) -> Callable:
-    """`jax.jit` of the traced program with the strategy's shardings and constraints."""
+    """`jax.jit` of the traced program with the strategy's shardings and constraints, and its
+    remat policies (dropped residuals recomputed in the backward, see `apply/remat.py`)."""
     if not isinstance(mesh, Mesh):
         raise ToastError(bad_value("mesh", mesh, "a jax.sharding.Mesh (Auto axes)"))
     ms = mesh_spec_of(mesh)
@@ -122,13 +124,13 @@ def shard(fn: Callable, ana: Analysis, strategy: Strategy, mesh: Mesh) -> Callab
         [value_sharding.get(v, NamedSharding(mesh, PartitionSpec())) for v in handle.output_ids],
     )
 
-    def after_value(vid, arr):
+    def constrain_value(vid, arr):
         sharding = value_sharding.get(vid)
         if sharding is None or getattr(arr, "ndim", 0) == 0:
             return arr
         return jax.lax.with_sharding_constraint(arr, sharding)
 
-    def before_use(opi, pos, vid, arr):
+    def constrain_use(opi, pos, vid, arr):
         sharding = use_sharding.get((opi, pos))
         if sharding is None:
             return arr
@@ -136,6 +138,18 @@ def shard(fn: Callable, ana: Analysis, strategy: Strategy, mesh: Mesh) -> Callab
 
     def sharded(*args):
         flat = jax.tree_util.tree_leaves(args)
+        after_value, before_use = constrain_value, constrain_use
+        if strategy.remat:  # recompute dropped residuals in the backward (see apply/remat.py)
+            replay = RematReplay(ana, strategy)
+
+            def after_value(vid, arr):
+                replay.seen[vid] = out = constrain_value(vid, arr)
+                return out
+
+            def before_use(opi, pos, vid, arr):
+                arr = replay.read(opi, vid, arr, constrain_use, constrain_value)
+                return constrain_use(opi, pos, vid, arr)
+
         outs = run_with_constraints(prog, flat, before_use, after_value)
         return jax.tree_util.tree_unflatten(handle.out_tree, outs)
 

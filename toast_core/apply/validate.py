@@ -54,7 +54,8 @@ from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.cost.model import evaluator, reduction_flops
 from toast_core.errors import ToastError, bad_value
 from toast_core.mesh import HardwareSpec, MeshSpec
-from toast_core.strategy import Strategy
+from toast_core.strategy import Strategy, remat_space
+from toast_core.strategy.remat import POLICIES
 
 RTOL, ATOL = 1e-4, 1e-6
 NOISE_FACTOR = 4.0
@@ -204,13 +205,42 @@ def cpu_view(report, program) -> dict[str, float]:
     return out
 
 
-def cpu_flops(report, program) -> tuple[float, float]:
+#: XLA's CPU pipeline expands optimization barriers before CSE, which then merges a
+#: recomputation with the forward it repeats (measured with `jax.checkpoint` itself: the same
+#: compiled program with and without it). TPU and GPU keep the barrier; on CPU, CSE is disabled
+#: for a strategy with remat so that the compiled program is the one those backends run.
+REMAT_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cse"}
+
+
+def compiler_options_for(strategy: Strategy) -> dict:
+    """XLA compiler options for validating `strategy` on CPU (see REMAT_COMPILER_OPTIONS)."""
+    if strategy.remat and jax.default_backend() == "cpu":
+        return dict(REMAT_COMPILER_OPTIONS)
+    return {}
+
+
+def cpu_flops(report, ana: Analysis) -> tuple[float, float]:
     """Predicted (flops, transcendentals) per device as `cost_analysis()` counts them: the body of
     a loop once, whatever its trip count (the per-step figures are in the CostReport)."""
+    program = ana.program
     trips = [op.trip_count for op in program.ops]
-    flops = sum(c.flops / trips[c.op] for c in report.op_costs)
-    transcendentals = sum(c.transcendentals / trips[c.op] for c in report.op_costs)
+    again = set(recomputed_ops(report.remat, ana))  # run twice under remat
+    flops = sum(c.flops / trips[c.op] * (1 + (c.op in again)) for c in report.op_costs)
+    transcendentals = sum(
+        c.transcendentals / trips[c.op] * (1 + (c.op in again)) for c in report.op_costs
+    )
     return flops + reduction_flops(report.collectives, program, once=True), transcendentals
+
+
+def recomputed_ops(remat, ana: Analysis) -> list[int]:
+    """Ops that a strategy's remat policies run twice."""
+    if not remat:
+        return []
+    rs = remat_space(ana)
+    out = []
+    for group, policy in remat:
+        out += rs.groups[rs.index(group)].effects[POLICIES.index(policy)].twice_ops.tolist()
+    return out
 
 
 def cpu_memory_bytes(report) -> float:
@@ -396,7 +426,7 @@ def validate(
     example_args = tuple(example_args)
     if numerics_args is None and check_numerics:
         _check_host_memory(ana, report, ms.n_devices, check_numerics)
-    compiled = sharded.lower(*example_args).compile()
+    compiled = sharded.lower(*example_args).compile(compiler_options=compiler_options_for(strategy))
     hlo = compiled.as_text()
     cost = compiled.cost_analysis()
     if isinstance(cost, list | tuple):
@@ -408,7 +438,7 @@ def validate(
         + mem.temp_size_in_bytes
         - mem.alias_size_in_bytes
     )
-    flops, transcendentals = cpu_flops(report, ana.program)
+    flops, transcendentals = cpu_flops(report, ana)
     ok, err, mismatches, numerics_on = True, 0.0, (), ""
     if check_numerics:
         if numerics_args is not None:

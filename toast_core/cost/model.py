@@ -50,12 +50,19 @@ from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.flops import op_flops, op_transcendentals
 from toast_core.cost.fusion import fusion_copies, materialized
+from toast_core.cost.remat import (
+    recompute_comm_s,
+    recompute_time_s,
+    recomputed_collectives,
+    shorten_lifetimes,
+)
 from toast_core.errors import ToastError, bad_value
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
 from toast_core.mesh.spec import XLA_CPU_COMBINE
 from toast_core.strategy import Strategy, mesh_axes
 from toast_core.strategy.layout import REGION_BOUNDARIES, layout
 from toast_core.strategy.memo import per_analysis
+from toast_core.strategy.remat import POLICIES, RematEffect, remat_effect, remat_space
 
 KIND_INDEX = {k: i for i, k in enumerate(COLLECTIVE_KINDS)}
 AG, AR, A2A, CP, RS = (
@@ -121,6 +128,8 @@ class CostReport:
     op_costs: tuple[OpCost, ...] = field(default=(), repr=False)
     memory_timeline: tuple[float, ...] = field(default=(), repr=False)
     peak_op: int = -1
+    recompute_flops_per_device: float = 0.0  # forward flops run again under remat (included)
+    remat: tuple[tuple[str, str], ...] = ()  # the strategy's remat policies
 
     @cached_property
     def combined(self) -> tuple[CombinedOp, ...]:
@@ -309,6 +318,7 @@ class Evaluator:
         self._reshard_sites()
         self._replicate_and_permute_sites()
         self._liveness()
+        self.remat = remat_space(ana)
 
     # -- precomputation -------------------------------------------------------------------------
 
@@ -442,9 +452,9 @@ class Evaluator:
         )
         return flops_local, trans_local, bytes_local, t
 
-    def _memory(self, value_local, masks):
+    def _memory(self, value_local, masks, remat: RematEffect | None = None):
         """(persistent bytes, live bytes after each op). Resharded copies made at cuts live from
-        their first to their last reader."""
+        their first to their last reader; residuals that remat drops live twice, briefly."""
         delta = np.zeros(self.n_ops + 2)
         b = value_local[self.live_ids]
         np.add.at(delta, self.born, b)
@@ -454,17 +464,24 @@ class Evaluator:
             extra = value_local[r.value] * r.buffer
             np.add.at(delta, r.lo, extra)
             np.add.at(delta, r.hi + 1, -extra)
+        if remat is not None:
+            shorten_lifetimes(delta, value_local, remat)
         timeline = np.cumsum(delta)[: self.n_ops]
         persistent = float(value_local[self.persistent_ids].sum())
         return persistent, timeline
 
-    def score(self, masks: np.ndarray) -> Score:
-        """Fast path: step time and peak memory of a fine-class mask assignment."""
+    def score(self, masks: np.ndarray, remat: tuple = ()) -> Score:
+        """Fast path: step time and peak memory of a fine-class mask assignment and remat
+        policies ((group index, policy index) pairs, see `strategy/remat.py`)."""
         _, value_local, op_logdeg = self._local(masks)
         _, _, _, t = self._compute(value_local, op_logdeg)
         compute_s = float(t.sum())
         comm_s = self._comm_s(masks, value_local)
-        persistent, timeline = self._memory(value_local, masks)
+        eff = remat_effect(self.remat, remat) if remat else None
+        if eff is not None:
+            compute_s += recompute_time_s(t, eff)
+            comm_s += recompute_comm_s(self, masks, value_local, eff)
+        persistent, timeline = self._memory(value_local, masks, eff)
         peak = persistent + (float(timeline.max()) if len(timeline) else 0.0)
         step = compute_s + (1.0 - self.overlap) * comm_s
         return Score(step, compute_s, comm_s, peak, peak <= self.capacity_bytes)
@@ -476,9 +493,12 @@ class Evaluator:
         _, value_local, op_logdeg = self._local(masks)
         flops_local, trans_local, bytes_local, t = self._compute(value_local, op_logdeg)
         collectives = self._collectives(masks, value_local)
-        comm_s = sum(c.time_s * c.count for c in collectives)
-        compute_s = float(t.sum())
-        persistent, timeline = self._memory(value_local, masks)
+        eff = remat_effect(self.remat, self._remat_pairs(strategy))
+        again = recomputed_collectives(collectives, eff)
+        comm_s = sum(c.time_s * c.count for c in collectives + again)
+        compute_s = float(t.sum()) + recompute_time_s(t, eff)
+        recompute_flops = float(flops_local[eff.twice_ops].sum())
+        persistent, timeline = self._memory(value_local, masks, eff)
         peak_i = int(np.argmax(timeline)) if len(timeline) else -1
         peak = persistent + (float(timeline[peak_i]) if len(timeline) else 0.0)
         step = compute_s + (1.0 - self.overlap) * comm_s
@@ -504,7 +524,9 @@ class Evaluator:
             fits=peak <= self.capacity_bytes,
             ideal_s=ideal,
             efficiency=ideal / step if step > 0 else 1.0,
-            flops_per_device=float(flops_local.sum()) + reduction_flops(collectives, prog),
+            flops_per_device=float(flops_local.sum())
+            + recompute_flops
+            + reduction_flops(collectives + again, prog),
             total_flops=self.total_flops,
             persistent_bytes=persistent,
             transcendentals_per_device=float(trans_local.sum()),
@@ -512,7 +534,19 @@ class Evaluator:
             op_costs=op_costs,
             memory_timeline=tuple((timeline + persistent).tolist()),
             peak_op=peak_i,
+            recompute_flops_per_device=recompute_flops,
+            remat=strategy.remat,
         )
+
+    def _remat_pairs(self, strategy: Strategy) -> tuple:
+        """(group index, policy index) pairs of a strategy's remat policies."""
+        out = []
+        for group, policy in strategy.remat:
+            g = self.remat.index(group)
+            if g is None:
+                raise ToastError(bad_value("strategy.remat", group, "a remat group of ana"))
+            out.append((g, POLICIES.index(policy)))
+        return tuple(sorted(out))
 
     # -- collectives ----------------------------------------------------------------------------
 

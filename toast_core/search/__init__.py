@@ -7,7 +7,17 @@ strategies from tactics; `exhaustive` enumerates tiny spaces for the optimality 
 
 from toast_core.search import baselines
 from toast_core.search.mcts import search, search_iter
+from toast_core.search.meshes import (
+    FitResult,
+    MeshPlan,
+    MeshProgress,
+    mesh_shapes,
+    min_devices,
+    search_meshes,
+    search_meshes_iter,
+)
 from toast_core.search.types import (
+    Remat,
     Resolve,
     SearchEvent,
     SearchResult,
@@ -19,6 +29,10 @@ from toast_core.search.types import (
 )
 
 __all__ = [
+    "FitResult",
+    "MeshPlan",
+    "MeshProgress",
+    "Remat",
     "Resolve",
     "SearchEvent",
     "SearchResult",
@@ -28,6 +42,10 @@ __all__ = [
     "TreeEdge",
     "Verified",
     "baselines",
+    "mesh_shapes",
+    "min_devices",
     "search",
     "search_iter",
+    "search_meshes",
+    "search_meshes_iter",
 ]

@@ -8,6 +8,9 @@ options are masked) and is the one place that says which actions are legal and w
   dims, whose parts inherit their mesh axes, so it never makes a state illegal;
 * `Shard(u, a)` adds mesh axis a to every fine class of unit u, if `legality.why_illegal_shard`
   allows it;
+* `Remat(g, p)` gives remat group g policy p (`dots` or `full`), once per group, unless a pin
+  fixes the group or a forbid excludes the policy; it changes only the price (recompute flops,
+  shorter activation lifetimes), never legality;
 * `Stop()` ends the episode.
 
 Both the tree (which lists every legal action) and the rollout (which samples a few candidates
@@ -20,11 +23,13 @@ import math
 
 import numpy as np
 
-from toast_core.search.types import Action, Resolve, Shard, Stop
+from toast_core.search.types import Action, Remat, Resolve, Shard, Stop
 from toast_core.strategy import Constraints, State, Strategy, StrategySpace, Unit
 
 #: Rollout weight of a conflict resolution, against log(1 + bytes covered) for a shard.
 RESOLVE_WEIGHT = 8.0
+#: Rollout weight of a remat decision (a bit above a conflict: memory often binds).
+REMAT_WEIGHT = 10.0
 #: Candidates a rollout step samples before it gives up.
 ROLLOUT_TRIES = 12
 
@@ -54,6 +59,31 @@ class Environment:
         forbidden = self.constraints.forbidden_options
         return not any((k, o) in forbidden for k in self.groups[g])
 
+    def open_remat(self, state: State) -> list[int]:
+        """Remat groups with no policy chosen yet (by the state or a pin)."""
+        done = {g for g, _ in state.remat} | self.constraints.fixed_remat
+        return [g for g in range(len(self.space.remat.groups)) if g not in done]
+
+    def may_remat(self, g: int, p: int) -> bool:
+        return (g, p) not in self.constraints.forbidden_remat
+
+    def remat_actions(self, state: State) -> list[Remat]:
+        return [Remat(g, p) for g in self.open_remat(state) for p in (1, 2) if self.may_remat(g, p)]
+
+    def remat_relaxations(self, state: State) -> list[State]:
+        """States that recompute less in one group than `state` (full -> dots -> none): the
+        greedy descent's way back once memory no longer binds."""
+        out = []
+        for g, p in state.remat:
+            if g in self.constraints.fixed_remat:
+                continue
+            for q in range(p):
+                if self.may_remat(g, q):
+                    rest = tuple(x for x in state.remat if x[0] != g)
+                    remat = tuple(sorted(rest + (((g, q),) if q else ())))
+                    out.append(State(state.options, state.masks, remat))
+        return out
+
     def why_illegal_shard(self, state: State, unit: Unit, a: int, counts=None) -> str | None:
         forbidden = self.constraints.forbidden_bits(unit.fines)
         return self.space.why_illegal_shard(state, unit, a, counts, forbidden)
@@ -69,6 +99,7 @@ class Environment:
             if self.may_resolve(g, o)
         ]
         out += self.shard_actions(state)
+        out += self.remat_actions(state)
         out.append(Stop())
         return out
 
@@ -87,12 +118,17 @@ class Environment:
     def apply(self, state: State, action: Action) -> State:
         if isinstance(action, Resolve):
             chosen = {(k, action.option) for k in self.groups[action.group]}
-            return State(tuple(sorted(set(state.options) | chosen)), state.masks)
+            return State(tuple(sorted(set(state.options) | chosen)), state.masks, state.remat)
         if isinstance(action, Shard):
             unit = self.units(state)[action.unit]
             masks = state.masks.copy()
             masks[list(unit.fines)] |= self.space.axes.bit(action.axis)
-            return State(state.options, masks)
+            return State(state.options, masks, state.remat)
+        if isinstance(action, Remat):
+            rest = tuple(x for x in state.remat if x[0] != action.group)
+            return State(
+                state.options, state.masks, tuple(sorted(rest + ((action.group, action.policy),)))
+            )
         return state
 
     def random_action(self, state: State, rng: np.random.Generator) -> Action | None:
@@ -100,10 +136,12 @@ class Environment:
         sampled candidates were all illegal."""
         units = self.units(state)
         groups = self.open_groups(state)
+        remats = self.remat_actions(state)
         n_shard = len(units) * self.n_axes
         weights = np.array(
             [math.log1p(u.bytes_covered) for u in units for _ in range(self.n_axes)]
             + [RESOLVE_WEIGHT] * len(groups)
+            + [REMAT_WEIGHT / 2] * len(remats)
         )
         if not len(weights):
             return None
@@ -114,11 +152,13 @@ class Environment:
                 u, a = divmod(i, self.n_axes)
                 if self.why_illegal_shard(state, units[u], a, counts) is None:
                     return Shard(u, a)
-            else:
+            elif i < n_shard + len(groups):
                 g = groups[i - n_shard]
                 o = int(rng.integers(self.n_options(g)))
                 if self.may_resolve(g, o):
                     return Resolve(g, o)
+            else:
+                return remats[i - n_shard - len(groups)]
         return None
 
     def describe(self, state: State, action: Action) -> str:

@@ -34,7 +34,7 @@ def exhaustive_search(
     env = Environment(space, constrain(space, pins, forbids))
     seen = {env.root.key}
     frontier = [env.root]
-    best_state, best = env.root, ev.score(env.root.masks)
+    best_state, best = env.root, ev.score(env.root.masks, env.root.remat)
     while frontier:
         state = frontier.pop()
         for action in env.legal_actions(state):
@@ -49,7 +49,7 @@ def exhaustive_search(
                     f"the decision space has more than max_states={max_states} states: "
                     "exhaustive search is for tiny programs"
                 )
-            s = ev.score(nxt.masks)
+            s = ev.score(nxt.masks, nxt.remat)
             if better(s, best):
                 best_state, best = nxt, s
             frontier.append(nxt)

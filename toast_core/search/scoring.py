@@ -46,7 +46,10 @@ class Scorer:
         key = state.key
         s = self.scores.get(key)
         if s is None:
-            s = self.incremental.score(state.masks, None if parent is None else parent.masks)
+            if state.remat:  # the incremental path prices sharding only
+                s = self.ev.score(state.masks, state.remat)
+            else:
+                s = self.incremental.score(state.masks, None if parent is None else parent.masks)
             self.scores[key] = s
             self.evaluations += 1
             if self.best_score is None or better(s, self.best_score):

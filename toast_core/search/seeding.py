@@ -1,7 +1,7 @@
 """Seeding the search: the baselines, and greedy descents by the cost model.
 
-Before the tree search, every baseline that honours the pins is scored (so the search never
-returns worse than them) and greedy descents from the best baseline and from the root give a
+Before the tree search, every baseline that honours the pins is scored, as is and with every
+remat group on `dots` and on `full` (so the search never returns worse than them) and greedy descents from the best baseline and from the root give a
 strong anytime answer; after it, a greedy descent polishes the best state found.
 """
 
@@ -12,7 +12,7 @@ import time
 from toast_core.search import baselines
 from toast_core.search.env import Environment
 from toast_core.search.scoring import Scorer, better
-from toast_core.search.types import Resolve, Shard, Stop
+from toast_core.search.types import Resolve, Stop
 from toast_core.strategy import State
 
 
@@ -37,8 +37,9 @@ def score_baselines(
         if env.admits(state):
             s = scorer.score(state)
             admitted[name] = s.step_time_s if s.fits else None
+            score_with_remat(scorer, env, state)
         else:
-            s = scorer.ev.score(state.masks)
+            s = scorer.ev.score(state.masks, state.remat)
             admitted[name] = None
         every[name] = s.step_time_s if s.fits else None
     return every, admitted
@@ -46,6 +47,18 @@ def score_baselines(
 
 def past(deadline: float | None) -> bool:
     return deadline is not None and time.perf_counter() > deadline
+
+
+def score_with_remat(scorer: Scorer, env: Environment, state: State) -> None:
+    """Scores `state` with every remat group on `dots`, then on `full` (where the pins allow):
+    textbook plans with remat, from which the greedy descent starts when memory binds."""
+    n = len(env.space.remat.groups)
+    for policy in (1, 2):
+        remat = tuple((g, policy) for g in range(n))
+        if remat and remat != state.remat:
+            cand = State(state.options, state.masks, remat)
+            if env.admits(cand):
+                scorer.score(cand)
 
 
 def descend(scorer: Scorer, env: Environment, deadline: float | None = None) -> None:
@@ -70,7 +83,10 @@ def greedy(
 
     Resolving a conflict changes no cost by itself (parts inherit their mesh axes); its value
     shows only once a part is sharded differently. So a resolution is scored together with the
-    best way to shard one of the parts it creates (a two-step look-ahead).
+    best way to shard one of the parts it creates (a two-step look-ahead). Remat actions are
+    single steps like shards (they trade step time for memory, so they win only while memory
+    binds); relaxing a remat policy is a step too, so a descent that sharded its way back under
+    the memory cap stops recomputing what it no longer needs to.
 
     The deadline is checked before every candidate: at the deadline the best step found so far
     is taken and the descent ends.
@@ -98,10 +114,11 @@ def _candidates(env: Environment, state: State):
         if isinstance(a, Stop):
             continue
         nxt = env.apply(state, a)
-        if isinstance(a, Shard):
-            yield nxt
-        else:
+        if isinstance(a, Resolve):
             yield from follow_ups(env, nxt, a)
+        else:  # a shard or a remat choice: one step
+            yield nxt
+    yield from env.remat_relaxations(state)
 
 
 def follow_ups(env: Environment, state: State, resolve: Resolve) -> list[State]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from toast_core.search.types import Action, Resolve, Shard, Stop, action_order
+from toast_core.search.types import Action, Remat, Resolve, Shard, Stop, action_order
 from toast_core.strategy import State
 
 
@@ -36,11 +36,13 @@ class Node:
 
 
 def expansion_order(actions: list[Action]) -> list[Action]:
-    """Untried actions as a stack: popped from the end, large units first, stop last."""
+    """Untried actions as a stack: popped from the end, large units first, then resolutions,
+    remat, stop last."""
     shard = [a for a in actions if isinstance(a, Shard)]
     resolve = [a for a in actions if isinstance(a, Resolve)]
+    remat = [a for a in actions if isinstance(a, Remat)]
     stop = [a for a in actions if isinstance(a, Stop)]
-    return stop + list(reversed(resolve)) + list(reversed(shard))
+    return stop + list(reversed(remat)) + list(reversed(resolve)) + list(reversed(shard))
 
 
 class Tree:

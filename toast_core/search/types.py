@@ -2,7 +2,7 @@
 
 Actions are typed (after mctx's `types`): `Shard(unit, axis)` adds a mesh axis to a unit of
 decision, `Resolve(group, option)` resolves every conflict of a decision group with one option,
-`Stop()` ends an episode. New kinds of decision (rematerialization) become new action types; the
+`Remat(group, policy)` picks what a remat group recomputes, `Stop()` ends an episode; the
 environment is the only place that knows how each changes a state.
 """
 
@@ -32,20 +32,31 @@ class Shard:
 
 
 @dataclass(frozen=True, slots=True)
+class Remat:
+    """Give remat group `group` (an index into the space's remat groups) policy `policy` (an
+    index into `strategy.remat.POLICIES`: 1 `dots`, 2 `full`)."""
+
+    group: int
+    policy: int
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
     """End the episode: the state is the strategy."""
 
 
-Action = Resolve | Shard | Stop
+Action = Resolve | Shard | Remat | Stop
 
 
 def action_order(action: Action) -> tuple:
-    """A total order of actions (resolutions, then shards, then stop) for deterministic trees."""
+    """A total order of actions (resolutions, shards, remat, then stop) for deterministic trees."""
     if isinstance(action, Resolve):
         return (0, action.group, action.option)
     if isinstance(action, Shard):
         return (1, action.unit, action.axis)
-    return (2,)
+    if isinstance(action, Remat):
+        return (2, action.group, action.policy)
+    return (3,)
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,11 @@ from toast_core.strategy.pins import (
     option_pin,
     parse_pin,
     parse_pins,
+    remat_pin,
     strategy_pins,
 )
 from toast_core.strategy.refs import parent_name
+from toast_core.strategy.remat import POLICIES, RematGroup, RematSpace, remat_space
 from toast_core.strategy.resolve import Resolution, ResolvedDim, resolve
 from toast_core.strategy.space import State, StrategySpace, Unit, space_of
 from toast_core.strategy.strategy import Strategy
@@ -25,7 +27,10 @@ from toast_core.strategy.strategy import Strategy
 __all__ = [
     "Constraints",
     "MeshAxes",
+    "POLICIES",
     "Pin",
+    "RematGroup",
+    "RematSpace",
     "Resolution",
     "ResolvedDim",
     "State",
@@ -40,6 +45,8 @@ __all__ = [
     "parse_pin",
     "parent_name",
     "parse_pins",
+    "remat_pin",
+    "remat_space",
     "resolve",
     "space_of",
     "strategy_pins",

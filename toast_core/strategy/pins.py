@@ -11,6 +11,8 @@ One small syntax, shared by the API, the CLI and the explorer:
     K2=1                resolve conflict K2 with its option 1
     K2=none             leave conflict K2 unresolved
     !K2=1               forbid option 1 of K2
+    remat[blocks]=full  recompute remat group `blocks` fully (or `dots`, `none`; see remat.py)
+    !remat[blocks]=full forbid that policy for the group
 
 A value-dim reference pins the named dim that holds that dim once the pinned conflict options are
 applied, so after cutting attention's sequence conflict, `q.1@model` pins the Q side only (see
@@ -31,17 +33,20 @@ from toast_core.analysis import Analysis
 from toast_core.errors import PinError, bad_value
 from toast_core.mesh import MeshSpec
 from toast_core.strategy.refs import RefError, named_dim_parts
+from toast_core.strategy.remat import POLICIES, policy_index
 from toast_core.strategy.resolve import resolve
 from toast_core.strategy.space import State, StrategySpace, space_of
 from toast_core.strategy.strategy import Strategy
 
 _OPTION = re.compile(r"^(!?)K(\d+)=(\d+|none)$")
+_REMAT = re.compile(r"^(!?)remat\[([^\]]+)\]=(\w+)$")
 _DIM = re.compile(r"^(!?)([^@]+)@([A-Za-z_]\w*(?:\+[A-Za-z_]\w*)*|-)$")
 
 
 @dataclass(frozen=True, slots=True)
 class Pin:
-    """A parsed pin or forbid. `kind` is "dim" or "option"; `text` is what the user wrote."""
+    """A parsed pin or forbid. `kind` is "dim", "option" or "remat" (`ref` the group, `policy`
+    the policy); `text` is what the user wrote."""
 
     text: str
     kind: str
@@ -50,6 +55,7 @@ class Pin:
     axes: tuple[str, ...] = ()
     conflict: int = -1
     option: int | None = None  # None with kind "option": leave unresolved
+    policy: str = ""
 
 
 def parse_pin(text: str) -> Pin:
@@ -65,6 +71,11 @@ def parse_pin(text: str) -> Pin:
         if m.group(1) and option is None:
             raise PinError(bad_value("pin", text, "a forbid of one option, such as !K2=1"))
         return Pin(t, "option", bool(m.group(1)), conflict=int(m.group(2)), option=option)
+    m = _REMAT.match(t)
+    if m:
+        if m.group(3) not in POLICIES:
+            raise PinError(bad_value("pin", text, f"a remat policy: {', '.join(POLICIES)}"))
+        return Pin(t, "remat", bool(m.group(1)), ref=m.group(2), policy=m.group(3))
     m = _DIM.match(t)
     if m:
         axes = () if m.group(3) == "-" else tuple(m.group(3).split("+"))
@@ -75,7 +86,8 @@ def parse_pin(text: str) -> Pin:
         bad_value(
             "pin",
             text,
-            "N3@model, N3@data+model, N3@-, tokens.1@model, !N3@data, K2=1, K2=none or !K2=1",
+            "N3@model, N3@data+model, N3@-, tokens.1@model, !N3@data, K2=1, K2=none, !K2=1 "
+            "or remat[blocks]=full",
         )
     )
 
@@ -103,9 +115,16 @@ def option_pin(conflict: int, option: int | None, forbid: bool = False) -> str:
 
 def strategy_pins(strategy: Strategy) -> list[str]:
     """A strategy's decisions written as pins (`K2=0`, then `N3@data+model`)."""
-    return [option_pin(k, o) for k, o in strategy.options] + [
-        dim_pin(name, axes) for name, axes in strategy.shardings
-    ]
+    return (
+        [option_pin(k, o) for k, o in strategy.options]
+        + [dim_pin(name, axes) for name, axes in strategy.shardings]
+        + [remat_pin(group, policy) for group, policy in strategy.remat]
+    )
+
+
+def remat_pin(group: str, policy: str, forbid: bool = False) -> str:
+    """The text of a remat pin (or forbid): `remat[blocks]=full`, `!remat[blocks]=dots`."""
+    return f"{'!' if forbid else ''}remat[{group}]={policy}"
 
 
 @dataclass(frozen=True)
@@ -120,6 +139,8 @@ class Constraints:
     forbidden_axes: dict  # fine class -> forbidden mesh-axis bits
     fixed_conflicts: frozenset[int]
     forbidden_options: frozenset[tuple[int, int]]
+    fixed_remat: frozenset[int] = frozenset()  # remat groups whose policy a pin fixes
+    forbidden_remat: frozenset[tuple[int, int]] = frozenset()  # (group, policy index)
 
     def forbidden_bits(self, fines) -> int:
         """The mesh axes forbidden on any of these fine classes."""
@@ -137,6 +158,11 @@ class Constraints:
         if any(k in self.fixed_conflicts for k, o in chosen if (k, o) not in root.options):
             return False
         if chosen & self.forbidden_options or not set(root.options) <= chosen:
+            return False
+        remat = dict(state.remat)
+        if any(remat.get(g, 0) != dict(root.remat).get(g, 0) for g in self.fixed_remat):
+            return False
+        if any(remat.get(g, 0) == p for g, p in self.forbidden_remat):
             return False
         fines = np.fromiter(self.pinned_fines, dtype=np.int64, count=len(self.pinned_fines))
         if len(fines) and np.any(state.masks[fines] != root.masks[fines]):
@@ -202,7 +228,8 @@ def constrain(space: StrategySpace, pins=(), forbids=()) -> Constraints:
             if f in owner and int(masks[f]) & bit:
                 raise PinError(f"pin `{owner[f].text}` contradicts forbid `{fb.text}`")
             forbidden_axes[f] = forbidden_axes.get(f, 0) | bit
-    root = State(root_options, masks)
+    root_remat, fixed_remat, forbidden_remat = _remat_constraints(space, pins, forbids)
+    root = State(root_options, masks, root_remat)
     problems = space.problems(tuple(sorted(space.shardings_of(root).items())), root_options)
     if problems:
         texts = ", ".join(f"`{p.text}`" for p in pins)
@@ -218,7 +245,37 @@ def constrain(space: StrategySpace, pins=(), forbids=()) -> Constraints:
         forbidden_axes,
         frozenset(chosen),
         frozenset(forbidden_options),
+        fixed_remat,
+        forbidden_remat,
     )
+
+
+def _remat_constraints(space: StrategySpace, pins, forbids):
+    """(root remat pairs, pinned groups, forbidden (group, policy) pairs) of the remat pins."""
+    chosen: dict[int, Pin] = {}
+    forbidden: dict[tuple[int, int], Pin] = {}
+    for p in list(pins) + list(forbids):
+        if p.kind != "remat":
+            continue
+        g = space.remat.index(p.ref)
+        if g is None:
+            what = "forbid" if p.forbid else "pin"
+            names = ", ".join(space.remat.names) or "none (no backward part to recompute)"
+            raise PinError(f"{what} `{p.text}` names remat group {p.ref!r}; groups: {names}")
+        pol = policy_index(p.policy)
+        if p.forbid:
+            forbidden[(g, pol)] = p
+        elif g in chosen and chosen[g].policy != p.policy:
+            raise PinError(f"contradictory pins `{chosen[g].text}` and `{p.text}`")
+        else:
+            chosen[g] = p
+    for (g, pol), f in forbidden.items():
+        if g in chosen and policy_index(chosen[g].policy) == pol:
+            raise PinError(f"pin `{chosen[g].text}` contradicts forbid `{f.text}`")
+    root = tuple(
+        sorted((g, policy_index(p.policy)) for g, p in chosen.items() if p.policy != "none")
+    )
+    return root, frozenset(chosen), frozenset(forbidden)
 
 
 def _mask(space: StrategySpace, p: Pin) -> int:

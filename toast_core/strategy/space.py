@@ -33,6 +33,7 @@ from toast_core.strategy import legality
 from toast_core.strategy.axes import mesh_axes
 from toast_core.strategy.layout import layout
 from toast_core.strategy.memo import per_analysis
+from toast_core.strategy.remat import remat_space
 from toast_core.strategy.resolve import Resolution, resolve
 
 _CACHE_SIZE = 4096
@@ -40,14 +41,16 @@ _CACHE_SIZE = 4096
 
 @dataclass(frozen=True)
 class State:
-    """Chosen conflict options (sorted (conflict, option) pairs) and a mask per fine class."""
+    """Chosen conflict options (sorted (conflict, option) pairs), a mask per fine class, and
+    remat policies (sorted (remat group, policy index) pairs, see `remat.py`)."""
 
     options: tuple[tuple[int, int], ...]
     masks: np.ndarray
+    remat: tuple[tuple[int, int], ...] = ()
 
     @property
     def key(self) -> tuple:
-        return (self.options, self.masks.tobytes())
+        return (self.options, self.masks.tobytes(), self.remat)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,7 @@ class StrategySpace:
             sorted(g for g in groups if min(len(ana.conflicts[k].options) for k in g) > 0)
         )
         self.blocked = _blocked_fines(ana, self.axes)
+        self.remat = remat_space(ana)
         self._units, self._touch, self._splits = _Lru(), _Lru(), _Lru()
         self._valid = _Lru()
 

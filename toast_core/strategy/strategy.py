@@ -21,6 +21,7 @@ from toast_core.analysis import Analysis
 from toast_core.errors import StrategyError, bad_value, bad_values
 from toast_core.mesh import MeshSpec
 from toast_core.strategy.refs import RefError, named_dim_parts
+from toast_core.strategy.remat import POLICIES, policy_index, remat_space
 from toast_core.strategy.resolve import Resolution, normalize_options, resolve
 from toast_core.strategy.space import State, StrategySpace, space_of
 
@@ -29,11 +30,13 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True)
 class Strategy:
-    """Cuts (as chosen conflict options) plus named dim -> tuple of mesh axes."""
+    """Cuts (as chosen conflict options) plus named dim -> tuple of mesh axes, plus a remat
+    policy per remat group (`(("blocks", "full"),)`; groups left out keep everything)."""
 
     shardings: tuple[tuple[str, tuple[str, ...]], ...] = ()
     options: tuple[tuple[int, int], ...] = ()
     name: str = ""
+    remat: tuple[tuple[str, str], ...] = ()
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -43,9 +46,10 @@ class Strategy:
         shardings: Mapping | None = None,
         options=(),
         name: str = "",
+        remat: Mapping | None = None,
     ) -> Strategy:
         """Builds a strategy, accepting named dims by name (`N3`, `N3.1`), id or label and mesh
-        axes as a string or a tuple."""
+        axes as a string or a tuple; `remat` maps remat group names to `none`/`dots`/`full`."""
         opts = normalize_options(ana, options)
         res = resolve(ana, opts)
         out: dict[str, tuple[str, ...]] = {}
@@ -65,6 +69,7 @@ class Strategy:
                 continue
             if axes:
                 out.update((n, axes) for n in dim_names)
+        remat_items = _remat_items(ana, remat, problems)
         if unknown:
             expected = (
                 f"named dims N0..N{len(ana.named_dims) - 1} (or parts such as N3.1 after the "
@@ -74,10 +79,24 @@ class Strategy:
         if problems:
             more = f" (+{len(problems) - 6} more)" if len(problems) > 6 else ""
             raise StrategyError("; ".join(problems[:6]) + more)
-        return Strategy(tuple(sorted(out.items())), opts, name)
+        return Strategy(tuple(sorted(out.items())), opts, name, remat_items)
 
     def with_name(self, name: str) -> Strategy:
-        return Strategy(self.shardings, self.options, name)
+        return Strategy(self.shardings, self.options, name, self.remat)
+
+    def with_remat(self, ana: Analysis, remat: Mapping | str | None) -> Strategy:
+        """The same sharding with other remat policies: a mapping group -> policy, or one
+        policy for every remat group of `ana` (`"full"`, `"none"`)."""
+        if isinstance(remat, str):
+            remat = dict.fromkeys(remat_space(ana).names, remat)
+        problems: list[str] = []
+        items = _remat_items(ana, remat, problems)
+        if problems:
+            raise StrategyError("; ".join(problems))
+        return Strategy(self.shardings, self.options, self.name, items)
+
+    def remat_policy(self, group: str) -> str:
+        return dict(self.remat).get(group, "none")
 
     # -- queries --------------------------------------------------------------------------------
 
@@ -108,11 +127,21 @@ class Strategy:
     def from_state(space: StrategySpace, state: State, name: str = "") -> Strategy:
         """The strategy of a search state (already legal by construction)."""
         shardings = tuple(sorted(space.shardings_of(state).items()))
-        return Strategy(shardings, normalize_options(space.ana, state.options), name)
+        remat = tuple(
+            (space.remat.groups[g].name, POLICIES[p])
+            for g, p in state.remat
+            if POLICIES[p] != "none"
+        )
+        return Strategy(
+            shardings, normalize_options(space.ana, state.options), name, tuple(sorted(remat))
+        )
 
     def to_state(self, space: StrategySpace) -> State:
         """The search state of this strategy (names checked, legality not)."""
-        return State(tuple(self.options), space.masks_of(self.shardings, self.options))
+        remat = tuple(
+            sorted((space.remat.index(g), policy_index(p)) for g, p in self.remat if p != "none")
+        )
+        return State(tuple(self.options), space.masks_of(self.shardings, self.options), remat)
 
     # -- presentation ---------------------------------------------------------------------------
 
@@ -144,6 +173,8 @@ class Strategy:
             "options": [{"conflict": f"K{k}", "option": o} for k, o in self.options],
             "shardings": {n: list(axes) for n, axes in self.shardings},
         }
+        if self.remat:
+            doc["remat"] = dict(self.remat)
         if mesh is not None:
             doc["mesh"] = mesh.as_dict()
         return json.dumps(doc, indent=2)
@@ -165,11 +196,12 @@ class Strategy:
                 k: (v,) if isinstance(v, str) else tuple(v)
                 for k, v in doc.get("shardings", {}).items()
             }
+            remat = dict(doc.get("remat", {}))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StrategyError(
                 bad_value("text", str(exc), "options and shardings fields")
             ) from None
-        return Strategy.make(ana, shardings, options, str(doc.get("name", "")))
+        return Strategy.make(ana, shardings, options, str(doc.get("name", "")), remat)
 
 
 def _dim_names(ana: Analysis, res: Resolution, key) -> tuple[str, ...]:
@@ -178,3 +210,23 @@ def _dim_names(ana: Analysis, res: Resolution, key) -> tuple[str, ...]:
         return tuple(d.name for d in named_dim_parts(ana, res, key))
     except RefError as exc:
         raise StrategyError(bad_value("shardings", key, exc.expected)) from None
+
+
+def _remat_items(ana: Analysis, remat, problems: list[str]) -> tuple[tuple[str, str], ...]:
+    """Sorted (group, policy) pairs of a remat mapping, `none` left out; problems appended."""
+    if not remat:
+        return ()
+    if not isinstance(remat, Mapping):
+        problems.append(bad_value("remat", remat, "a mapping of remat group -> policy"))
+        return ()
+    names = remat_space(ana).names
+    out = {}
+    for group, policy in remat.items():
+        if group not in names:
+            shown = ", ".join(names) or "none: this program has no backward part to recompute"
+            problems.append(bad_value("remat", group, f"a remat group ({shown})"))
+        elif policy not in POLICIES:
+            problems.append(bad_value(f"remat[{group}]", policy, f"one of {', '.join(POLICIES)}"))
+        elif policy != "none":
+            out[group] = policy
+    return tuple(sorted(out.items()))

@@ -1,0 +1,66 @@
+"""Pricing rematerialization: recomputed work and shorter activation lifetimes.
+
+`strategy/remat.py` says, per remat group and policy, which forward ops run again and which
+residuals are no longer kept; this module turns that into the three numbers the evaluator adds:
+
+* **compute**: each recomputed op that the forward needs too costs its roofline time once more
+  (same per-device shapes: the recomputation is sharded like the forward it repeats); its flops
+  count again, as in XLA's `cost_analysis()` of a program under `jax.checkpoint`. A recomputed
+  op that only fed residuals merely moves to the backward: XLA drops its forward copy;
+* **communication**: a collective caused by a recomputed op runs again (a Megatron forward
+  all-reduce, an FSDP weight gather before a recomputed matmul);
+* **memory**: a residual not kept is live from its producer to its last forward reader, and
+  again from the recomputation (just before its block's first backward reader) to its last
+  backward reader, instead of across the whole step; a kept value the recomputation reads
+  (a block's input `x`) lives until that recomputation.
+
+Worked example: GPT-2 with `remat[blocks]=full` keeps one [B, S, D] value per layer; the
+attention scores and MLP hidden activations of a layer are live only while its backward runs.
+Recompute flops are the block's forward, about a third of a step's flops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from toast_core.strategy.remat import RematEffect
+
+
+def recompute_time_s(t: np.ndarray, effect: RematEffect) -> float:
+    """Roofline time of the recomputed ops (`t`: per-op time of one execution of the step)."""
+    return float(t[effect.twice_ops].sum()) if len(effect.twice_ops) else 0.0
+
+
+def recompute_comm_s(ev, masks: np.ndarray, value_local: np.ndarray, effect) -> float:
+    """Time of the collectives caused by recomputed ops (they run again)."""
+    if not len(effect.twice_ops):
+        return 0.0
+    kinds, ms, vs, ops, _ = ev._collective_arrays(masks, value_local)
+    again = np.isin(ops, effect.twice_ops)
+    if not again.any():
+        return 0.0
+    k, m, v, o = kinds[again], ms[again], vs[again], ops[again]
+    return float(((ev.c0[k, m] + ev.c1[k, m] * v) * ev.trip[o]).sum())
+
+
+def recomputed_collectives(collectives, effect) -> list:
+    """The collectives of a report that run again under remat."""
+    if not len(effect.twice_ops):
+        return []
+    ops = set(effect.twice_ops.tolist())
+    return [c for c in collectives if c.op in ops]
+
+
+def shorten_lifetimes(delta: np.ndarray, value_local: np.ndarray, effect: RematEffect) -> None:
+    """Splits each dropped residual's live range in `delta` (live bytes change after each op):
+    free after its last forward reader, allocate again at its recomputation."""
+    if len(effect.extend_values):
+        b = value_local[effect.extend_values]
+        np.add.at(delta, effect.extend_from, b)
+        np.add.at(delta, effect.extend_to, -b)
+    if not len(effect.values):
+        return
+    b = value_local[effect.values]
+    gap = effect.bwd_start > effect.fwd_end + 1
+    np.add.at(delta, effect.fwd_end[gap] + 1, -b[gap])
+    np.add.at(delta, effect.bwd_start[gap], b[gap])
