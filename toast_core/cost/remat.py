@@ -32,15 +32,16 @@ def recompute_time_s(t: np.ndarray, effect: RematEffect) -> float:
 
 
 def recompute_comm_s(ev, masks: np.ndarray, value_local: np.ndarray, effect) -> float:
-    """Time of the collectives caused by recomputed ops (they run again)."""
+    """Time of the collectives caused by recomputed ops (they run again, combined among
+    themselves as XLA combines: latency once per combined op)."""
     if not len(effect.twice_ops):
         return 0.0
-    kinds, ms, vs, ops, _ = ev._collective_arrays(masks, value_local)
+    kinds, ms, vs, ops, _, sites = ev._collective_arrays(masks, value_local)
     again = np.isin(ops, effect.twice_ops)
     if not again.any():
         return 0.0
-    k, m, v, o = kinds[again], ms[again], vs[again], ops[again]
-    return float(((ev.c0[k, m] + ev.c1[k, m] * v) * ev.trip[o]).sum())
+    k, m, v, o, s = kinds[again], ms[again], vs[again], ops[again], sites[again]
+    return float((ev.c1[k, m] * v * ev.trip[o]).sum()) + ev.latency_s(k, m, v, o, s)
 
 
 def recomputed_collectives(collectives, effect) -> list:
