@@ -101,15 +101,8 @@ def decisions_as_pins(strategy: tc.Strategy) -> list[str]:
 
 
 def frozen_pins(ana: tc.Analysis, strategy: tc.Strategy) -> list[str]:
-    """Pins that fix every decision of a strategy, the replicated ones included (`N7@-`,
-    `K3=none`), so that a search under them has nothing left to decide and stops at once."""
-    sharded = {name for name, _ in strategy.shardings}
-    chosen = {k for k, _ in strategy.options}
-    return (
-        decisions_as_pins(strategy)
-        + [f"K{c.id}=none" for c in ana.conflicts if c.id not in chosen and c.options]
-        + [f"{d.name}@-" for d in strategy.resolution(ana).dims if d.name not in sharded]
-    )
+    """Pins that fix every decision of a strategy (`tc.frozen_pins`)."""
+    return tc.frozen_pins(ana, strategy)
 
 
 def strategy_diff(old: tc.Strategy, new: tc.Strategy) -> list[dict]:

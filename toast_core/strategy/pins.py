@@ -122,6 +122,23 @@ def strategy_pins(strategy: Strategy) -> list[str]:
     )
 
 
+def frozen_pins(ana: Analysis, strategy: Strategy) -> list[str]:
+    """Pins that fix every decision of a strategy, the replicated, unresolved and keep-everything
+    ones included (`N7@-`, `K3=none`, `remat[blocks]=none`), so that a search under them has
+    nothing left to decide and stops at once."""
+    from toast_core.strategy.remat import remat_space
+
+    sharded = {name for name, _ in strategy.shardings}
+    chosen = {k for k, _ in strategy.options}
+    rematted = {g for g, _ in strategy.remat}
+    return (
+        strategy_pins(strategy)
+        + [option_pin(c.id, None) for c in ana.conflicts if c.id not in chosen and c.options]
+        + [dim_pin(d.name, ()) for d in strategy.resolution(ana).dims if d.name not in sharded]
+        + [remat_pin(g, "none") for g in remat_space(ana).names() if g not in rematted]
+    )
+
+
 def remat_pin(group: str, policy: str, forbid: bool = False) -> str:
     """The text of a remat pin (or forbid): `remat[blocks]=full`, `!remat[blocks]=dots`."""
     return f"{'!' if forbid else ''}remat[{group}]={policy}"
