@@ -17,7 +17,17 @@ from toast_core.apply import (
     shard,
     validate,
 )
-from toast_core.cost import CostOptions, CostReport, Explanation, WhatIf, estimate, explain
+from toast_core.cost import (
+    CostOptions,
+    CostReport,
+    Explanation,
+    OpView,
+    WhatIf,
+    costliest_ops,
+    estimate,
+    explain,
+    op_view,
+)
 from toast_core.errors import PinError, StrategyError, ToastError, TraceError
 from toast_core.ir import Program, trace
 from toast_core.mesh import HARDWARE_PRESETS, HardwareSpec, MeshSpec, hardware
@@ -51,6 +61,7 @@ __all__ = [
     "HardwareSpec",
     "MeshSpec",
     "NamedDim",
+    "OpView",
     "Pin",
     "PinError",
     "Program",
@@ -66,11 +77,13 @@ __all__ = [
     "analyze",
     "baselines",
     "check_pins",
+    "costliest_ops",
     "dim_pin",
     "estimate",
     "explain",
     "hardware",
     "jax_mesh",
+    "op_view",
     "option_pin",
     "parent_name",
     "parse_pin",
