@@ -209,6 +209,20 @@ def estimate(loaded: Loaded, strategy: tc.Strategy, mesh_text: str, hw_name: str
     return _estimate(loaded.key, mesh_text, hw_name, strategy_key(strategy), loaded.ana, strategy)
 
 
+def explain_key(loaded: Loaded, strategy: tc.Strategy, mesh_text: str, hw_name: str) -> tuple:
+    return (loaded.key, mesh_text, hw_name, strategy_key(strategy))
+
+
+@st.cache_resource(show_spinner=False, max_entries=32)
+def _explain(key: str, mesh_text: str, hw_name: str, skey: tuple, _ana, _strategy):
+    return tc.explain(_ana, _strategy, mesh_of(mesh_text), tc.hardware(hw_name))
+
+
+def explain(loaded: Loaded, strategy: tc.Strategy, mesh_text: str, hw_name: str) -> tc.Explanation:
+    """The what-if table of a strategy (cached by model, mesh, hardware and decisions)."""
+    return _explain(loaded.key, mesh_text, hw_name, strategy_key(strategy), loaded.ana, strategy)
+
+
 def baseline_reports(loaded: Loaded, mesh_text: str, hw_name: str) -> dict:
     """name -> (Strategy, CostReport) or (None, reason)."""
     out = {}

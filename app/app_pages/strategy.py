@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import cached, charts, reports, state, ui
+from app import cached, charts, plan_views, reports, state, ui
 from app.fmt import fmt_bytes, fmt_s
 
 ui.header(
@@ -13,6 +13,7 @@ ui.header(
     "What a strategy does to every tensor and what it costs: compute, communication by collective "
     "kind, per-device memory against capacity, each collective with its cause.",
 )
+plan_views.switch_if_requested()  # a what-if row was pinned: search under it at once
 loaded = ui.require_loaded()
 ana = loaded.ana
 mesh = state.mesh()
@@ -47,6 +48,8 @@ if rows:
     ui.table(rows, key="decisions")
 else:
     st.caption("No decision: everything is replicated.")
+
+plan_views.why_this_plan(loaded, strategy, report)
 
 st.subheader("Cost breakdown")
 st.plotly_chart(
@@ -160,3 +163,5 @@ st.caption(
     + ". `bytes (full)` is the gathered buffer V of the alpha-beta model."
 )
 ui.table(crow, height=min(460, 38 + 35 * max(len(crow), 1)), key="collectives")
+
+plan_views.op_section(loaded, strategy, report)

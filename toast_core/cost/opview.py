@@ -87,7 +87,9 @@ def op_view(
         raise ToastError(bad_value("op", op, f"an op index in 0..{len(prog.ops) - 1}"))
     if len(report.op_costs) != len(prog.ops):
         raise ToastError(
-            bad_value("report", f"{len(report.op_costs)} op costs", f"{len(prog.ops)} (this program)")
+            bad_value(
+                "report", f"{len(report.op_costs)} op costs", f"{len(prog.ops)} (this program)"
+            )
         )
     space = space_of(ana, mesh)
     masks = space.masks_of(strategy.shardings, strategy.options)
@@ -187,5 +189,7 @@ def costliest_ops(report: CostReport, n: int = 20) -> tuple[int, ...]:
     for c in report.collectives:
         if 0 <= c.op < len(comm):
             comm[c.op] += c.time_s * c.count
-    order = sorted(range(len(report.op_costs)), key=lambda i: -(report.op_costs[i].time_s + comm[i]))
+    order = sorted(
+        range(len(report.op_costs)), key=lambda i: -(report.op_costs[i].time_s + comm[i])
+    )
     return tuple(order[:n])

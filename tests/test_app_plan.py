@@ -1,0 +1,55 @@
+"""AppTests of the explaining parts of the explorer: why this plan, the per-op view, the top of
+the search tree and the MCTS lesson (helpers from test_app)."""
+
+from __future__ import annotations
+
+from test_app import errors, goto, pins, run_slot, start
+
+
+def frame_with(at, *columns: str):
+    """The first dataframe on the page holding these columns (display-only frames carry no key)."""
+    for d in at.dataframe:
+        if set(columns) <= set(d.value.columns):
+            return d.value
+    raise AssertionError(f"no table with columns {columns}")
+
+
+def test_why_this_plan_table_pins_an_alternative_and_searches():
+    at = goto(start(), "strategy")
+    at.selectbox(key="w.strategy_choice").set_value("baseline: data_parallel").run()
+    assert not at.exception
+    assert "Why this plan" in [s.value for s in at.subheader]
+    table = at.dataframe(key="whatif_table").value
+    assert len(table) > 0 and {"decision", "instead", "Δ step time", "collectives vanish"} <= set(
+        table.columns
+    )
+    # Sorted by consequence: alternatives that fit first, larger changes before smaller ones.
+    assert table["fits"].iloc[0] == "yes" or (table["fits"] == "NO").all()
+    pin_text = at.button(key="whatif_pin").label
+    at.button(key="whatif_pin").click().run()
+    assert not at.exception and not errors(at)
+    # The pins of the first row joined the workspace and a search ran under them.
+    wanted = pin_text.removeprefix("Pin ").removesuffix(" and search again").split(", ")
+    assert set(wanted) <= set(pins(at))
+    assert run_slot(at)["status"] == "done" and run_slot(at)["pins"] == pins(at)
+
+
+def test_per_op_view_shows_shardings_case_and_collectives():
+    at = goto(start(), "strategy")
+    at.selectbox(key="w.strategy_choice").set_value("baseline: data_parallel").run()
+    assert "Per-op view" in [s.value for s in at.subheader]
+    costliest = frame_with(at, "op", "where", "flops / device")
+    assert len(costliest) > 0
+    cases = set()
+    for op in at.selectbox(key="op_pick").options[:20]:
+        at.selectbox(key="op_pick").set_value(int(op.split(" ")[0][1:])).run()
+        assert not at.exception
+        metrics = {m.label: m.value for m in at.metric}
+        cases.add(metrics["Case"])
+        shardings = frame_with(at, "operand or result", "sharding")
+        assert shardings["operand or result"].iloc[-1] == "result"
+    # Data parallelism: matmuls over the batch reduce gradients (partial sums over `data`).
+    assert "contracting-sharded" in cases
+    # Any op by index, not only the costliest.
+    at.number_input(key="op_index").set_value(0).run()
+    assert not at.exception and "#0" in "\n".join(m.value for m in at.markdown)
