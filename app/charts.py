@@ -587,3 +587,64 @@ def memory_figure(
         share = peak / capacity_bytes if capacity_bytes else 0.0
         title += f" (peak is {share:.2%} of the {fmt_bytes(capacity_bytes)} capacity)"
     return _layout(fig, title)
+
+
+def tree_rows(edges) -> list[dict]:
+    """The top of the search tree (`SearchEvent.tree_top`) as table rows: each first-level
+    action, then its most visited follow-ups indented under it."""
+    rows = []
+    for i, e in enumerate(edges):
+        rows.append(
+            {
+                "depth": e.depth,
+                "action": ("↳ " if e.depth > 1 else "") + e.action,
+                "after": edges[e.parent].action if e.parent >= 0 else "(root)",
+                "visits": e.visits,
+                "mean reward": round(e.mean_value, 3),
+                "edge": i,
+            }
+        )
+    return rows
+
+
+def tree_figure(edges, height: int = 420) -> go.Figure:
+    """Sunburst of the top of the search tree: ring 1 the actions from the root, ring 2 their
+    follow-ups; area = visits, colour = mean reward (0.55 = the best baseline's step time)."""
+    ids = ["root"] + [f"e{i}" for i in range(len(edges))]
+    parents = [""] + ["root" if e.parent < 0 else f"e{e.parent}" for e in edges]
+    labels = ["root"] + [_wrap(e.action, 22) for e in edges]
+    root_visits = sum(e.visits for e in edges if e.depth == 1)
+    values = [root_visits] + [e.visits for e in edges]
+    colours = [0.55] + [e.mean_value for e in edges]
+    fig = go.Figure(
+        go.Sunburst(
+            ids=ids,
+            parents=parents,
+            labels=labels,
+            values=values,
+            branchvalues="remainder",
+            marker={
+                "colors": colours,
+                "colorscale": "RdYlGn",
+                "cmin": 0.1,
+                "cmax": 1.0,
+                "colorbar": {"title": "mean<br>reward"},
+            },
+            hovertemplate="%{label}<br>visits %{value}<br>mean reward %{color:.3f}<extra></extra>",
+            insidetextfont={"size": 13},
+        )
+    )
+    fig.update_layout(height=height, margin={"l": 8, "r": 8, "t": 8, "b": 8})
+    return fig
+
+
+def _wrap(text: str, width: int) -> str:
+    """Plotly labels do not wrap: break `text` at spaces into lines of about `width` characters."""
+    lines, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return "<br>".join(lines + [line])

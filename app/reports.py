@@ -113,13 +113,27 @@ def frozen_pins(ana: tc.Analysis, strategy: tc.Strategy) -> list[str]:
 
 
 def strategy_diff(old: tc.Strategy, new: tc.Strategy) -> list[dict]:
-    """Decisions that differ between two strategies (named dims by name, conflicts by id)."""
+    """Decisions that differ between two strategies (named dims by name, conflicts by id). The
+    parts of one named dim after cuts that change the same way are one row (`N0.0 ... N0.25`,
+    "21 parts"), not one row each."""
     rows = []
     old_sh, new_sh = dict(old.shardings), dict(new.shardings)
+    groups: dict[tuple, list[str]] = {}
     for name in sorted(set(old_sh) | set(new_sh), key=_natural):
         a, b = old_sh.get(name, ()), new_sh.get(name, ())
         if a != b:
-            rows.append({"decision": name, "before": fmt_axes(a), "after": fmt_axes(b)})
+            groups.setdefault((tc.parent_name(name), a, b), []).append(name)
+    for (parent, a, b), names in groups.items():
+        many = len(names) > 2
+        rows.append(
+            {
+                "decision": f"{names[0]} ... {names[-1]} ({len(names)} parts of {parent})"
+                if many
+                else ", ".join(names),
+                "before": fmt_axes(a),
+                "after": fmt_axes(b),
+            }
+        )
     old_op, new_op = dict(old.options), dict(new.options)
     for k in sorted(set(old_op) | set(new_op)):
         a, b = old_op.get(k), new_op.get(k)

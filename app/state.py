@@ -205,6 +205,7 @@ def run_slot(key: tuple | None = None) -> dict:
             "tree_size": 0,
             "evals_per_s": 0.0,
             "elapsed_s": 0.0,
+            "tree_top": (),  # the last event's top of the MCTS tree (TreeEdge records)
             "pins": [],
             "previous": None,  # {"strategy", "step_time_s", "peak_bytes", "fits", "pins"}
             "kept_previous": False,  # the last run did not beat the previous best

@@ -3,7 +3,9 @@ the search tree and the MCTS lesson (helpers from test_app)."""
 
 from __future__ import annotations
 
-from test_app import errors, goto, pins, run_slot, start
+import json
+
+from test_app import errors, goto, gpt_tiny, pins, run_slot, start  # noqa: F401 (fixture)
 
 
 def frame_with(at, *columns: str):
@@ -53,3 +55,39 @@ def test_per_op_view_shows_shardings_case_and_collectives():
     # Any op by index, not only the costliest.
     at.number_input(key="op_index").set_value(0).run()
     assert not at.exception and "#0" in "\n".join(m.value for m in at.markdown)
+
+
+def test_search_page_shows_the_top_of_the_tree():
+    at = goto(start(), "search")
+    at.number_input(key="w.budget_s").set_value(1.0).run()
+    at.button(key="run_search").click().run()
+    assert not at.exception and not errors(at)
+    edges = run_slot(at)["tree_top"]
+    assert edges and edges[0].depth == 1 and edges[0].visits >= 1
+    assert "The search tree" in [s.value for s in at.subheader]
+    sunburst = next(
+        json.loads(p.proto.spec)
+        for p in at.get("plotly_chart")
+        if json.loads(p.proto.spec)["data"][0]["type"] == "sunburst"
+    )
+    assert sunburst["data"][0]["values"][1:] == [e.visits for e in edges]
+    tree = frame_with(at, "action", "visits", "mean reward")
+    assert tree["visits"].tolist() == [e.visits for e in edges]
+
+
+def test_versus_previous_best_groups_the_parts_of_a_named_dim():
+    import toast_core as tc
+    from app import reports
+
+    # N0 cut into 21 parts (as a conflict's cut does on the U-Net), all moved from data to model.
+    parts = tuple((f"N0.{i}", ("data",)) for i in range(21))
+    old = tc.Strategy(parts + (("N1", ("model",)),))
+    new = tc.Strategy(tuple((n, ("model",)) for n, _ in parts))
+    rows = reports.strategy_diff(old, new)
+    assert rows[0] == {
+        "decision": "N0.0 ... N0.20 (21 parts of N0)",
+        "before": "data",
+        "after": "model",
+    }
+    assert rows[1] == {"decision": "N1", "before": "model", "after": "-"}
+    assert len(rows) == 2
