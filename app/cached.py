@@ -8,6 +8,7 @@ the hardware preset name and a strategy's decisions; the analysis rides along as
 
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass
 
@@ -260,3 +261,18 @@ def quick_search(key: str, mesh_text: str, hw_name: str, pins: tuple[str, ...], 
         pins=pins,
     )
     return next(iter(events))
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def short_search(key: str, mesh_text: str, hw_name: str, simulations: int, seed: int, _ana):
+    """The last event of a deterministic search of `simulations` simulations (for the lesson
+    that walks through one search)."""
+    events = tc.search_iter(
+        _ana,
+        mesh_of(mesh_text),
+        tc.hardware(hw_name),
+        budget_s=None,
+        num_simulations=simulations,
+        seed=seed,
+    )
+    return collections.deque(events, maxlen=1)[0]

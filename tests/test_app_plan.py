@@ -91,3 +91,19 @@ def test_versus_previous_best_groups_the_parts_of_a_named_dim():
     }
     assert rows[1] == {"decision": "N1", "before": "model", "after": "-"}
     assert len(rows) == 2
+
+
+def test_mcts_lesson_walks_through_one_search_with_its_tree():
+    from app.lessons import LESSONS
+
+    at = goto(start(), "learn")
+    i = next(k for k, lesson in enumerate(LESSONS) if "MCTS" in lesson.title)
+    at.radio(key="w.lesson").set_value(i).run()
+    assert not at.exception and not errors(at)
+    text = "\n".join(m.value for m in at.markdown)
+    for word in ("**state**", "**An action**", "*Rollout*", "**The reward**"):
+        assert word in text
+    # The tree of the short search, as a table with visits.
+    assert "| action | visits | mean reward |" in text and "shard" in text
+    at.button(key="load_lesson").click().run()
+    assert not at.exception and at.session_state["model_spec"].model == "mlp"
