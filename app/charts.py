@@ -13,6 +13,7 @@ and `blocks[0].mlp.w_fc`, `blocks[1].mlp.w_fc` are one tensor node `blocks[*].ml
 from __future__ import annotations
 
 import re
+import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ import graphviz
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from app.dim_names import DimNamer, public_text
 from app.fmt import binary_unit, fmt_bytes, fmt_s
 
 #: (fill, border) pairs; named dim i gets PALETTE[i % len(PALETTE)].
@@ -39,6 +41,14 @@ PALETTE = (
 )
 BASELINE_COLOURS = ("#9c9c9c", "#f58518", "#54a24b", "#b279a2", "#72b7b2", "#9d755d", "#e45756")
 CONFLICT_FILL, CONFLICT_LINE, CONFLICT_TEXT = "#ffe3e3", "#d62728", "#8b0000"
+CONFLICT_KIND_TEXT = {
+    "axis_clash": "a parameter dim meets the batch: sharing a mesh axis needs a cut",
+    "self": "a named dim appears twice in one tensor: at most one copy can be sharded",
+    "reshape": "a reshape splits or merges dims so that they cannot keep one mesh axis",
+}
+#: Graph text sizes (points): the SVG is scaled to the page width, so smaller fonts end up as
+#: unreadable ~8 px labels on large graphs.
+FONT_PT, EDGE_FONT_PT = "16", "13"
 ROLE_FILL = {
     "input": "#eaf6ec",
     "parameter": "#eef3fd",
@@ -96,6 +106,7 @@ class GraphFilter:
     show_conflicts: bool = True
     show_sites: bool = True
     merge_state: bool = True  # draw optimizer state and updated parameters with their parameter
+    conflict_detail: bool = True  # one box per conflict (layer group); False: one per kind
 
 
 @dataclass(frozen=True)
@@ -177,18 +188,25 @@ def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _dim_label(ana, node: DimNode) -> str:
+def wrap_lines(text: str, width: int) -> list[str]:
+    """`text` broken at spaces into lines of at most about `width` characters (never cut)."""
+    return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+
+
+def _dim_label(namer: DimNamer, ana, node: DimNode) -> str:
     nd = ana.named_dims[node.rep]
-    head = nd.name if len(node.members) == 1 else f"{nd.name} ×{len(node.members)}"
-    return f"{head}\n{_short(nd.label, 44)}\n{fmt_bytes(node.bytes_covered)}"
+    head = nd.name if len(node.members) == 1 else f"{nd.name} ×{len(node.members)} layers"
+    what = "\n".join(wrap_lines(namer.describe(nd), 26))
+    return f"{head} · size {nd.size}\n{what}\n{fmt_bytes(node.bytes_covered)}"
 
 
 def named_dim_graph(ana, flt: GraphFilter = GraphFilter()) -> graphviz.Digraph:
     """The dimension-equivalence graph as a graphviz Digraph (rendered client-side by Streamlit)."""
     g = graphviz.Digraph("named_dims")
-    g.attr(rankdir="LR", nodesep="0.18", ranksep="0.9", bgcolor="white", fontname="Helvetica")
-    g.attr("node", fontname="Helvetica", fontsize="10")
-    g.attr("edge", fontname="Helvetica", fontsize="8", arrowsize="0.5")
+    g.attr(rankdir="LR", nodesep="0.25", ranksep="1.0", bgcolor="white", fontname="Helvetica")
+    g.attr("node", fontname="Helvetica", fontsize=FONT_PT)
+    g.attr("edge", fontname="Helvetica", fontsize=EDGE_FONT_PT, arrowsize="0.6")
+    namer = DimNamer(ana)
     nodes = select_dims(ana, flt)
     rep_of = {m: n.rep for n in nodes for m in n.members}
     kinds = conflict_kinds(ana) if flt.show_conflicts else {}
@@ -200,13 +218,13 @@ def named_dim_graph(ana, flt: GraphFilter = GraphFilter()) -> graphviz.Digraph:
         broken = bool(hit & {"self", "reshape"})
         g.node(
             f"nd{node.rep}",
-            _dim_label(ana, node),
+            _dim_label(namer, ana, node),
             shape="ellipse",
             style="filled" if broken or not hit else "filled,dashed",
             fillcolor=fill,
             color=CONFLICT_LINE if hit else line,
             penwidth="3" if broken else ("1.6" if hit else "1.2"),
-            tooltip=ana.named_dims[node.rep].label,
+            tooltip=public_text(ana.named_dims[node.rep].label),
         )
     _add_tensors(g, ana, flt, rep_of)
     if flt.show_conflicts:
@@ -303,6 +321,9 @@ def _add_tensors(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
 
 
 def _add_conflicts(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
+    if not flt.conflict_detail:
+        _add_conflict_kinds(g, ana, rep_of)
+        return
     groups = ana.group_of_conflict if flt.collapse else {}
     seen: set[int] = set()
     for c in ana.conflicts:
@@ -316,36 +337,92 @@ def _add_conflicts(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
         if not dims:
             continue
         head = c.name if len(members) == 1 else f"{c.name} ×{len(members)} layers"
-        lines = [f"{head}: {c.kind}", _short(c.description, 60)]
+        lines = [f"{head}: {c.kind}", *wrap_lines(public_text(c.description), 54)]
         for o in c.options[:4]:
-            lines.append(f"option {o.index}: {fmt_bytes(o.bytes)}, {_short(o.description, 52)}")
+            text = f"option {o.index}: {fmt_bytes(o.bytes)}, {public_text(o.description)}"
+            lines += wrap_lines(text, 54)
+        if len(c.options) > 4:
+            lines.append(f"+{len(c.options) - 4} more options (table below)")
         if not c.options:
             lines.append("no cut option: leave it unsharded")
         g.node(
             f"k{c.id}",
-            "\\l".join(lines) + "\\l",
+            "\\l".join(_dot_escape(x) for x in lines) + "\\l",
             shape="box",
             style="filled,bold",
             fillcolor=CONFLICT_FILL,
             color=CONFLICT_LINE,
             fontcolor=CONFLICT_TEXT,
             penwidth="2",
-            tooltip=c.description,
+            tooltip=public_text(c.description),
         )
         for d in dims:
             g.edge(f"k{c.id}", f"nd{d}", color=CONFLICT_LINE, penwidth="1.6", arrowhead="none")
         if flt.show_sites and c.sites:
-            site = c.sites[0]
+            site = public_text(c.sites[0].text)
             g.node(
                 f"s{c.id}",
-                _short(site.text, 56).replace(" from ", "\nfrom "),
+                "\n".join(wrap_lines(site, 40)),
                 shape="note",
                 style="dashed",
                 color=CONFLICT_LINE,
                 fontcolor=CONFLICT_TEXT,
-                fontsize="9",
+                fontsize=EDGE_FONT_PT,
             )
             g.edge(f"k{c.id}", f"s{c.id}", color=CONFLICT_LINE, style="dashed", label="site")
+
+
+def _add_conflict_kinds(g, ana, rep_of: dict[int, int]) -> None:
+    """Large programs: one box per conflict kind (how many, which named dims), the detail in the
+    conflict table; a mass of red boxes and edges would bury the named dims."""
+    by_kind: dict[str, list] = defaultdict(list)
+    for c in ana.conflicts:
+        if any(d in rep_of for d in c.named_dims):
+            by_kind[c.kind].append(c)
+    for kind, cs in by_kind.items():
+        dims = sorted({rep_of[d] for c in cs for d in c.named_dims if d in rep_of})
+        names = ", ".join(c.name for c in cs[:6]) + (" ..." if len(cs) > 6 else "")
+        lines = [f"{len(cs)} {kind} conflict{'s' if len(cs) > 1 else ''}", names]
+        lines += wrap_lines(CONFLICT_KIND_TEXT.get(kind, ""), 44)
+        g.node(
+            f"kind_{kind}",
+            "\\l".join(_dot_escape(x) for x in lines) + "\\l",
+            shape="box",
+            style="filled,bold",
+            fillcolor=CONFLICT_FILL,
+            color=CONFLICT_LINE,
+            fontcolor=CONFLICT_TEXT,
+            penwidth="2",
+        )
+        for d in dims:
+            g.edge(f"kind_{kind}", f"nd{d}", color=CONFLICT_LINE, penwidth="1.2", arrowhead="none")
+
+
+def _dot_escape(text: str) -> str:
+    """Label text for a `\\l`-joined DOT label (graphviz reads backslashes as escapes)."""
+    return text.replace("\\", "\\\\")
+
+
+def legend_html() -> str:
+    """A one-line legend of the graph's shapes and colours (HTML for `st.markdown`)."""
+
+    def chip(fill: str, line: str, text: str, radius: str = "4px", border: str = "solid") -> str:
+        return (
+            f'<span style="background:{fill};border:2px {border} {line};border-radius:{radius};'
+            f'padding:1px 8px;margin-right:10px;white-space:nowrap">{text}</span>'
+        )
+
+    fill, line = PALETTE[0]
+    return (
+        chip(fill, line, "named dim (ellipse, one colour each)", "12px")
+        + chip(ROLE_FILL["input"], "#8a8f98", "data input")
+        + chip(ROLE_FILL["parameter"], "#8a8f98", "parameter (+ optimizer state)")
+        + chip(ROLE_FILL["output"], "#8a8f98", "output")
+        + chip(CONFLICT_FILL, CONFLICT_LINE, "conflict with its options")
+        + chip(fill, CONFLICT_LINE, "broken by a self / reshape conflict", "12px")
+        + chip(fill, CONFLICT_LINE, "axis clash limits its mesh axes", "12px", "dashed")
+        + chip("#ffffff", CONFLICT_LINE, "site: where the conflict shows", "2px", "dashed")
+    )
 
 
 # -- plotly figures ----------------------------------------------------------------------------

@@ -9,16 +9,19 @@ import math
 from jax.sharding import PartitionSpec
 
 import toast_core as tc
+from app.dim_names import DimNamer
 from app.fmt import fmt_axes, fmt_bytes, fmt_s
 
 
 def dim_label(ana: tc.Analysis, dim_name: str) -> str:
-    """Label of a named dim or of a part of one after cuts (`N3.1` -> part 1 of N3's label)."""
+    """What a named dim is (`16 batch (batch.x.0)`, see `dim_names`), or a part of one after
+    cuts (`N3.1` -> part 1 of it)."""
     base, _, part = dim_name.partition(".")
     try:
-        label = ana.named_dim(tc.parent_name(dim_name)).label
+        nd = ana.named_dim(tc.parent_name(dim_name))
     except tc.ToastError:
         return ""
+    label = f"{nd.size} {DimNamer(ana).describe(nd)}"
     return f"{label}, part {part}" if part else label
 
 
@@ -55,6 +58,18 @@ def decision_rows(ana: tc.Analysis, strategy: tc.Strategy, pins=()) -> list[dict
         )
     rows.sort(key=lambda r: r["pinned"] != "yes")  # pinned decisions first (stable otherwise)
     return rows
+
+
+#: How the tables write the parts of a named dim after a conflict's cut.
+PART_NOTE = (
+    "`N0.3` is part 3 of named dim N0: cutting a conflict splits a named dim into parts that may "
+    "be sharded differently (one per side of each cut). `N0.0 ... N0.20@data (21 parts)` is one "
+    "decision: all 21 parts of N0 on `data`."
+)
+
+
+def has_parts(strategy: tc.Strategy) -> bool:
+    return any("." in name for name, _ in strategy.shardings)
 
 
 def why_replicated(baselines: dict) -> str:

@@ -7,6 +7,8 @@ import json
 
 from test_app import errors, goto, gpt_tiny, pins, run_slot, start  # noqa: F401 (fixture)
 
+from app.cached import ModelSpec
+
 
 def frame_with(at, *columns: str):
     """The first dataframe on the page holding these columns (display-only frames carry no key)."""
@@ -107,3 +109,52 @@ def test_mcts_lesson_walks_through_one_search_with_its_tree():
     assert "| action | visits | mean reward |" in text and "shard" in text
     at.button(key="load_lesson").click().run()
     assert not at.exception and at.session_state["model_spec"].model == "mlp"
+
+
+def _analysis(model: str):
+    import toast_core as tc
+    from demos import MODEL_ZOO
+
+    w = MODEL_ZOO[model](size="tiny", train=True)
+    return tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
+
+
+def test_named_dims_read_as_what_they_are():
+    from app.dim_names import DimNamer
+
+    mlp = _analysis("mlp")
+    namer = DimNamer(mlp)
+    roles = {namer.holder(nd): namer.role(nd) for nd in mlp.named_dims}
+    assert roles["batch.x.0, batch.y.0"] == "batch"
+    assert roles["params.w1.1, params.w2.0"] == "hidden"
+    # The MLP's output dim is the targets' features, not "batch.y.1 of parameters".
+    assert roles["batch.y.1"] == "features"
+    gpt = DimNamer(_analysis("gpt"))
+    assert {gpt.role(nd) for nd in gpt.ana.named_dims} >= {"batch", "sequence", "hidden"}
+
+
+def test_graph_is_readable_with_a_legend_and_no_internal_names():
+    import re
+
+    at = goto(start(), "named_dims")
+    dot = at.get("graphviz_chart")[0].proto.spec
+    assert "fontsize=16" in dot and "fontsize=8" not in dot
+    assert not re.search(r"\w#\d+", dot), "internal value names like slice#237 in the graph"
+    assert "…" not in dot  # conflict boxes wrap instead of cutting
+    assert "sequence (" in dot and "batch (" in dot
+    assert any("data input" in m.value and "conflict" in m.value for m in at.markdown)
+    table = frame_with(at, "named dim", "is")
+    assert "batch" in set(table["is"].str.split(" ").str[0])
+
+
+def test_large_programs_draw_one_conflict_box_per_kind():
+    at = start()
+    at.session_state["model_spec"] = ModelSpec("zoo", "unet", "tiny", True)
+    at.run()
+    goto(at, "named_dims")
+    dot = at.get("graphviz_chart")[0].proto.spec
+    # 33 conflicts on the U-Net: one box per kind, each conflict still in the table.
+    assert "axis_clash conflicts" in dot and "\tk0 " not in dot
+    assert len(frame_with(at, "conflict", "kind")) == len(_analysis("unet").conflicts)
+    at.radio(key="w.nd_conflict_boxes").set_value("each").run()
+    assert "\tk0 " in at.get("graphviz_chart")[0].proto.spec

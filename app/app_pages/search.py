@@ -9,6 +9,7 @@ import streamlit as st
 
 import toast_core as tc
 from app import cached, charts, reports, state, ui
+from app.dim_names import DimNamer
 from app.fmt import fmt_bytes, fmt_s
 
 DRAW_EVERY_S = 0.35
@@ -107,9 +108,12 @@ def axis_choices(m: tc.MeshSpec) -> list[str]:
     return ["+".join(c) for c in subsets] + ["-"]
 
 
+namer = DimNamer(ana)
+
+
 def _dim_option(nd_name: str) -> str:
     nd = ana.named_dim(nd_name)
-    return f"{nd.name} · {nd.label} · {fmt_bytes(nd.bytes_covered)}"
+    return f"{nd.name} · {nd.size} {namer.describe(nd)} · {fmt_bytes(nd.bytes_covered)}"
 
 
 def _valid_choice(key: str, options: list[str]) -> None:
@@ -443,6 +447,8 @@ if slot["best"] is not None and slot["status"] in ("done", "stopped"):
             ui.table(diff, key="diff_table")
         else:
             st.caption("Same decisions as the previous best.")
+    if reports.has_parts(slot["best"]):
+        st.caption(reports.PART_NOTE)
     show_tree(slot)
     decisions = [p for p in reports.decisions_as_pins(slot["best"]) if p not in ws["pins"]]
     frozen = [p for p in reports.frozen_pins(ana, slot["best"]) if p not in ws["pins"]]

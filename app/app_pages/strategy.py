@@ -27,7 +27,9 @@ m[2].metric("Communication", fmt_s(report.comm_s))
 m[3].metric(
     "Efficiency",
     f"{report.efficiency:.1%}" if report.efficiency >= 0.01 else f"{report.efficiency:.3%}",
-    help="ideal time (all flops at peak on every device) / estimated step time",
+    help=f"The ideal step time over the estimated one. Ideal: {fmt_s(report.ideal_s)}, the "
+    f"program's {report.total_flops:.3g} flops spread evenly over the {mesh.n_devices} devices at "
+    f"{state.hardware_name()}'s peak rate, with no communication and no memory traffic.",
 )
 m[4].metric(
     "Peak memory / device",
@@ -46,6 +48,8 @@ st.subheader("Decisions")
 rows = reports.decision_rows(ana, strategy, state.workspace()["pins"])
 if rows:
     ui.table(rows, key="decisions")
+    if reports.has_parts(strategy):
+        st.caption(reports.PART_NOTE)
 else:
     st.caption("No decision: everything is replicated.")
 
