@@ -49,6 +49,7 @@ CONFLICT_KIND_TEXT = {
 #: Graph text sizes (points): the SVG is scaled to the page width, so smaller fonts end up as
 #: unreadable ~8 px labels on large graphs.
 FONT_PT, EDGE_FONT_PT = "16", "13"
+CONFLICT_WRAP = 46  # characters per line in a conflict box
 ROLE_FILL = {
     "input": "#eaf6ec",
     "parameter": "#eef3fd",
@@ -337,14 +338,18 @@ def _add_conflicts(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
         if not dims:
             continue
         head = c.name if len(members) == 1 else f"{c.name} ×{len(members)} layers"
-        lines = [f"{head}: {c.kind}", *wrap_lines(public_text(c.description), 54)]
-        for o in c.options[:4]:
-            text = f"option {o.index}: {fmt_bytes(o.bytes)}, {public_text(o.description)}"
-            lines += wrap_lines(text, 54)
-        if len(c.options) > 4:
-            lines.append(f"+{len(c.options) - 4} more options (table below)")
-        if not c.options:
+        lines = [f"{head}: {c.kind}", *wrap_lines(public_text(c.description), CONFLICT_WRAP)]
+        if c.options:
+            cheapest = min(c.options, key=lambda o: o.bytes)
+            lines += wrap_lines(
+                f"{len(c.options)} option{'s' if len(c.options) > 1 else ''}; cheapest: option "
+                f"{cheapest.index}, {fmt_bytes(cheapest.bytes)} resharded",
+                CONFLICT_WRAP,
+            )
+        else:
             lines.append("no cut option: leave it unsharded")
+        if flt.show_sites and c.sites:
+            lines += wrap_lines("site: " + public_text(c.sites[0].text), CONFLICT_WRAP)
         g.node(
             f"k{c.id}",
             "\\l".join(_dot_escape(x) for x in lines) + "\\l",
@@ -354,22 +359,14 @@ def _add_conflicts(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
             color=CONFLICT_LINE,
             fontcolor=CONFLICT_TEXT,
             penwidth="2",
-            tooltip=public_text(c.description),
+            tooltip="; ".join(
+                public_text(f"option {o.index}: {fmt_bytes(o.bytes)}, {o.description}")
+                for o in c.options[:6]
+            )
+            or public_text(c.description),
         )
         for d in dims:
             g.edge(f"k{c.id}", f"nd{d}", color=CONFLICT_LINE, penwidth="1.6", arrowhead="none")
-        if flt.show_sites and c.sites:
-            site = public_text(c.sites[0].text)
-            g.node(
-                f"s{c.id}",
-                "\n".join(wrap_lines(site, 40)),
-                shape="note",
-                style="dashed",
-                color=CONFLICT_LINE,
-                fontcolor=CONFLICT_TEXT,
-                fontsize=EDGE_FONT_PT,
-            )
-            g.edge(f"k{c.id}", f"s{c.id}", color=CONFLICT_LINE, style="dashed", label="site")
 
 
 def _add_conflict_kinds(g, ana, rep_of: dict[int, int]) -> None:
@@ -421,7 +418,6 @@ def legend_html() -> str:
         + chip(CONFLICT_FILL, CONFLICT_LINE, "conflict with its options")
         + chip(fill, CONFLICT_LINE, "broken by a self / reshape conflict", "12px")
         + chip(fill, CONFLICT_LINE, "axis clash limits its mesh axes", "12px", "dashed")
-        + chip("#ffffff", CONFLICT_LINE, "site: where the conflict shows", "2px", "dashed")
     )
 
 

@@ -30,7 +30,6 @@ from test_browser import (  # noqa: E402 (reuses the browser test's server and h
     SHOTS,
     choose,
     idle,
-    nav,
     run_search,
     screenshot,
     server,
@@ -40,14 +39,35 @@ PAGES = ("Named dims", "Search", "Strategy", "Validate", "Export", "Learn", "Mod
 SHOT = {"Named dims": "named_dims", "Search": "search", "Strategy": "strategy"}
 
 
+SCRIPT_STATE = "() => document.querySelector(\"[data-testid='stApp']\")?.dataset.testScriptState"
+QUIET_S = 0.6  # not running for this long after the click = the run finished (not yet started)
+
+
+def until_finished(pg, start: float) -> float:
+    """Seconds from `start` until the script run finished (Streamlit's `stApp` element carries
+    the script state in `data-test-script-state`)."""
+    finished_at, seen_running = None, False
+    while True:
+        running = pg.evaluate(SCRIPT_STATE) == "running"
+        now = time.perf_counter()
+        seen_running = seen_running or running
+        if running:
+            finished_at = None
+        elif finished_at is None:
+            finished_at = now
+        elif now - finished_at >= QUIET_S and (seen_running or now - start > 3):
+            return finished_at - start
+        pg.wait_for_timeout(30)
+
+
 def timed_nav(pg, label: str) -> float:
     start = time.perf_counter()
-    nav(pg, label)
-    return time.perf_counter() - start - 0.5  # idle() waits 0.3 s + 0.2 s of settling
+    pg.locator("[data-testid='stSidebarNav']").get_by_text(label, exact=True).click()
+    return until_finished(pg, start)
 
 
 def load_llama(pg) -> float:
-    nav(pg, "Model")
+    timed_nav(pg, "Model")
     choose(pg, "w-zoo_model", "llama")
     choose(pg, "w-zoo_size", "llama3-70b")
     start = time.perf_counter()

@@ -152,12 +152,19 @@ roles = f2.multiselect(
     default=["input", "parameter", "output"],
     key="sharding_roles",
 )
-vrows = [
-    r
-    for r in reports.value_rows(ana, strategy, mesh)
-    if r["role"] in roles and (not query or query.lower() in r["tensor"].lower())
+SHOWN_TENSORS = 200  # ~1 ms each (notation, per-device shape): llama3-70b has 2,900
+matching = [
+    vid
+    for vid, role in reports.io_roles(ana).items()
+    if role in roles and (not query or query.lower() in ana.program.values[vid].name.lower())
 ]
+vrows = reports.value_rows(ana, strategy, mesh, matching[:SHOWN_TENSORS])
 ui.table(vrows, height=min(460, 38 + 35 * max(len(vrows), 1)), key="shardings")
+if len(matching) > SHOWN_TENSORS:
+    st.caption(
+        f"Showing {SHOWN_TENSORS} of {len(matching):,} tensors: filter by name to find others; "
+        "the Markdown report on the Export page lists them all."
+    )
 
 st.subheader("Collectives")
 crow = reports.collective_rows(ana, report)
