@@ -48,8 +48,9 @@ CONFLICT_KIND_TEXT = {
 }
 #: Graph text sizes (points): the SVG is scaled to the page width, so smaller fonts end up as
 #: unreadable ~8 px labels on large graphs.
-FONT_PT, EDGE_FONT_PT = "16", "13"
-CONFLICT_WRAP = 46  # characters per line in a conflict box
+FONT_PT, EDGE_FONT_PT = "15", "13"
+CONFLICT_WRAP = 30  # characters per line in a conflict box
+LINE_CHARS = 26  # per line in the other nodes: the graph's natural width fits the page
 ROLE_FILL = {
     "input": "#eaf6ec",
     "parameter": "#eef3fd",
@@ -197,14 +198,14 @@ def wrap_lines(text: str, width: int) -> list[str]:
 def _dim_label(namer: DimNamer, ana, node: DimNode) -> str:
     nd = ana.named_dims[node.rep]
     head = nd.name if len(node.members) == 1 else f"{nd.name} ×{len(node.members)} layers"
-    what = "\n".join(wrap_lines(namer.describe(nd), 26))
+    what = "\n".join(wrap_lines(namer.describe(nd), LINE_CHARS - 4))
     return f"{head} · size {nd.size}\n{what}\n{fmt_bytes(node.bytes_covered)}"
 
 
 def named_dim_graph(ana, flt: GraphFilter = GraphFilter()) -> graphviz.Digraph:
     """The dimension-equivalence graph as a graphviz Digraph (rendered client-side by Streamlit)."""
     g = graphviz.Digraph("named_dims")
-    g.attr(rankdir="LR", nodesep="0.25", ranksep="1.0", bgcolor="white", fontname="Helvetica")
+    g.attr(rankdir="LR", nodesep="0.2", ranksep="0.55", bgcolor="white", fontname="Helvetica")
     g.attr("node", fontname="Helvetica", fontsize=FONT_PT)
     g.attr("edge", fontname="Helvetica", fontsize=EDGE_FONT_PT, arrowsize="0.6")
     namer = DimNamer(ana)
@@ -304,7 +305,11 @@ def _add_tensors(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
             extra += " · + " + ", ".join(sorted(t["merged"]))
         g.node(
             _dot_id("t_", name),
-            f"{_short(name, 48)}\n{list(t['shape'])} {t['dtype']}{extra}",
+            "\n".join(
+                wrap_lines(name.replace(".", ". ").replace("[*]. ", "[*]."), LINE_CHARS)
+            ).replace(". ", ".")
+            + "\n"
+            + "\n".join(wrap_lines(f"{list(t['shape'])} {t['dtype']}{extra}", LINE_CHARS)),
             shape="box",
             style="rounded,filled",
             fillcolor=ROLE_FILL.get(t["role"], "#f4f4f4"),
@@ -380,7 +385,7 @@ def _add_conflict_kinds(g, ana, rep_of: dict[int, int]) -> None:
         dims = sorted({rep_of[d] for c in cs for d in c.named_dims if d in rep_of})
         names = ", ".join(c.name for c in cs[:6]) + (" ..." if len(cs) > 6 else "")
         lines = [f"{len(cs)} {kind} conflict{'s' if len(cs) > 1 else ''}", names]
-        lines += wrap_lines(CONFLICT_KIND_TEXT.get(kind, ""), 44)
+        lines += wrap_lines(CONFLICT_KIND_TEXT.get(kind, ""), CONFLICT_WRAP)
         g.node(
             f"kind_{kind}",
             "\\l".join(_dot_escape(x) for x in lines) + "\\l",
@@ -605,6 +610,29 @@ def cost_breakdown_figure(compute_s: float, comm_s_by_kind: dict[str, float]) ->
     return _layout(fig, "Step time: compute and communication by kind", height=200)
 
 
+#: Points drawn of a memory timeline: llama3-70b has 31,000 ops, and a trace that long takes the
+#: browser seconds to draw (the Strategy page must be interactive within 2 s).
+TIMELINE_POINTS = 2_000
+
+
+def envelope(values, points: int = TIMELINE_POINTS) -> tuple[list[int], list[float]]:
+    """(x, y) of at most ~2 * `points` points that keep each bucket's minimum and maximum, in
+    order: the shape and the peak of a long timeline survive, its size does not."""
+    n = len(values)
+    if n <= 2 * points:
+        return list(range(n)), list(values)
+    step = -(-n // points)
+    xs, ys = [], []
+    for start in range(0, n, step):
+        chunk = values[start : start + step]
+        lo = min(range(len(chunk)), key=chunk.__getitem__)
+        hi = max(range(len(chunk)), key=chunk.__getitem__)
+        for i in sorted({lo, hi}):
+            xs.append(start + i)
+            ys.append(chunk[i])
+    return xs, ys
+
+
 def memory_figure(
     timeline: tuple[float, ...] | list[float],
     capacity_bytes: float,
@@ -617,10 +645,11 @@ def memory_figure(
     shows_capacity = capacity_bytes <= CAPACITY_IN_VIEW * max(peak, 1.0)
     scale, unit = binary_unit(max(peak, capacity_bytes if shows_capacity else 0.0))
     fig = go.Figure()
+    xs, ys = envelope(timeline)
     fig.add_trace(
         go.Scatter(
-            x=list(range(len(timeline))),
-            y=[b / scale for b in timeline],
+            x=xs,
+            y=[b / scale for b in ys],
             mode="lines",
             fill="tozeroy",
             line={"color": "#4c78a8", "width": 1.5},
@@ -682,13 +711,20 @@ def tree_rows(edges) -> list[dict]:
 
 def tree_figure(edges, height: int = 420) -> go.Figure:
     """Sunburst of the top of the search tree: ring 1 the actions from the root, ring 2 their
-    follow-ups; area = visits, colour = mean reward (0.55 = the best baseline's step time)."""
+    follow-ups; area = visits, colour = mean reward (0.55 = the best baseline's step time),
+    scaled to the range shown."""
     ids = ["root"] + [f"e{i}" for i in range(len(edges))]
     parents = [""] + ["root" if e.parent < 0 else f"e{e.parent}" for e in edges]
     labels = ["root"] + [_wrap(e.action, 22) for e in edges]
-    root_visits = sum(e.visits for e in edges if e.depth == 1)
-    values = [root_visits] + [e.visits for e in edges]
-    colours = [0.55] + [e.mean_value for e in edges]
+    # "remainder": a sector is its own value plus its children's, so an action's own value is
+    # the visits its shown follow-ups do not account for (a DAG may give them more).
+    shown_below = [0] * len(edges)
+    for e in edges:
+        if e.parent >= 0:
+            shown_below[e.parent] += e.visits
+    values = [0] + [max(e.visits - below, 0) for e, below in zip(edges, shown_below)]
+    means = [e.mean_value for e in edges] or [0.55]
+    colours = [sum(means) / len(means)] + means
     fig = go.Figure(
         go.Sunburst(
             ids=ids,
@@ -699,11 +735,13 @@ def tree_figure(edges, height: int = 420) -> go.Figure:
             marker={
                 "colors": colours,
                 "colorscale": "RdYlGn",
-                "cmin": 0.1,
-                "cmax": 1.0,
+                "cmin": min(means),
+                "cmax": max(max(means), min(means) + 1e-3),
                 "colorbar": {"title": "mean<br>reward"},
             },
-            hovertemplate="%{label}<br>visits %{value}<br>mean reward %{color:.3f}<extra></extra>",
+            customdata=[0] + [e.visits for e in edges],
+            hovertemplate="%{label}<br>visits %{customdata}<br>mean reward %{color:.3f}"
+            "<extra></extra>",
             insidetextfont={"size": 13},
         )
     )

@@ -72,7 +72,7 @@ def test_search_page_shows_the_top_of_the_tree():
         for p in at.get("plotly_chart")
         if json.loads(p.proto.spec)["data"][0]["type"] == "sunburst"
     )
-    assert sunburst["data"][0]["values"][1:] == [e.visits for e in edges]
+    assert sunburst["data"][0]["customdata"][1:] == [e.visits for e in edges]
     tree = frame_with(at, "action", "visits", "mean reward")
     assert tree["visits"].tolist() == [e.visits for e in edges]
 
@@ -138,7 +138,7 @@ def test_graph_is_readable_with_a_legend_and_no_internal_names():
 
     at = goto(start(), "named_dims")
     dot = at.get("graphviz_chart")[0].proto.spec
-    assert "fontsize=16" in dot and "fontsize=8" not in dot
+    assert "fontsize=15" in dot and "fontsize=8" not in dot
     assert not re.search(r"\w#\d+", dot), "internal value names like slice#237 in the graph"
     assert "…" not in dot  # conflict boxes wrap instead of cutting
     assert "sequence (" in dot and "batch (" in dot
@@ -158,3 +158,15 @@ def test_large_programs_draw_one_conflict_box_per_kind():
     assert len(frame_with(at, "conflict", "kind")) == len(_analysis("unet").conflicts)
     at.radio(key="w.nd_conflict_boxes").set_value("each").run()
     assert "\tk0 " in at.get("graphviz_chart")[0].proto.spec
+
+
+def test_long_memory_timelines_are_drawn_as_an_envelope_that_keeps_the_peak():
+    from app import charts
+
+    timeline = [float((i * 7919) % 1000) for i in range(31_000)]
+    timeline[12_345] = 5_000.0
+    xs, ys = charts.envelope(timeline)
+    assert len(xs) <= 2 * charts.TIMELINE_POINTS + 2 and xs == sorted(xs)
+    assert max(ys) == 5_000.0 and xs[ys.index(5_000.0)] == 12_345
+    assert min(ys) == min(timeline)
+    assert charts.envelope([1.0, 2.0]) == ([0, 1], [1.0, 2.0])
