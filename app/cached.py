@@ -222,6 +222,16 @@ def value_rows(loaded: Loaded, strategy: tc.Strategy, mesh_text: str) -> list[di
     return _value_rows(loaded.key, mesh_text, strategy_key(strategy), loaded.ana, strategy)
 
 
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _partition_specs(key: str, mesh_text: str, skey: tuple, _ana, _strategy):
+    return tc.partition_specs(_ana, _strategy, mesh_of(mesh_text))
+
+
+def partition_specs(loaded: Loaded, strategy: tc.Strategy, mesh_text: str):
+    """(in_specs, out_specs) of a strategy (seconds on llama3-70b: cached per strategy)."""
+    return _partition_specs(loaded.key, mesh_text, strategy_key(strategy), loaded.ana, strategy)
+
+
 def explain_key(loaded: Loaded, strategy: tc.Strategy, mesh_text: str, hw_name: str) -> tuple:
     return (loaded.key, mesh_text, hw_name, strategy_key(strategy))
 

@@ -13,7 +13,8 @@ import math
 import streamlit as st
 
 import toast_core as tc
-from app import cached, state
+from app import cached, reports, state
+from app.dim_names import public_text
 from app.fmt import fmt_bytes, fmt_s
 
 #: Programs with at most this many ops get their what-if table without a click (under ~1 s).
@@ -29,14 +30,22 @@ def _ms_delta(x: float) -> str:
     return ("+" if x > 0 else "−" if x < 0 else "±") + fmt_s(abs(x))
 
 
-def whatif_rows(rows) -> list[dict]:
+def _what(ana: tc.Analysis, r) -> str:
+    """A named dim as what it is (`1024 sequence (batch.targets.1, ...)`), a conflict's text
+    without internal value numbers."""
+    if r.decision.startswith("N"):
+        return reports.dim_label(ana, tc.parent_name(r.decision.split("..")[0]))
+    return public_text(r.what)
+
+
+def whatif_rows(rows, ana: tc.Analysis) -> list[dict]:
     """Table rows of `tc.WhatIf` records (legal ones priced, illegal ones with the reason)."""
     out = []
     for r in rows:
         out.append(
             {
                 "decision": r.decision,
-                "what": r.what,
+                "what": _what(ana, r),
                 "now": r.current,
                 "instead": r.alternative,
                 "Δ step time": _ms_delta(r.delta_step_s) if r.legal else "illegal",
@@ -127,7 +136,7 @@ def why_this_plan(loaded: cached.Loaded, strategy: tc.Strategy, report: tc.CostR
         "most consequential rows. Select a row, then pin it."
     )
     event = st.dataframe(
-        whatif_rows(shown),
+        whatif_rows(shown, loaded.ana),
         hide_index=True,
         width="stretch",
         key="whatif_table",

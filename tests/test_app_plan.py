@@ -141,7 +141,8 @@ def test_graph_is_readable_with_a_legend_and_no_internal_names():
     assert "fontsize=15" in dot and "fontsize=8" not in dot
     assert not re.search(r"\w#\d+", dot), "internal value names like slice#237 in the graph"
     assert "…" not in dot  # conflict boxes wrap instead of cutting
-    assert "sequence (" in dot and "batch (" in dot
+    dim_labels = " ".join(re.findall(r'\tnd\d+ \[label="([^"]*)"', dot))
+    assert "sequence" in dim_labels and "batch" in dim_labels
     assert any("data input" in m.value and "conflict" in m.value for m in at.markdown)
     table = frame_with(at, "named dim", "is")
     assert "batch" in set(table["is"].str.split(" ").str[0])

@@ -146,15 +146,15 @@ else:
     names = [c.name for c in ana.conflicts]
     pick = st.selectbox("Conflict details", names, key="conflict_detail")
     c = ana.conflict(pick)
-    st.markdown(f"**{c.name}** ({c.kind}): {c.description}")
-    st.markdown("Sites:\n" + "\n".join(f"- `{s.text}`" for s in c.sites[:8]))
+    st.markdown(f"**{c.name}** ({c.kind}): {public_text(c.description)}")
+    st.markdown("Sites:\n" + "\n".join(f"- `{public_text(s.text)}`" for s in c.sites[:8]))
     if c.options:
         st.markdown(
             "Options (pin with `"
             + c.name
             + "=<option>` on the Search page):\n"
             + "\n".join(
-                f"- option {o.index} ({fmt_bytes(o.bytes)} resharded): {o.description}"
+                f"- option {o.index} ({fmt_bytes(o.bytes)} resharded): {public_text(o.description)}"
                 for o in c.options
             )
         )

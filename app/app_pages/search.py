@@ -9,7 +9,7 @@ import streamlit as st
 
 import toast_core as tc
 from app import cached, charts, reports, state, ui
-from app.dim_names import DimNamer
+from app.dim_names import DimNamer, public_text
 from app.fmt import fmt_bytes, fmt_s
 
 DRAW_EVERY_S = 0.35
@@ -137,7 +137,9 @@ if ana.conflicts:
     k1.selectbox(
         "Conflict",
         [c.name for c in ana.conflicts],
-        format_func=lambda k: f"{k} · {ana.conflict(k).kind} · {ana.conflict(k).description[:70]}",
+        format_func=lambda k: (
+            f"{k} · {ana.conflict(k).kind} · {public_text(ana.conflict(k).description)[:70]}"
+        ),
         key="pin_conflict",
     )
     n_options = len(ana.conflict(st.session_state.pin_conflict).options)
