@@ -73,7 +73,7 @@ if notice:
 
 #: Above this many inputs and outputs, the specs and the report (about a millisecond per tensor:
 #: ~20 s on llama3-70b) wait for a click, so that the page opens at once.
-EAGER_TENSORS = 500
+EAGER_TENSORS = 2_000
 n_tensors = len(set(ana.program.inputs + ana.program.outputs))
 prepared = st.session_state.setdefault("export_prepared", set())
 export_key = (loaded.key, state.mesh_text(), cached.strategy_key(strategy))
