@@ -171,3 +171,16 @@ def test_long_memory_timelines_are_drawn_as_an_envelope_that_keeps_the_peak():
     assert max(ys) == 5_000.0 and xs[ys.index(5_000.0)] == 12_345
     assert min(ys) == min(timeline)
     assert charts.envelope([1.0, 2.0]) == ([0, 1], [1.0, 2.0])
+
+
+def test_why_this_plan_waits_for_a_click_on_large_programs():
+    at = goto(start("default"), "strategy")
+    assert at.button(key="explain_plan")  # GPT-2: 5,258 ops, seconds of pricing
+    assert not [d for d in at.dataframe if "instead" in d.value.columns]
+    at.button(key="explain_plan").click().run()
+    assert not at.exception
+    table = frame_with(at, "decision", "instead", "Δ step time")
+    assert 0 < len(table) <= 20  # one page of rows
+    # Computed once per plan: the table stays on the next run without a click.
+    at.run()
+    assert frame_with(at, "decision", "instead", "Δ step time").equals(table)
