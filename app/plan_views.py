@@ -244,8 +244,11 @@ def op_section(loaded: cached.Loaded, strategy: tc.Strategy, report: tc.CostRepo
     )
     st.markdown(v.explanation)
     st.dataframe(
-        [{"operand or result": f"operand {k}", "sharding": t} for k, t in enumerate(v.operands)]
-        + [{"operand or result": "result", "sharding": t} for t in v.results],
+        [
+            {"operand or result": f"operand {k}", "sharding": public_text(t)}
+            for k, t in enumerate(v.operands)
+        ]
+        + [{"operand or result": "result", "sharding": public_text(t)} for t in v.results],
         hide_index=True,
         width="stretch",
         key="op_shardings",

@@ -411,7 +411,7 @@ def show_tree(slot: dict) -> None:
         "from the root, best first; size = visits, colour = mean reward. Learn's last lesson "
         "walks through one search."
     )
-    t1, t2 = st.columns([3, 2])
+    t1, t2 = st.columns([1, 1])
     with t1:
         st.plotly_chart(charts.tree_figure(edges), key="tree_sunburst", width="stretch")
     with t2:
