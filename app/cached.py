@@ -8,12 +8,15 @@ the hardware preset name and a strategy's decisions; the analysis rides along as
 
 from __future__ import annotations
 
+import collections
+import threading
 import time
 from dataclasses import dataclass
 
 import streamlit as st
 
 import toast_core as tc
+from app import reports
 from app.user_model import UserCodeError, load_user_function, user_line
 from demos import MODEL_ZOO, NUMERICS_TWINS, SIZES
 
@@ -209,6 +212,40 @@ def estimate(loaded: Loaded, strategy: tc.Strategy, mesh_text: str, hw_name: str
     return _estimate(loaded.key, mesh_text, hw_name, strategy_key(strategy), loaded.ana, strategy)
 
 
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _value_rows(key: str, mesh_text: str, skey: tuple, _ana, _strategy) -> list[dict]:
+    return reports.value_rows(_ana, _strategy, mesh_of(mesh_text))
+
+
+def value_rows(loaded: Loaded, strategy: tc.Strategy, mesh_text: str) -> list[dict]:
+    """Shardings of every input and output (seconds on llama3-70b: cached per strategy)."""
+    return _value_rows(loaded.key, mesh_text, strategy_key(strategy), loaded.ana, strategy)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _partition_specs(key: str, mesh_text: str, skey: tuple, _ana, _strategy):
+    return tc.partition_specs(_ana, _strategy, mesh_of(mesh_text))
+
+
+def partition_specs(loaded: Loaded, strategy: tc.Strategy, mesh_text: str):
+    """(in_specs, out_specs) of a strategy (seconds on llama3-70b: cached per strategy)."""
+    return _partition_specs(loaded.key, mesh_text, strategy_key(strategy), loaded.ana, strategy)
+
+
+def explain_key(loaded: Loaded, strategy: tc.Strategy, mesh_text: str, hw_name: str) -> tuple:
+    return (loaded.key, mesh_text, hw_name, strategy_key(strategy))
+
+
+@st.cache_resource(show_spinner=False, max_entries=32)
+def _explain(key: str, mesh_text: str, hw_name: str, skey: tuple, _ana, _strategy):
+    return tc.explain(_ana, _strategy, mesh_of(mesh_text), tc.hardware(hw_name))
+
+
+def explain(loaded: Loaded, strategy: tc.Strategy, mesh_text: str, hw_name: str) -> tc.Explanation:
+    """The what-if table of a strategy (cached by model, mesh, hardware and decisions)."""
+    return _explain(loaded.key, mesh_text, hw_name, strategy_key(strategy), loaded.ana, strategy)
+
+
 def baseline_reports(loaded: Loaded, mesh_text: str, hw_name: str) -> dict:
     """name -> (Strategy, CostReport) or (None, reason)."""
     out = {}
@@ -246,3 +283,44 @@ def quick_search(key: str, mesh_text: str, hw_name: str, pins: tuple[str, ...], 
         pins=pins,
     )
     return next(iter(events))
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def short_search(key: str, mesh_text: str, hw_name: str, simulations: int, seed: int, _ana):
+    """The last event of a deterministic search of `simulations` simulations (for the lesson
+    that walks through one search)."""
+    events = tc.search_iter(
+        _ana,
+        mesh_of(mesh_text),
+        tc.hardware(hw_name),
+        budget_s=None,
+        num_simulations=simulations,
+        seed=seed,
+    )
+    return collections.deque(events, maxlen=1)[0]
+
+
+_warming: set[tuple] = set()
+_warming_lock = threading.Lock()
+
+
+def warm(loaded: Loaded, mesh_text: str, hw_name: str) -> bool:
+    """Prices the baselines in a background thread, once per (model, mesh, hardware), so the
+    pages that show them open at once: on llama3-70b that is ~10 s of baselines and ~1.5 s per
+    estimate, spent while the user reads the Model page. A page that needs them meanwhile waits
+    for the same cache entry (Streamlit computes a key once). True if it started a thread."""
+    key = (loaded.key, mesh_text, hw_name)
+    with _warming_lock:
+        if key in _warming:
+            return False
+        _warming.add(key)
+
+    def run() -> None:
+        try:
+            baseline_reports(loaded, mesh_text, hw_name)
+        except Exception:  # noqa: BLE001 - a page shows the error when it asks again
+            with _warming_lock:
+                _warming.discard(key)
+
+    threading.Thread(target=run, name="toast-warm", daemon=True).start()
+    return True

@@ -13,6 +13,7 @@ and `blocks[0].mlp.w_fc`, `blocks[1].mlp.w_fc` are one tensor node `blocks[*].ml
 from __future__ import annotations
 
 import re
+import textwrap
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ import graphviz
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from app.dim_names import DimNamer, public_text
 from app.fmt import binary_unit, fmt_bytes, fmt_s
 
 #: (fill, border) pairs; named dim i gets PALETTE[i % len(PALETTE)].
@@ -39,6 +41,16 @@ PALETTE = (
 )
 BASELINE_COLOURS = ("#9c9c9c", "#f58518", "#54a24b", "#b279a2", "#72b7b2", "#9d755d", "#e45756")
 CONFLICT_FILL, CONFLICT_LINE, CONFLICT_TEXT = "#ffe3e3", "#d62728", "#8b0000"
+CONFLICT_KIND_TEXT = {
+    "axis_clash": "a parameter dim meets the batch: sharing a mesh axis needs a cut",
+    "self": "a named dim appears twice in one tensor: at most one copy can be sharded",
+    "reshape": "a reshape splits or merges dims so that they cannot keep one mesh axis",
+}
+#: Graph text sizes (points): the SVG is scaled to the page width, so smaller fonts end up as
+#: unreadable ~8 px labels on large graphs.
+FONT_PT, EDGE_FONT_PT = "15", "13"
+CONFLICT_WRAP = 30  # characters per line in a conflict box
+LINE_CHARS = 26  # per line in the other nodes: the graph's natural width fits the page
 ROLE_FILL = {
     "input": "#eaf6ec",
     "parameter": "#eef3fd",
@@ -96,6 +108,7 @@ class GraphFilter:
     show_conflicts: bool = True
     show_sites: bool = True
     merge_state: bool = True  # draw optimizer state and updated parameters with their parameter
+    conflict_detail: bool = True  # one box per conflict (layer group); False: one per kind
 
 
 @dataclass(frozen=True)
@@ -177,18 +190,25 @@ def _short(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _dim_label(ana, node: DimNode) -> str:
+def wrap_lines(text: str, width: int) -> list[str]:
+    """`text` broken at spaces into lines of at most about `width` characters (never cut)."""
+    return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+
+
+def _dim_label(namer: DimNamer, ana, node: DimNode) -> str:
     nd = ana.named_dims[node.rep]
-    head = nd.name if len(node.members) == 1 else f"{nd.name} ×{len(node.members)}"
-    return f"{head}\n{_short(nd.label, 44)}\n{fmt_bytes(node.bytes_covered)}"
+    head = nd.name if len(node.members) == 1 else f"{nd.name} ×{len(node.members)} layers"
+    what = "\n".join(wrap_lines(namer.describe(nd), LINE_CHARS - 4))
+    return f"{head} · size {nd.size}\n{what}\n{fmt_bytes(node.bytes_covered)}"
 
 
 def named_dim_graph(ana, flt: GraphFilter = GraphFilter()) -> graphviz.Digraph:
     """The dimension-equivalence graph as a graphviz Digraph (rendered client-side by Streamlit)."""
     g = graphviz.Digraph("named_dims")
-    g.attr(rankdir="LR", nodesep="0.18", ranksep="0.9", bgcolor="white", fontname="Helvetica")
-    g.attr("node", fontname="Helvetica", fontsize="10")
-    g.attr("edge", fontname="Helvetica", fontsize="8", arrowsize="0.5")
+    g.attr(rankdir="LR", nodesep="0.2", ranksep="0.55", bgcolor="white", fontname="Helvetica")
+    g.attr("node", fontname="Helvetica", fontsize=FONT_PT)
+    g.attr("edge", fontname="Helvetica", fontsize=EDGE_FONT_PT, arrowsize="0.6")
+    namer = DimNamer(ana)
     nodes = select_dims(ana, flt)
     rep_of = {m: n.rep for n in nodes for m in n.members}
     kinds = conflict_kinds(ana) if flt.show_conflicts else {}
@@ -200,13 +220,13 @@ def named_dim_graph(ana, flt: GraphFilter = GraphFilter()) -> graphviz.Digraph:
         broken = bool(hit & {"self", "reshape"})
         g.node(
             f"nd{node.rep}",
-            _dim_label(ana, node),
+            _dim_label(namer, ana, node),
             shape="ellipse",
             style="filled" if broken or not hit else "filled,dashed",
             fillcolor=fill,
             color=CONFLICT_LINE if hit else line,
             penwidth="3" if broken else ("1.6" if hit else "1.2"),
-            tooltip=ana.named_dims[node.rep].label,
+            tooltip=public_text(ana.named_dims[node.rep].label),
         )
     _add_tensors(g, ana, flt, rep_of)
     if flt.show_conflicts:
@@ -285,7 +305,11 @@ def _add_tensors(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
             extra += " · + " + ", ".join(sorted(t["merged"]))
         g.node(
             _dot_id("t_", name),
-            f"{_short(name, 48)}\n{list(t['shape'])} {t['dtype']}{extra}",
+            "\n".join(
+                wrap_lines(name.replace(".", ". ").replace("[*]. ", "[*]."), LINE_CHARS)
+            ).replace(". ", ".")
+            + "\n"
+            + "\n".join(wrap_lines(f"{list(t['shape'])} {t['dtype']}{extra}", LINE_CHARS)),
             shape="box",
             style="rounded,filled",
             fillcolor=ROLE_FILL.get(t["role"], "#f4f4f4"),
@@ -303,6 +327,9 @@ def _add_tensors(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
 
 
 def _add_conflicts(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
+    if not flt.conflict_detail:
+        _add_conflict_kinds(g, ana, rep_of)
+        return
     groups = ana.group_of_conflict if flt.collapse else {}
     seen: set[int] = set()
     for c in ana.conflicts:
@@ -316,36 +343,87 @@ def _add_conflicts(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
         if not dims:
             continue
         head = c.name if len(members) == 1 else f"{c.name} ×{len(members)} layers"
-        lines = [f"{head}: {c.kind}", _short(c.description, 60)]
-        for o in c.options[:4]:
-            lines.append(f"option {o.index}: {fmt_bytes(o.bytes)}, {_short(o.description, 52)}")
-        if not c.options:
+        lines = [f"{head}: {c.kind}", *wrap_lines(public_text(c.description), CONFLICT_WRAP)]
+        if c.options:
+            cheapest = min(c.options, key=lambda o: o.bytes)
+            lines += wrap_lines(
+                f"{len(c.options)} option{'s' if len(c.options) > 1 else ''}; cheapest: option "
+                f"{cheapest.index}, {fmt_bytes(cheapest.bytes)} resharded",
+                CONFLICT_WRAP,
+            )
+        else:
             lines.append("no cut option: leave it unsharded")
+        if flt.show_sites and c.sites:
+            lines += wrap_lines("site: " + public_text(c.sites[0].text), CONFLICT_WRAP)
         g.node(
             f"k{c.id}",
-            "\\l".join(lines) + "\\l",
+            "\\l".join(_dot_escape(x) for x in lines) + "\\l",
             shape="box",
             style="filled,bold",
             fillcolor=CONFLICT_FILL,
             color=CONFLICT_LINE,
             fontcolor=CONFLICT_TEXT,
             penwidth="2",
-            tooltip=c.description,
+            tooltip="; ".join(
+                public_text(f"option {o.index}: {fmt_bytes(o.bytes)}, {o.description}")
+                for o in c.options[:6]
+            )
+            or public_text(c.description),
         )
         for d in dims:
             g.edge(f"k{c.id}", f"nd{d}", color=CONFLICT_LINE, penwidth="1.6", arrowhead="none")
-        if flt.show_sites and c.sites:
-            site = c.sites[0]
-            g.node(
-                f"s{c.id}",
-                _short(site.text, 56).replace(" from ", "\nfrom "),
-                shape="note",
-                style="dashed",
-                color=CONFLICT_LINE,
-                fontcolor=CONFLICT_TEXT,
-                fontsize="9",
-            )
-            g.edge(f"k{c.id}", f"s{c.id}", color=CONFLICT_LINE, style="dashed", label="site")
+
+
+def _add_conflict_kinds(g, ana, rep_of: dict[int, int]) -> None:
+    """Large programs: one box per conflict kind (how many, which named dims), the detail in the
+    conflict table; a mass of red boxes and edges would bury the named dims."""
+    by_kind: dict[str, list] = defaultdict(list)
+    for c in ana.conflicts:
+        if any(d in rep_of for d in c.named_dims):
+            by_kind[c.kind].append(c)
+    for kind, cs in by_kind.items():
+        dims = sorted({rep_of[d] for c in cs for d in c.named_dims if d in rep_of})
+        names = ", ".join(c.name for c in cs[:6]) + (" ..." if len(cs) > 6 else "")
+        lines = [f"{len(cs)} {kind} conflict{'s' if len(cs) > 1 else ''}", names]
+        lines += wrap_lines(CONFLICT_KIND_TEXT.get(kind, ""), CONFLICT_WRAP)
+        g.node(
+            f"kind_{kind}",
+            "\\l".join(_dot_escape(x) for x in lines) + "\\l",
+            shape="box",
+            style="filled,bold",
+            fillcolor=CONFLICT_FILL,
+            color=CONFLICT_LINE,
+            fontcolor=CONFLICT_TEXT,
+            penwidth="2",
+        )
+        for d in dims:
+            g.edge(f"kind_{kind}", f"nd{d}", color=CONFLICT_LINE, penwidth="1.2", arrowhead="none")
+
+
+def _dot_escape(text: str) -> str:
+    """Label text for a `\\l`-joined DOT label (graphviz reads backslashes as escapes)."""
+    return text.replace("\\", "\\\\")
+
+
+def legend_html() -> str:
+    """A one-line legend of the graph's shapes and colours (HTML for `st.markdown`)."""
+
+    def chip(fill: str, line: str, text: str, radius: str = "4px", border: str = "solid") -> str:
+        return (
+            f'<span style="background:{fill};border:2px {border} {line};border-radius:{radius};'
+            f'padding:1px 8px;margin-right:10px;white-space:nowrap">{text}</span>'
+        )
+
+    fill, line = PALETTE[0]
+    return (
+        chip(fill, line, "named dim (ellipse, one colour each)", "12px")
+        + chip(ROLE_FILL["input"], "#8a8f98", "data input")
+        + chip(ROLE_FILL["parameter"], "#8a8f98", "parameter (+ optimizer state)")
+        + chip(ROLE_FILL["output"], "#8a8f98", "output")
+        + chip(CONFLICT_FILL, CONFLICT_LINE, "conflict with its options")
+        + chip(fill, CONFLICT_LINE, "broken by a self / reshape conflict", "12px")
+        + chip(fill, CONFLICT_LINE, "axis clash limits its mesh axes", "12px", "dashed")
+    )
 
 
 # -- plotly figures ----------------------------------------------------------------------------
@@ -532,6 +610,29 @@ def cost_breakdown_figure(compute_s: float, comm_s_by_kind: dict[str, float]) ->
     return _layout(fig, "Step time: compute and communication by kind", height=200)
 
 
+#: Points drawn of a memory timeline: llama3-70b has 31,000 ops, and a trace that long takes the
+#: browser seconds to draw (the Strategy page must be interactive within 2 s).
+TIMELINE_POINTS = 2_000
+
+
+def envelope(values, points: int = TIMELINE_POINTS) -> tuple[list[int], list[float]]:
+    """(x, y) of at most ~2 * `points` points that keep each bucket's minimum and maximum, in
+    order: the shape and the peak of a long timeline survive, its size does not."""
+    n = len(values)
+    if n <= 2 * points:
+        return list(range(n)), list(values)
+    step = -(-n // points)
+    xs, ys = [], []
+    for start in range(0, n, step):
+        chunk = values[start : start + step]
+        lo = min(range(len(chunk)), key=chunk.__getitem__)
+        hi = max(range(len(chunk)), key=chunk.__getitem__)
+        for i in sorted({lo, hi}):
+            xs.append(start + i)
+            ys.append(chunk[i])
+    return xs, ys
+
+
 def memory_figure(
     timeline: tuple[float, ...] | list[float],
     capacity_bytes: float,
@@ -544,10 +645,11 @@ def memory_figure(
     shows_capacity = capacity_bytes <= CAPACITY_IN_VIEW * max(peak, 1.0)
     scale, unit = binary_unit(max(peak, capacity_bytes if shows_capacity else 0.0))
     fig = go.Figure()
+    xs, ys = envelope(timeline)
     fig.add_trace(
         go.Scatter(
-            x=list(range(len(timeline))),
-            y=[b / scale for b in timeline],
+            x=xs,
+            y=[b / scale for b in ys],
             mode="lines",
             fill="tozeroy",
             line={"color": "#4c78a8", "width": 1.5},
@@ -587,3 +689,73 @@ def memory_figure(
         share = peak / capacity_bytes if capacity_bytes else 0.0
         title += f" (peak is {share:.2%} of the {fmt_bytes(capacity_bytes)} capacity)"
     return _layout(fig, title)
+
+
+def tree_rows(edges) -> list[dict]:
+    """The top of the search tree (`SearchEvent.tree_top`) as table rows: each first-level
+    action, then its most visited follow-ups indented under it."""
+    rows = []
+    for i, e in enumerate(edges):
+        rows.append(
+            {
+                "depth": e.depth,
+                "action": ("↳ " if e.depth > 1 else "") + e.action,
+                "after": edges[e.parent].action if e.parent >= 0 else "(root)",
+                "visits": e.visits,
+                "mean reward": round(e.mean_value, 3),
+                "edge": i,
+            }
+        )
+    return rows
+
+
+def tree_figure(edges, height: int = 420) -> go.Figure:
+    """Sunburst of the top of the search tree: ring 1 the actions from the root, ring 2 their
+    follow-ups; area = visits, colour = mean reward (0.55 = the best baseline's step time),
+    scaled to the range shown."""
+    ids = ["root"] + [f"e{i}" for i in range(len(edges))]
+    parents = [""] + ["root" if e.parent < 0 else f"e{e.parent}" for e in edges]
+    labels = ["root"] + [_wrap(e.action, 22) for e in edges]
+    # "remainder": a sector is its own value plus its children's, so an action's own value is
+    # the visits its shown follow-ups do not account for (a DAG may give them more).
+    shown_below = [0] * len(edges)
+    for e in edges:
+        if e.parent >= 0:
+            shown_below[e.parent] += e.visits
+    values = [0] + [max(e.visits - below, 0) for e, below in zip(edges, shown_below)]
+    means = [e.mean_value for e in edges] or [0.55]
+    colours = [sum(means) / len(means)] + means
+    fig = go.Figure(
+        go.Sunburst(
+            ids=ids,
+            parents=parents,
+            labels=labels,
+            values=values,
+            branchvalues="remainder",
+            marker={
+                "colors": colours,
+                "colorscale": "RdYlGn",
+                "cmin": min(means),
+                "cmax": max(max(means), min(means) + 1e-3),
+                "colorbar": {"title": "mean<br>reward"},
+            },
+            customdata=[0] + [e.visits for e in edges],
+            hovertemplate="%{label}<br>visits %{customdata}<br>mean reward %{color:.3f}"
+            "<extra></extra>",
+            insidetextfont={"size": 13},
+        )
+    )
+    fig.update_layout(height=height, margin={"l": 8, "r": 8, "t": 8, "b": 8})
+    return fig
+
+
+def _wrap(text: str, width: int) -> str:
+    """Plotly labels do not wrap: break `text` at spaces into lines of about `width` characters."""
+    lines, line = [], ""
+    for word in text.split(" "):
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}" if line else word
+    return "<br>".join(lines + [line])

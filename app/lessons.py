@@ -26,6 +26,8 @@ class LessonContext:
     estimate_on: Callable[[tc.Strategy, str], tc.CostReport]  # on another hardware preset
     baselines: Callable[[], dict]  # name -> (Strategy | None, reason)
     quick_search: Callable[[tuple[str, ...]], tc.SearchEvent]  # zero-simulation search
+    # A short deterministic search (simulations, seed) -> its last event, tree included.
+    short_search: Callable[[int, int], tc.SearchEvent] | None = None
 
     @property
     def ana(self) -> tc.Analysis:
@@ -356,6 +358,76 @@ def _no_pins(ctx: LessonContext) -> list[str]:
     return []
 
 
+# -- 6. the search itself -----------------------------------------------------------------------
+
+MCTS_SIMULATIONS = 60
+
+
+def _most_visited(top) -> str:
+    if top is None:
+        return "No tree: every decision was fixed."
+    return (
+        f"UCT sent the most simulations through `{top.action}` ({top.visits} visits, mean reward "
+        f"{top.mean_value:.3f}); the exploration bonus keeps the other actions visited too."
+    )
+
+
+def _mcts_body(ctx: LessonContext) -> str:
+    if ctx.short_search is None:
+        return "This lesson needs the explorer's search."
+    ev = ctx.short_search(MCTS_SIMULATIONS, 0)
+    base = {name: t for name, t in ev.baselines.items() if t is not None}
+    ref_name, ref = min(base.items(), key=lambda kv: kv[1]) if base else ("", float("nan"))
+    first = [e for e in ev.tree_top if e.depth == 1]
+    rows = ["| | action | visits | mean reward |", "|---|---|---|---|"]
+    for i, e in enumerate(ev.tree_top):
+        indent = "&nbsp;&nbsp;&nbsp;&nbsp;↳ " if e.depth == 2 else ""
+        rows.append(f"| {i} | {indent}`{e.action}` | {e.visits} | {e.mean_value:.3f} |")
+    top = first[0] if first else None
+    n_dims = len(ctx.ana.named_dims)
+    n_k = len(ctx.ana.conflicts)
+    decided = tc.strategy_pins(ev.best_strategy)
+    best_t = ev.best_step_time_s
+
+    def reward(t: float) -> float:
+        return 0.1 + 0.9 * ref / (ref + t)
+
+    return f"""
+**The game.** The search plays a one-player game whose moves are sharding decisions. A
+**state** is a partial plan: some of the {n_dims} named dims of {ctx.loaded.spec.title} already
+placed on mesh axes, some of its {n_k} conflicts resolved; everything not yet decided is
+replicated, so *every state is a complete, priceable strategy*. The root is the plan with nothing
+decided (beyond your pins).
+
+**An action** changes one decision: `shard N3 on model` (one more mesh axis for a named dim, or
+for a group of identical layers at once), `resolve K2 with option 1` (cut a conflict one way), or
+`stop` (keep this plan). Only legal actions are offered: the mesh axis must divide the dim, and no
+tensor may use a mesh axis twice.
+
+**One simulation** (there were {ev.iteration} in this run of {MCTS_SIMULATIONS}):
+1. *Selection*: from the root, follow the child with the best UCT score, mean reward plus a bonus
+   for rarely visited children, `Q/N + c·sqrt(ln N_parent / N)`, down to a node with an untried
+   action;
+2. *Expansion*: try one new action there (the named dims covering the most bytes first);
+3. *Rollout*: from the new state, random legal actions until `stop`, then price the final plan
+   with the cost model ({ev.evaluations} plans priced in all);
+4. *Backup*: add the reward to every node on the path, so good regions draw more visits.
+
+**The reward** of a plan that fits memory with step time t is `0.1 + 0.9·ref/(ref + t)`, where
+ref = {fmt_s(ref)} is the best baseline's step time ({ref_name}): a plan as fast as that baseline
+scores 0.55, one twice as fast {reward(ref / 2):.3f}; a plan that does not fit scores under 0.1.
+
+**This run's tree** (seed 0; ring 1 = actions from the root, ↳ = their most visited follow-ups):
+
+{chr(10).join(rows)}
+
+{_most_visited(top)}
+The best plan it priced takes **{fmt_s(best_t)}** per step (reward {reward(best_t):.3f}, against
+{fmt_s(ref)} for {ref_name}) with the decisions {", ".join(f"`{p}`" for p in decided[:6]) or "none (everything replicated)"}{" ..." if len(decided) > 6 else ""}.
+The search also keeps the best plan ever priced, so a lucky rollout is never lost.
+"""
+
+
 LESSONS: tuple[Lesson, ...] = (
     Lesson(
         "1. Data parallel: shard the batch",
@@ -428,6 +500,19 @@ LESSONS: tuple[Lesson, ...] = (
         (
             ("app_pages/strategy.py", "per-device memory against the capacity line"),
             ("app_pages/search.py", "run: the best plan must fit in 16 GiB"),
+        ),
+    ),
+    Lesson(
+        "6. How the search decides (MCTS)",
+        ModelSpec("zoo", "mlp", "large", True),
+        "data=2,model=4",
+        "tpu-v5e",
+        "States, actions, rollouts and rewards, on a short search of the MLP.",
+        _mcts_body,
+        _no_pins,
+        (
+            ("app_pages/search.py", "run a search: 'The search tree' shows where it went"),
+            ("app_pages/strategy.py", "'Why this plan': each decision against its alternatives"),
         ),
     ),
 )

@@ -9,16 +9,19 @@ import math
 from jax.sharding import PartitionSpec
 
 import toast_core as tc
+from app.dim_names import DimNamer
 from app.fmt import fmt_axes, fmt_bytes, fmt_s
 
 
 def dim_label(ana: tc.Analysis, dim_name: str) -> str:
-    """Label of a named dim or of a part of one after cuts (`N3.1` -> part 1 of N3's label)."""
+    """What a named dim is (`16 batch (batch.x.0)`, see `dim_names`), or a part of one after
+    cuts (`N3.1` -> part 1 of it)."""
     base, _, part = dim_name.partition(".")
     try:
-        label = ana.named_dim(tc.parent_name(dim_name)).label
+        nd = ana.named_dim(tc.parent_name(dim_name))
     except tc.ToastError:
         return ""
+    label = f"{nd.size} {DimNamer(ana).describe(nd)}"
     return f"{label}, part {part}" if part else label
 
 
@@ -55,6 +58,18 @@ def decision_rows(ana: tc.Analysis, strategy: tc.Strategy, pins=()) -> list[dict
         )
     rows.sort(key=lambda r: r["pinned"] != "yes")  # pinned decisions first (stable otherwise)
     return rows
+
+
+#: How the tables write the parts of a named dim after a conflict's cut.
+PART_NOTE = (
+    "`N0.3` is part 3 of named dim N0: cutting a conflict splits a named dim into parts that may "
+    "be sharded differently (one per side of each cut). `N0.0 ... N0.20@data (21 parts)` is one "
+    "decision: all 21 parts of N0 on `data`."
+)
+
+
+def has_parts(strategy: tc.Strategy) -> bool:
+    return any("." in name for name, _ in strategy.shardings)
 
 
 def why_replicated(baselines: dict) -> str:
@@ -106,13 +121,27 @@ def frozen_pins(ana: tc.Analysis, strategy: tc.Strategy) -> list[str]:
 
 
 def strategy_diff(old: tc.Strategy, new: tc.Strategy) -> list[dict]:
-    """Decisions that differ between two strategies (named dims by name, conflicts by id)."""
+    """Decisions that differ between two strategies (named dims by name, conflicts by id). The
+    parts of one named dim after cuts that change the same way are one row (`N0.0 ... N0.25`,
+    "21 parts"), not one row each."""
     rows = []
     old_sh, new_sh = dict(old.shardings), dict(new.shardings)
+    groups: dict[tuple, list[str]] = {}
     for name in sorted(set(old_sh) | set(new_sh), key=_natural):
         a, b = old_sh.get(name, ()), new_sh.get(name, ())
         if a != b:
-            rows.append({"decision": name, "before": fmt_axes(a), "after": fmt_axes(b)})
+            groups.setdefault((tc.parent_name(name), a, b), []).append(name)
+    for (parent, a, b), names in groups.items():
+        many = len(names) > 2
+        rows.append(
+            {
+                "decision": f"{names[0]} ... {names[-1]} ({len(names)} parts of {parent})"
+                if many
+                else ", ".join(names),
+                "before": fmt_axes(a),
+                "after": fmt_axes(b),
+            }
+        )
     old_op, new_op = dict(old.options), dict(new.options)
     for k in sorted(set(old_op) | set(new_op)):
         a, b = old_op.get(k), new_op.get(k)
@@ -131,12 +160,25 @@ def _natural(name: str) -> tuple:
     return tuple(int(x) if x.isdigit() else x for x in name.replace("N", "").split("."))
 
 
-def value_rows(ana: tc.Analysis, strategy: tc.Strategy, mesh: tc.MeshSpec) -> list[dict]:
-    """Per-tensor shardings of the program's inputs and outputs in scaling-book notation."""
+def io_roles(ana: tc.Analysis) -> dict[int, str]:
+    """Value id -> role ("input", "parameter", "state", "output") of the program's inputs and
+    outputs, in program order."""
     prog = ana.program
+    return {
+        vid: "output" if vid in prog.outputs and vid not in prog.inputs else prog.values[vid].role
+        for vid in dict.fromkeys(prog.inputs + prog.outputs)
+    }
+
+
+def value_rows(ana: tc.Analysis, strategy: tc.Strategy, mesh: tc.MeshSpec, vids=None) -> list[dict]:
+    """Per-tensor shardings of the program's inputs and outputs (or of `vids`) in scaling-book
+    notation. About a millisecond per tensor: llama3-70b's 2,900 take seconds, so pages ask for
+    the rows they show."""
+    prog = ana.program
+    roles = io_roles(ana)
     rows = []
     sizes = dict(mesh.axes)
-    for vid in dict.fromkeys(prog.inputs + prog.outputs):
+    for vid in roles if vids is None else vids:
         v = prog.values[vid]
         axes = strategy.value_axes(ana, mesh, vid)
         local = [
@@ -147,7 +189,7 @@ def value_rows(ana: tc.Analysis, strategy: tc.Strategy, mesh: tc.MeshSpec) -> li
         rows.append(
             {
                 "tensor": v.name,
-                "role": "output" if vid in prog.outputs and vid not in prog.inputs else v.role,
+                "role": roles.get(vid, v.role),
                 "sharding": strategy.notation_of(ana, mesh, vid),
                 "shape": str(list(v.shape)),
                 "per-device shape": str(local),

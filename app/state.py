@@ -57,7 +57,8 @@ _DEFAULTS: dict = {
     "lesson": 0,
     "nd_kinds": ["parameter", "data", "other"],
     "nd_min_mib": 0.0,
-    "nd_top_n": 40,
+    "nd_top_n": 16,
+    "nd_conflict_boxes": "auto",
     "nd_conflicts_only": False,
     "nd_collapse": True,
     "nd_roles": ["input", "parameter"],
@@ -205,6 +206,7 @@ def run_slot(key: tuple | None = None) -> dict:
             "tree_size": 0,
             "evals_per_s": 0.0,
             "elapsed_s": 0.0,
+            "tree_top": (),  # the last event's top of the MCTS tree (TreeEdge records)
             "pins": [],
             "previous": None,  # {"strategy", "step_time_s", "peak_bytes", "fits", "pins"}
             "kept_previous": False,  # the last run did not beat the previous best

@@ -39,6 +39,11 @@ CHROMIUM_ARGS = [
     "--disable-dev-shm-usage",
 ]
 RED = "#d62728"  # app.charts.CONFLICT_LINE
+#: Whether a script run is going on: Streamlit's app root carries its state (the status widget,
+#: the usual tell, is hidden with the toolbar).
+SCRIPT_RUNNING = (
+    "() => document.querySelector(\"[data-testid='stApp']\")?.dataset.testScriptState === 'running'"
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -115,7 +120,10 @@ def page(server):
 def idle(pg) -> None:
     """Waits until the script run finished (the running indicator is gone)."""
     pg.wait_for_timeout(300)
-    pg.wait_for_selector("[data-testid='stStatusWidget']", state="detached", timeout=90_000)
+    # The script state on the app root (the status widget is hidden with the toolbar).
+    pg.wait_for_selector(
+        "[data-testid='stApp']:not([data-test-script-state='running'])", timeout=90_000
+    )
     pg.wait_for_timeout(200)
 
 
@@ -173,7 +181,7 @@ def run_search(pg, budget_s: str) -> list[int]:
     deadline = time.time() + float(budget_s) + 30
     while time.time() < deadline:
         samples.append(progress_points(pg))
-        running = pg.locator("[data-testid='stStatusWidget']").count() > 0
+        running = pg.evaluate(SCRIPT_RUNNING)
         seen_running = seen_running or running
         if seen_running and not running:
             break

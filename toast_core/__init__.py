@@ -19,7 +19,17 @@ from toast_core.apply import (
     shard,
     validate,
 )
-from toast_core.cost import CostOptions, CostReport, Explanation, WhatIf, estimate, explain
+from toast_core.cost import (
+    CostOptions,
+    CostReport,
+    Explanation,
+    OpView,
+    WhatIf,
+    costliest_ops,
+    estimate,
+    explain,
+    op_view,
+)
 from toast_core.errors import PinError, StrategyError, ToastError, TraceError
 from toast_core.ir import Program, trace
 from toast_core.mesh import HARDWARE_PRESETS, HardwareSpec, MeshSpec, hardware
@@ -65,6 +75,7 @@ __all__ = [
     "MeshProgress",
     "MeshSpec",
     "NamedDim",
+    "OpView",
     "Pin",
     "PinError",
     "Program",
@@ -80,6 +91,7 @@ __all__ = [
     "analyze",
     "baselines",
     "check_pins",
+    "costliest_ops",
     "dim_pin",
     "frozen_pins",
     "estimate",
@@ -88,6 +100,7 @@ __all__ = [
     "jax_mesh",
     "mesh_shapes",
     "min_devices",
+    "op_view",
     "option_pin",
     "parent_name",
     "parse_pin",

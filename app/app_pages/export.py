@@ -71,8 +71,24 @@ notice = state.pop_notice("import")
 if notice:
     st.success(notice)
 
+#: Above this many inputs and outputs, the specs and the report (about a millisecond per tensor:
+#: ~20 s on llama3-70b) wait for a click, so that the page opens at once.
+EAGER_TENSORS = 2_000
+n_tensors = len(set(ana.program.inputs + ana.program.outputs))
+prepared = st.session_state.setdefault("export_prepared", set())
+export_key = (loaded.key, state.mesh_text(), cached.strategy_key(strategy))
+if n_tensors > EAGER_TENSORS and export_key not in prepared:
+    st.subheader("PartitionSpecs and report")
+    st.caption(
+        f"{n_tensors:,} inputs and outputs: writing their PartitionSpecs and the report takes "
+        "a while (once per strategy)."
+    )
+    if not st.button("Prepare the PartitionSpecs and the report", key="prepare_export"):
+        st.stop()
+    prepared.add(export_key)
+
 st.subheader("PartitionSpecs")
-in_specs, out_specs = tc.partition_specs(ana, strategy, mesh)
+in_specs, out_specs = cached.partition_specs(loaded, strategy, state.mesh_text())
 fn_name = getattr(loaded.fn, "__name__", "step") or "step"
 if not fn_name.isidentifier():
     fn_name = "step"
@@ -118,7 +134,7 @@ text = reports.markdown_report(
     hw_name=state.hardware_name(),
     strategy=strategy,
     report=report,
-    shardings=reports.value_rows(ana, strategy, mesh),
+    shardings=cached.value_rows(loaded, strategy, state.mesh_text()),
     baselines=baseline_rows,
     strategy_json=strategy_json,
     conflicts=conflict_rows,

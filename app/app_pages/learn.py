@@ -10,7 +10,7 @@ from app.lessons import LESSONS, LessonContext
 
 ui.header(
     "Learn",
-    "Five short lessons on sharding, each set up in the explorer: load one, then follow the "
+    "Six short lessons on sharding, each set up in the explorer: load one, then follow the "
     "pointers. Every number below is computed by the engine for the lesson's model.",
 )
 
@@ -37,6 +37,9 @@ def context_for(loaded: cached.Loaded) -> LessonContext:
         baselines=lambda: cached.baselines(loaded.key, mesh_text, loaded.ana),
         quick_search=lambda pins: cached.quick_search(
             loaded.key, mesh_text, lesson.hardware, tuple(pins), loaded.ana
+        ),
+        short_search=lambda n, seed: cached.short_search(
+            loaded.key, mesh_text, lesson.hardware, n, seed, loaded.ana
         ),
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 import toast_core as tc
-from app import state, ui
+from app import cached, state, ui
 from app.cached import ModelSpec
 from app.fmt import fmt_bytes
 from app.user_model import file_digest, save_upload, split_target
@@ -146,6 +146,7 @@ with right:
     )
 
 loaded = ui.require_loaded()
+cached.warm(loaded, state.mesh_text(), state.hardware_name())
 s = loaded.ana.summary()
 st.divider()
 st.subheader(loaded.spec.title)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import streamlit as st
 
 from app import charts, state, ui
+from app.dim_names import DimNamer, public_text
 from app.fmt import binary_unit, fmt_bytes
+
+CONFLICT_BOXES = {"auto": "auto", "each": "one box per conflict", "kind": "one box per kind"}
+AUTO_CONFLICT_BOXES = 12
 
 ui.header(
     "Named dims",
@@ -64,7 +68,19 @@ with st.expander("Filter and summarize", expanded=len(ana.named_dims) > 40):
         "Show conflict sites",
         **state.bound("nd_show_sites"),
     )
+    d4.radio(
+        "Conflicts in the graph",
+        list(CONFLICT_BOXES),
+        format_func=CONFLICT_BOXES.__getitem__,
+        **state.bound("nd_conflict_boxes"),
+        help="auto: one box per conflict (repeated layers as one) up to "
+        f"{AUTO_CONFLICT_BOXES} boxes, else one box per conflict kind; the table below the "
+        "graph lists each conflict.",
+    )
 
+n_boxes = len({ana.group_of_conflict.get(c.id, (c.id,))[0] for c in ana.conflicts})
+boxes = st.session_state.nd_conflict_boxes
+detail = boxes == "each" or (boxes == "auto" and n_boxes <= AUTO_CONFLICT_BOXES)
 flt = charts.GraphFilter(
     kinds=tuple(st.session_state.nd_kinds),
     min_bytes=float(st.session_state.nd_min_mib) * 2**20,
@@ -75,6 +91,7 @@ flt = charts.GraphFilter(
     show_conflicts=bool(st.session_state.nd_show_conflicts),
     show_sites=bool(st.session_state.nd_show_sites),
     merge_state=bool(st.session_state.nd_merge_state),
+    conflict_detail=detail,
 )
 shown = charts.select_dims(ana, flt)
 total = len(charts.dim_nodes(ana, flt.collapse))
@@ -82,20 +99,31 @@ st.caption(
     f"Showing {len(shown)} of {total} {'collapsed ' if flt.collapse else ''}named dim nodes "
     f"({len(ana.named_dims)} named dims), largest bytes covered first."
 )
+if not detail and ana.conflicts:
+    st.caption(
+        f"{len(ana.conflicts)} conflicts ({n_boxes} after grouping repeated layers) are drawn as "
+        "one box per kind; pick 'one box per conflict' above, or see each in the table below."
+    )
 graph = charts.named_dim_graph(ana, flt)
+st.markdown(charts.legend_html(), unsafe_allow_html=True)
 st.graphviz_chart(graph, width="stretch")
 st.caption(
-    "Ellipses: named dims (one colour each; `×k`: k identical layers). Boxes: tensors (green data "
-    "inputs, blue parameters with their optimizer state, purple outputs), linked by the dims they "
-    "hold. Red boxes: conflicts with their options; thick red border: a self or reshape conflict "
-    "breaks the named dim; dashed red border: an axis clash limits its mesh axes; dashed notes: "
-    "where the conflict shows."
+    "Each named dim reads: name · size, what it is (batch, sequence, features, hidden...: from the "
+    "tensors holding it) with up to two of them, and the bytes it covers. `×k layers`: k identical "
+    "layers drawn as one. Edges say which dim of a tensor the named dim is. Thick red border: a "
+    "self or reshape conflict breaks the named dim; dashed red border: an axis clash limits its "
+    "mesh axes."
 )
 with st.expander("DOT source"):
     st.download_button("Download .dot", graph.source, file_name="named_dims.dot", key="dl_dot")
     st.code(graph.source[:20000], language="dot")
 
-st.subheader("Conflicts")
+st.subheader(
+    "Conflicts",
+    help="Where tying dims together cannot hold as is: a named dim twice in one tensor (self), a "
+    "reshape that mixes dims (reshape), or a parameter dim meeting the batch (axis clash). Each "
+    "option is a set of cuts (reshards) that resolves it; the search picks one or none.",
+)
 if not ana.conflicts:
     st.success("No conflicts: every named dim can take any mesh axis that divides it.")
 else:
@@ -107,8 +135,8 @@ else:
                 "conflict": c.name,
                 "kind": c.kind,
                 "named dims": ", ".join(f"N{d}" for d in c.named_dims),
-                "description": c.description,
-                "site": c.sites[0].text if c.sites else "",
+                "description": public_text(c.description),
+                "site": public_text(c.sites[0].text) if c.sites else "",
                 "options": len(c.options),
                 "cheapest cut": fmt_bytes(min((o.bytes for o in c.options), default=None)),
                 "layer group": ", ".join(f"K{k}" for k in group) if len(group) > 1 else "",
@@ -118,15 +146,15 @@ else:
     names = [c.name for c in ana.conflicts]
     pick = st.selectbox("Conflict details", names, key="conflict_detail")
     c = ana.conflict(pick)
-    st.markdown(f"**{c.name}** ({c.kind}): {c.description}")
-    st.markdown("Sites:\n" + "\n".join(f"- `{s.text}`" for s in c.sites[:8]))
+    st.markdown(f"**{c.name}** ({c.kind}): {public_text(c.description)}")
+    st.markdown("Sites:\n" + "\n".join(f"- `{public_text(s.text)}`" for s in c.sites[:8]))
     if c.options:
         st.markdown(
             "Options (pin with `"
             + c.name
             + "=<option>` on the Search page):\n"
             + "\n".join(
-                f"- option {o.index} ({fmt_bytes(o.bytes)} resharded): {o.description}"
+                f"- option {o.index} ({fmt_bytes(o.bytes)} resharded): {public_text(o.description)}"
                 for o in c.options
             )
         )
@@ -143,6 +171,7 @@ def _where(op_ids: list[int], fallback: bool) -> str:
 
 
 st.subheader("Named dims")
+namer = DimNamer(ana)
 in_conflict = charts.conflict_dims(ana)
 prog = ana.program
 rows = []
@@ -162,7 +191,7 @@ for node in nodes:
         {
             "named dim": nd.name if len(node.members) == 1 else f"{nd.name} (×{len(node.members)})",
             "size": nd.size,
-            "label": nd.label,
+            "is": namer.describe(nd),
             f"bytes covered ({unit})": node.bytes_covered / scale,
             "holds": charts.dim_kind(nd),
             "members": len(nd.members),
@@ -178,10 +207,33 @@ st.dataframe(
     hide_index=True,
     width="stretch",
     height=min(560, 38 + 35 * len(rows)),
-    column_config={f"bytes covered ({unit})": st.column_config.NumberColumn(format=f"%.1f {unit}")},
+    column_config={
+        f"bytes covered ({unit})": st.column_config.NumberColumn(
+            format=f"%.1f {unit}",
+            help="Bytes of every tensor dim the named dim ties together (its tensors' sizes, "
+            "summed): what sharding it on n devices divides by n.",
+        ),
+        "is": st.column_config.TextColumn(
+            help="What the named dim is, from the tensors holding it: a data input's leading dim "
+            "is the batch, its last the features; a dim joining two weights is hidden..."
+        ),
+        "conflicts": st.column_config.TextColumn(
+            help="Conflicts involving this named dim (see the Conflicts table)"
+        ),
+        "reduces at": st.column_config.TextColumn(
+            help="Ops that sum over this dim: sharded there, they leave partial sums to reduce"
+        ),
+        "needs replication at": st.column_config.TextColumn(
+            help="Ops that need the whole dim on every device: sharded, it is gathered there"
+        ),
+    },
     key="named_dim_table",
 )
 if ana.diagnostics:
-    st.subheader("Diagnostics")
+    st.subheader(
+        "Diagnostics",
+        help="What the analysis could not model exactly (unknown primitives, dims it keeps "
+        "unsharded) and how it prices them; a plan stays legal, only its estimate is rougher.",
+    )
     for d in ana.diagnostics:
         st.warning(d)

@@ -9,6 +9,7 @@ import streamlit as st
 
 import toast_core as tc
 from app import cached, charts, reports, state, ui
+from app.dim_names import DimNamer, public_text
 from app.fmt import fmt_bytes, fmt_s
 
 DRAW_EVERY_S = 0.35
@@ -107,9 +108,12 @@ def axis_choices(m: tc.MeshSpec) -> list[str]:
     return ["+".join(c) for c in subsets] + ["-"]
 
 
+namer = DimNamer(ana)
+
+
 def _dim_option(nd_name: str) -> str:
     nd = ana.named_dim(nd_name)
-    return f"{nd.name} · {nd.label} · {fmt_bytes(nd.bytes_covered)}"
+    return f"{nd.name} · {nd.size} {namer.describe(nd)} · {fmt_bytes(nd.bytes_covered)}"
 
 
 def _valid_choice(key: str, options: list[str]) -> None:
@@ -133,7 +137,9 @@ if ana.conflicts:
     k1.selectbox(
         "Conflict",
         [c.name for c in ana.conflicts],
-        format_func=lambda k: f"{k} · {ana.conflict(k).kind} · {ana.conflict(k).description[:70]}",
+        format_func=lambda k: (
+            f"{k} · {ana.conflict(k).kind} · {public_text(ana.conflict(k).description)[:70]}"
+        ),
         key="pin_conflict",
     )
     n_options = len(ana.conflict(st.session_state.pin_conflict).options)
@@ -314,6 +320,7 @@ def record(ev: tc.SearchEvent) -> None:
         tree_size=ev.tree_size,
         evals_per_s=ev.evals_per_s,
         elapsed_s=ev.elapsed_s,
+        tree_top=ev.tree_top or slot.get("tree_top", ()),
     )
 
 
@@ -384,6 +391,43 @@ else:
 
 # -- after a run: what changed, and pinning from the best --------------------------------------
 
+
+def show_tree(slot: dict) -> None:
+    """The top of the MCTS tree of the last run: where the search spent its simulations."""
+    edges = slot.get("tree_top", ())
+    st.subheader(
+        "The search tree",
+        help="The most visited actions from the root (the plan with nothing decided beyond the "
+        "pins) and, under each, its most visited follow-ups. Visits: simulations that went that "
+        "way (UCT sends more where the mean reward is high). Mean reward: 0.1 + 0.9 ref/(ref + t) "
+        "for a plan that fits with step time t, ref = the best baseline's time (0.55 at ref); "
+        "under 0.1 for plans that do not fit.",
+    )
+    if not edges:
+        st.caption(
+            "No tree search ran (every decision pinned, a zero-simulation budget, or the seeding "
+            "took the whole budget)."
+        )
+        return
+    first = [e for e in edges if e.depth == 1]
+    st.caption(
+        f"{sum(e.visits for e in first):,} visits through the {len(first)} most visited actions "
+        "from the root, best first; size = visits, colour = mean reward. Learn's last lesson "
+        "walks through one search."
+    )
+    t1, t2 = st.columns([1, 1])
+    with t1:
+        st.plotly_chart(charts.tree_figure(edges), key="tree_sunburst", width="stretch")
+    with t2:
+        rows = charts.tree_rows(edges)
+        st.dataframe(
+            [{k: r[k] for k in ("action", "visits", "mean reward")} for r in rows],
+            hide_index=True,
+            width="stretch",
+            height=min(420, 38 + 35 * len(rows)),
+        )
+
+
 if slot["best"] is not None and slot["status"] in ("done", "stopped"):
     prev = slot["previous"]
     if slot["status"] == "stopped":
@@ -409,6 +453,9 @@ if slot["best"] is not None and slot["status"] in ("done", "stopped"):
             ui.table(diff, key="diff_table")
         else:
             st.caption("Same decisions as the previous best.")
+    if reports.has_parts(slot["best"]):
+        st.caption(reports.PART_NOTE)
+    show_tree(slot)
     decisions = [p for p in reports.decisions_as_pins(slot["best"]) if p not in ws["pins"]]
     frozen = [p for p in reports.frozen_pins(ana, slot["best"]) if p not in ws["pins"]]
     if frozen:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import cached, charts, reports, state, ui
+from app import cached, charts, plan_views, reports, state, ui
 from app.fmt import fmt_bytes, fmt_s
 
 ui.header(
@@ -13,6 +13,7 @@ ui.header(
     "What a strategy does to every tensor and what it costs: compute, communication by collective "
     "kind, per-device memory against capacity, each collective with its cause.",
 )
+plan_views.switch_if_requested()  # a what-if row was pinned: search under it at once
 loaded = ui.require_loaded()
 ana = loaded.ana
 mesh = state.mesh()
@@ -26,7 +27,9 @@ m[2].metric("Communication", fmt_s(report.comm_s))
 m[3].metric(
     "Efficiency",
     f"{report.efficiency:.1%}" if report.efficiency >= 0.01 else f"{report.efficiency:.3%}",
-    help="ideal time (all flops at peak on every device) / estimated step time",
+    help=f"The ideal step time over the estimated one. Ideal: {fmt_s(report.ideal_s)}, the "
+    f"program's {report.total_flops:.3g} flops spread evenly over the {mesh.n_devices} devices at "
+    f"{state.hardware_name()}'s peak rate, with no communication and no memory traffic.",
 )
 m[4].metric(
     "Peak memory / device",
@@ -45,8 +48,12 @@ st.subheader("Decisions")
 rows = reports.decision_rows(ana, strategy, state.workspace()["pins"])
 if rows:
     ui.table(rows, key="decisions")
+    if reports.has_parts(strategy):
+        st.caption(reports.PART_NOTE)
 else:
     st.caption("No decision: everything is replicated.")
+
+plan_views.why_this_plan(loaded, strategy, report)
 
 st.subheader("Cost breakdown")
 st.plotly_chart(
@@ -145,12 +152,19 @@ roles = f2.multiselect(
     default=["input", "parameter", "output"],
     key="sharding_roles",
 )
-vrows = [
-    r
-    for r in reports.value_rows(ana, strategy, mesh)
-    if r["role"] in roles and (not query or query.lower() in r["tensor"].lower())
+SHOWN_TENSORS = 200  # ~1 ms each (notation, per-device shape): llama3-70b has 2,900
+matching = [
+    vid
+    for vid, role in reports.io_roles(ana).items()
+    if role in roles and (not query or query.lower() in ana.program.values[vid].name.lower())
 ]
+vrows = reports.value_rows(ana, strategy, mesh, matching[:SHOWN_TENSORS])
 ui.table(vrows, height=min(460, 38 + 35 * max(len(vrows), 1)), key="shardings")
+if len(matching) > SHOWN_TENSORS:
+    st.caption(
+        f"Showing {SHOWN_TENSORS} of {len(matching):,} tensors: filter by name to find others; "
+        "the Markdown report on the Export page lists them all."
+    )
 
 st.subheader("Collectives")
 crow = reports.collective_rows(ana, report)
@@ -160,3 +174,5 @@ st.caption(
     + ". `bytes (full)` is the gathered buffer V of the alpha-beta model."
 )
 ui.table(crow, height=min(460, 38 + 35 * max(len(crow), 1)), key="collectives")
+
+plan_views.op_section(loaded, strategy, report)

@@ -11,6 +11,7 @@ from toast_core.cost.model import (
     estimate,
     evaluator,
 )
+from toast_core.cost.opview import OpView, costliest_ops, op_view
 from toast_core.cost.whatif import Explanation, WhatIf, explain
 
 __all__ = [
@@ -19,9 +20,12 @@ __all__ = [
     "CostReport",
     "Evaluator",
     "Explanation",
+    "OpView",
     "Score",
+    "costliest_ops",
     "WhatIf",
     "estimate",
     "evaluator",
     "explain",
+    "op_view",
 ]
