@@ -301,7 +301,9 @@ def test_unexpected_failures_are_one_line_too(capsys, monkeypatch):
     def explode(args):
         raise RuntimeError("something\nbroke")
 
-    monkeypatch.setattr(cli, "cmd_compare", explode)
+    import toast_core.cli.parser as cli_main
+
+    monkeypatch.setattr(cli_main, "cmd_compare", explode)
     code, _, err = run(capsys, "compare", "mlp")
     assert_one_line_error(code, err, "RuntimeError: something broke", "TOAST_DEBUG")
     assert code == 1
