@@ -227,6 +227,17 @@ def _rank(fits: bool | None, step_time_s: float | None) -> tuple:
     return (not fits, step_time_s if step_time_s is not None else float("inf"))
 
 
+def best_record(slot: dict) -> dict:
+    """The slot's best plan as a record (what "previous" keeps)."""
+    return {
+        "strategy": slot["best"],
+        "step_time_s": slot["best_step_time_s"],
+        "peak_bytes": slot["best_peak_bytes"],
+        "fits": slot["best_fits"],
+        "pins": list(slot["pins"]),
+    }
+
+
 def keep_better(slot: dict) -> None:
     """After a run (finished or stopped): if the previous best, found under the same pins, beats
     the new one, it stays the search best and the new run's best becomes the previous one; the
@@ -239,13 +250,7 @@ def keep_better(slot: dict) -> None:
         slot["best_fits"], slot["best_step_time_s"]
     ):
         return
-    slot["previous"] = {
-        "strategy": slot["best"],
-        "step_time_s": slot["best_step_time_s"],
-        "peak_bytes": slot["best_peak_bytes"],
-        "fits": slot["best_fits"],
-        "pins": list(slot["pins"]),
-    }
+    slot["previous"] = best_record(slot)
     slot.update(
         best=prev["strategy"],
         best_step_time_s=prev["step_time_s"],

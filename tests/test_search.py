@@ -448,3 +448,14 @@ def test_events_show_the_top_of_the_tree():
             parent = top[e.parent]
             assert parent.depth == 1 and e.visits <= parent.visits
     assert all(e.action.startswith(("shard ", "resolve ", "stop")) for e in top)
+
+
+def test_a_frozen_plan_leaves_nothing_to_decide():
+    ana = gpt()
+    found = search(ana, sims=20)
+    frozen = tc.frozen_pins(ana, found.best)
+    assert any(p.startswith("remat[") for p in frozen) or not found.best.remat
+    again = search(ana, sims=20, pins=frozen)
+    assert again.iterations == 0
+    assert again.best.shardings == found.best.shardings
+    assert again.best.options == found.best.options

@@ -348,13 +348,7 @@ def run_search() -> None:
         ui.show_error("search")
         return
     if slot["best"] is not None:
-        slot["previous"] = {
-            "strategy": slot["best"],
-            "step_time_s": slot["best_step_time_s"],
-            "peak_bytes": slot["best_peak_bytes"],
-            "fits": slot["best_fits"],
-            "pins": list(slot["pins"]),
-        }
+        slot["previous"] = state.best_record(slot)
     slot.update(
         status="running",
         history=[],

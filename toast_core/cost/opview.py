@@ -27,24 +27,12 @@ from dataclasses import dataclass
 from toast_core.analysis import Analysis
 from toast_core.cost.model import Collective, CostReport
 from toast_core.errors import ToastError, bad_value
+from toast_core.ir.primitives import REDUCTIONS
 from toast_core.mesh import MeshSpec
 from toast_core.strategy import Strategy, space_of
 
 #: Primitives that reduce the dims of their operands absent from their result.
-REDUCING = frozenset(
-    {
-        "dot_general",
-        "conv_general_dilated",
-        "reduce_sum",
-        "reduce_max",
-        "reduce_min",
-        "reduce_prod",
-        "reduce_and",
-        "reduce_or",
-        "argmax",
-        "argmin",
-    }
-)
+REDUCING = REDUCTIONS | {"dot_general", "conv_general_dilated", "argmax", "argmin"}
 
 CASES = (
     "replicated",

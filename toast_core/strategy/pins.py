@@ -135,7 +135,7 @@ def frozen_pins(ana: Analysis, strategy: Strategy) -> list[str]:
         strategy_pins(strategy)
         + [option_pin(c.id, None) for c in ana.conflicts if c.id not in chosen and c.options]
         + [dim_pin(d.name, ()) for d in strategy.resolution(ana).dims if d.name not in sharded]
-        + [remat_pin(g, "none") for g in remat_space(ana).names() if g not in rematted]
+        + [remat_pin(g, "none") for g in remat_space(ana).names if g not in rematted]
     )
 
 
