@@ -127,7 +127,8 @@ def run_model(model: str, size: str, meshes: list[str], presets: list[str], sims
                 ana, mesh, hw, budget_s=None, num_simulations=sims, seed=0, verify=verify
             )
             search_s = time.perf_counter() - t0
-            same_as = [n for n, s in plans.items() if s == res.best]
+            chosen = res.best.describe(ana, mesh)
+            same_as = [n for n, s in plans.items() if s.describe(ana, mesh) == chosen]
             by_plan: dict[str, dict] = {}
             for name, strategy in {"searched": res.best, **plans}.items():
                 key = strategy.to_json(mesh)
