@@ -27,6 +27,7 @@ again for the next (the step time depends on the preset), without re-running num
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -189,6 +190,7 @@ SHORT = ["model", "mesh", "preset", "plan", "step", "pred_us", "xla_us", "flops"
 SHORT += ["numerics", "ops p/x", "bytes p/x", "miss"]
 CASES = ["model", "mesh", "preset", "searched_xla_us", "best_baseline", "best_baseline_xla_us"]
 CASES += ["searched/best", "ok", "searched_is"]
+SUMMARY = ["plans", "n", "all", "step", "ops", "flops", "bytes", "memory", "numerics"]
 
 
 def _short(rows: list[dict]) -> str:
@@ -235,8 +237,17 @@ def main() -> None:
     p.add_argument("--sims", type=int, default=60, help="MCTS simulations (deterministic search)")
     p.add_argument("--verify", type=int, default=0, help="tc.search(verify=K): XLA picks of K")
     p.add_argument("--no-numerics", action="store_true", help="compile only (real sizes)")
+    p.add_argument("--summarize", nargs="*", help="print targets met over these results files")
     p.add_argument("--out", default="fidelity", help="results file name in bench/results/")
     args = p.parse_args()
+    if args.summarize:
+        rows, cases = [], []
+        for f in args.summarize:
+            d = json.loads(Path(f).read_text())
+            rows += d["rows"]
+            cases += d["cases"]
+        print(table(summary(rows, cases), SUMMARY))
+        return
     models = [m for m in args.models.split(",") if m]
     meshes = [m for m in args.meshes.split(",") if m]
     presets = [m for m in args.presets.split(",") if m]
