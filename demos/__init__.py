@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from demos import equinox_mlp, flax_mlp, gns, gpt, gpt_scan, llama, mlp, moe, unet
 from demos.workload import Workload
+from demos.workloads_extra import EXTRA_SIZES, EXTRA_ZOO
 
 MODEL_ZOO: dict[str, Callable[..., Workload]] = {
     "mlp": mlp.make_mlp,
@@ -22,6 +23,7 @@ MODEL_ZOO: dict[str, Callable[..., Workload]] = {
     "gns": gns.make_gns,
     "flax": flax_mlp.make_flax,
     "equinox": equinox_mlp.make_equinox,
+    **EXTRA_ZOO,  # written independently of the models above, one per past blind spot
 }
 
 SIZES: dict[str, tuple[str, ...]] = {
@@ -34,6 +36,7 @@ SIZES: dict[str, tuple[str, ...]] = {
     "gns": tuple(gns.SIZES),
     "flax": tuple(flax_mlp.SIZES),
     "equinox": tuple(equinox_mlp.SIZES),
+    **EXTRA_SIZES,
 }
 
 #: Scaled-down twins of shape-only sizes, to check a plan's numerics where the real size is too

@@ -35,6 +35,15 @@ def shapes(tree) -> list[tuple]:
 
 def test_zoo_keys_and_sizes_agree():
     expected = {"mlp", "gpt", "gpt-scan", "llama", "moe", "unet", "gns", "flax", "equinox"}
+    expected |= {
+        "decoder",
+        "dropout",
+        "batchnorm",
+        "grad-accum",
+        "convnet",
+        "vit",
+        "label-smoothing",
+    }
     assert set(MODEL_ZOO) == expected
     assert set(SIZES) == expected
     assert all(sizes[0] == "tiny" for sizes in SIZES.values())
