@@ -250,14 +250,23 @@ def _blocked_fines(ana: Analysis, axes) -> dict[int, str]:
     for op in prog.ops:
         if op.primitive != "conv_general_dilated":
             continue
-        for a in nda.op_atoms[op.index]:
+        why = (
+            f"it is a spatial dim of the convolution at {op.where()}, which XLA's partitioner "
+            f"miscomputes on a mesh with several mesh axes (known XLA limitation "
+            f"`{CONV_SPATIAL_MULTI_AXIS}`)"
+        )
+        dn = dict(op.param("dimension_numbers"))
+        atoms = [
+            a
+            for pos, spec in ((0, dn["lhs_spec"]), (1, dn["rhs_spec"]))
+            for d in spec[2:]
+            for a in nda.use_atoms[(op.index, pos)][d]
+        ]
+        atoms += [a for d in dn["out_spec"][2:] for a in nda.value_atoms[op.results[0]][d]]
+        for a in atoms:
             f = int(ana.fine_of_atom[a])
-            if nda.atom_kind[a] == "permute" and f >= 0 and f not in out:
-                out[f] = (
-                    f"it is a spatial dim of the convolution at {op.where()}, which XLA's "
-                    "partitioner miscomputes on a mesh with several mesh axes (known XLA "
-                    f"limitation `{CONV_SPATIAL_MULTI_AXIS}`)"
-                )
+            if f >= 0:
+                out.setdefault(f, why)
     return out
 
 
