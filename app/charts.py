@@ -355,15 +355,10 @@ def _add_conflicts(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
             lines.append("no cut option: leave it unsharded")
         if flt.show_sites and c.sites:
             lines += wrap_lines("site: " + public_text(c.sites[0].text), CONFLICT_WRAP)
-        g.node(
+        _conflict_box(
+            g,
             f"k{c.id}",
-            "\\l".join(_dot_escape(x) for x in lines) + "\\l",
-            shape="box",
-            style="filled,bold",
-            fillcolor=CONFLICT_FILL,
-            color=CONFLICT_LINE,
-            fontcolor=CONFLICT_TEXT,
-            penwidth="2",
+            lines,
             tooltip="; ".join(
                 public_text(f"option {o.index}: {fmt_bytes(o.bytes)}, {o.description}")
                 for o in c.options[:6]
@@ -372,6 +367,21 @@ def _add_conflicts(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
         )
         for d in dims:
             g.edge(f"k{c.id}", f"nd{d}", color=CONFLICT_LINE, penwidth="1.6", arrowhead="none")
+
+
+def _conflict_box(g, node_id: str, lines: list[str], **attrs) -> None:
+    """A red box of left-aligned text lines: one conflict, or one kind of conflict."""
+    g.node(
+        node_id,
+        "\\l".join(_dot_escape(x) for x in lines) + "\\l",
+        shape="box",
+        style="filled,bold",
+        fillcolor=CONFLICT_FILL,
+        color=CONFLICT_LINE,
+        fontcolor=CONFLICT_TEXT,
+        penwidth="2",
+        **attrs,
+    )
 
 
 def _add_conflict_kinds(g, ana, rep_of: dict[int, int]) -> None:
@@ -386,16 +396,7 @@ def _add_conflict_kinds(g, ana, rep_of: dict[int, int]) -> None:
         names = ", ".join(c.name for c in cs[:6]) + (" ..." if len(cs) > 6 else "")
         lines = [f"{len(cs)} {kind} conflict{'s' if len(cs) > 1 else ''}", names]
         lines += wrap_lines(CONFLICT_KIND_TEXT.get(kind, ""), CONFLICT_WRAP)
-        g.node(
-            f"kind_{kind}",
-            "\\l".join(_dot_escape(x) for x in lines) + "\\l",
-            shape="box",
-            style="filled,bold",
-            fillcolor=CONFLICT_FILL,
-            color=CONFLICT_LINE,
-            fontcolor=CONFLICT_TEXT,
-            penwidth="2",
-        )
+        _conflict_box(g, f"kind_{kind}", lines)
         for d in dims:
             g.edge(f"kind_{kind}", f"nd{d}", color=CONFLICT_LINE, penwidth="1.2", arrowhead="none")
 

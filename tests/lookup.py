@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import toast_core as tc
 
 
@@ -37,3 +39,12 @@ def random_legal_strategy(data, ana, mesh, steps=(0, 8), name: str = "random"):
             break
         state = env.apply(state, data.draw(st.sampled_from(actions), label="action"))
     return env.to_strategy(state, name)
+
+
+@functools.cache
+def zoo_analysis(model: str = "mlp", size: str = "tiny", train: bool = True) -> tc.Analysis:
+    """The analysis of a zoo model (cached across a test module)."""
+    from demos import MODEL_ZOO
+
+    w = MODEL_ZOO[model](size=size, train=train)
+    return tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))

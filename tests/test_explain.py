@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 
 import pytest
-from lookup import dim_name
+from lookup import dim_name, zoo_analysis
 
 import toast_core as tc
 import toast_core.cli as cli
-from demos import MODEL_ZOO
 
 MESH = tc.MeshSpec({"data": 2, "model": 4})
 HW = tc.hardware("tpu-v5e")
 
 
-@functools.cache
-def analysis(model: str = "mlp") -> tc.Analysis:
-    w = MODEL_ZOO[model](size="tiny", train=True)
-    return tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
+analysis = zoo_analysis
 
 
 def test_every_decision_meets_every_mesh_axis_set():
