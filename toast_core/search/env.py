@@ -32,6 +32,10 @@ RESOLVE_WEIGHT = 8.0
 REMAT_WEIGHT = 10.0
 #: Candidates a rollout step samples before it gives up.
 ROLLOUT_TRIES = 12
+#: States whose atom counts the environment remembers (each is [values + uses, mesh axes]).
+COUNTS_KEPT = 8
+#: Units tuples whose rollout weights the environment remembers.
+WEIGHTS_KEPT = 1024
 
 
 class Environment:
@@ -41,6 +45,10 @@ class Environment:
         self.n_axes = space.axes.n
         self.root = constraints.root
         self.groups = space.conflict_groups
+        # Per-state atom counts (`StrategySpace.axis_counts`) of the last few states, so that a
+        # rollout step derives its child's counts from its own instead of recounting.
+        self._counts: dict[bytes, tuple] = {}
+        self._shard_weights: dict[int, tuple] = {}  # id(units) -> (units, rollout weights)
 
     # -- units and groups ----------------------------------------------------------------------
 
@@ -103,9 +111,38 @@ class Environment:
         out.append(Stop())
         return out
 
+    def axis_counts(self, state: State):
+        """`StrategySpace.axis_counts` of the state's masks, remembered for a few states."""
+        key = state.masks.tobytes()
+        hit = self._counts.get(key)
+        if hit is None:
+            hit = self._remember_counts(key, self.space.axis_counts(state.masks))
+        return hit
+
+    def _remember_counts(self, key: bytes, counts):
+        if len(self._counts) >= COUNTS_KEPT:
+            del self._counts[next(iter(self._counts))]
+        self._counts[key] = counts
+        return counts
+
+    def _child_counts(self, parent: State, child: State, unit: Unit, a: int) -> None:
+        """The child's counts from the parent's (when known): the unit's atoms gain axis `a`
+        where they did not hold it. Whole-number sums, so equal to a recount."""
+        counts = self._counts.get(parent.masks.tobytes())
+        if counts is None:
+            return
+        chk = self.space.shard_check(unit.fines)
+        gained = (parent.masks[chk.fines] & self.space.axes.bit(a)) == 0
+        if not gained.all():  # parts already on the axis (after a resolution): recount
+            return
+        values, uses = counts[0].copy(), counts[1].copy()
+        values[chk.value_rows, a] += chk.value_add
+        uses[chk.use_rows, a] += chk.use_add
+        self._remember_counts(child.masks.tobytes(), (values, uses))
+
     def shard_actions(self, state: State, units=None) -> list[Shard]:
         """Legal shards of `units` (indices; all by default)."""
-        counts = self.space.axis_counts(state.masks)
+        counts = self.axis_counts(state)
         all_units = self.units(state)
         picked = range(len(all_units)) if units is None else units
         return [
@@ -123,7 +160,9 @@ class Environment:
             unit = self.units(state)[action.unit]
             masks = state.masks.copy()
             masks[list(unit.fines)] |= self.space.axes.bit(action.axis)
-            return State(state.options, masks, state.remat)
+            child = State(state.options, masks, state.remat)
+            self._child_counts(state, child, unit, action.axis)
+            return child
         if isinstance(action, Remat):
             rest = tuple(x for x in state.remat if x[0] != action.group)
             return State(
@@ -138,14 +177,16 @@ class Environment:
         groups = self.open_groups(state)
         remats = self.remat_actions(state)
         n_shard = len(units) * self.n_axes
-        weights = np.array(
-            [math.log1p(u.bytes_covered) for u in units for _ in range(self.n_axes)]
-            + [RESOLVE_WEIGHT] * len(groups)
-            + [REMAT_WEIGHT / 2] * len(remats)
+        weights = np.concatenate(
+            (
+                self._unit_weights(units),
+                np.full(len(groups), RESOLVE_WEIGHT),
+                np.full(len(remats), REMAT_WEIGHT / 2),
+            )
         )
         if not len(weights):
             return None
-        counts = self.space.axis_counts(state.masks)
+        counts = self.axis_counts(state)
         for _ in range(ROLLOUT_TRIES):
             i = int(rng.choice(len(weights), p=weights / weights.sum()))
             if i < n_shard:
@@ -160,6 +201,17 @@ class Environment:
             else:
                 return remats[i - n_shard - len(groups)]
         return None
+
+    def _unit_weights(self, units: tuple[Unit, ...]) -> np.ndarray:
+        """Rollout weights of the shards of `units` (log(1 + bytes covered), per mesh axis);
+        memoized per units tuple (the space hands out one tuple per resolution)."""
+        hit = self._shard_weights.get(id(units))
+        if hit is None or hit[0] is not units:
+            if len(self._shard_weights) >= WEIGHTS_KEPT:
+                self._shard_weights.clear()
+            w = np.array([math.log1p(u.bytes_covered) for u in units for _ in range(self.n_axes)])
+            hit = self._shard_weights[id(units)] = (units, w)
+        return hit[1]
 
     def describe(self, state: State, action: Action) -> str:
         """An action in words: `shard N3, N7 on model`, `resolve K2, K5 with option 1`, `stop`."""

@@ -56,8 +56,12 @@ def double_axis_rows(matrix: sp.csr_matrix, bits: np.ndarray) -> list[tuple[int,
 def strided_rows(split_fines: np.ndarray, masks_ext: np.ndarray, sizes_ext, ways) -> np.ndarray:
     """Rule 3: which split dims (rows of `split_fines`, fine classes major first, padded with a
     class of mask 0 and size 1) would be strided under the masks."""
-    m = masks_ext[split_fines]
-    whole = ways[m] == sizes_ext[split_fines]  # the sub-factor is completely split
+    return strided_masks(masks_ext[split_fines], sizes_ext[split_fines], ways)
+
+
+def strided_masks(m: np.ndarray, sizes: np.ndarray, ways) -> np.ndarray:
+    """Rule 3 on the masks `m` and sizes of split dims' sub-factors (rows, major first)."""
+    whole = ways[m] == sizes  # the sub-factor is completely split
     # A sub-factor k > 0 may be sharded only if every more major one is completely split.
     major_whole = np.logical_and.accumulate(whole, axis=1)
     return ((m[:, 1:] != 0) & ~major_whole[:, :-1]).any(axis=1)
@@ -160,30 +164,66 @@ def why_illegal_shard(
 ) -> str | None:
     """None if adding mesh axis `a` to every fine class of `unit` keeps the state legal, else
     the reason. `counts` is `space.axis_counts(masks)`; `forbidden` the mesh axes the user
-    forbids on the unit."""
+    forbids on the unit. The search calls this for every candidate step, so what depends on the
+    unit alone is computed once (`ShardCheck`)."""
     ax = space.axes
-    bit = ax.bit(a)
-    if int(masks[unit.fines[0]]) & bit:
+    bit = 1 << a
+    chk = space.shard_check(unit.fines)
+    if int(masks[chk.first]) & bit:
         return "already on that mesh axis"
     if forbidden & bit:
         return "forbidden by the user"
-    if space.blocked and any(f in space.blocked for f in unit.fines):
+    if chk.blocked:
         return "a known XLA limitation keeps it replicated on this mesh"
     # Rule 1 for every distinct mask among the unit's parts (after a resolution, parts of
     # different named dims with one signature may already hold different mesh axes).
-    for m in np.unique(masks[list(unit.fines)]).tolist():
+    for m in sorted(set(masks[chk.fines].tolist())):
         if indivisible(unit.size, int(ax.ways[m | bit])):
             return f"size {unit.size} is not divisible by {int(ax.ways[m | bit])} shards"
-    for (rows, add), cnt in zip(space.touch(unit.fines), (counts[0][:, a], counts[1][:, a])):
-        if np.any(cnt[rows] + add > 1.5):
-            return "a value or op would hold that mesh axis twice"
-    splits = space.splits_touching(unit.fines)
-    if len(splits):
-        ext = np.append(masks, 0)
-        fines = space.layout.split_fines[splits]
-        new = ext[fines] | np.where(np.isin(fines, unit.fines), bit, 0)
-        ext_new = ext.copy()
-        ext_new[fines] = new
-        if strided_rows(fines, ext_new, space.fine_size_ext, ax.ways).any():
+    # Rule 2. Atom counts are whole numbers: with the unit's own atoms at most once per row, a
+    # row breaks the rule exactly when it already holds the mesh axis.
+    if chk.holds_twice or counts[0][chk.value_rows, a].any() or counts[1][chk.use_rows, a].any():
+        return "a value or op would hold that mesh axis twice"
+    if len(chk.split_fines):
+        m = np.where(chk.split_pad, 0, masks[chk.split_index]) | np.where(chk.split_in_unit, bit, 0)
+        if strided_masks(m, chk.split_sizes, ax.ways).any():
             return "it would shard a minor sub-factor of a split dim (strided)"
     return None
+
+
+class ShardCheck:
+    """What `why_illegal_shard` needs of one unit, whatever the state: its fine classes, the
+    rows (values, uses) holding them with their atom counts, and the split dims they touch."""
+
+    __slots__ = (
+        "fines",
+        "first",
+        "blocked",
+        "value_rows",
+        "value_add",
+        "use_rows",
+        "use_add",
+        "holds_twice",
+        "split_fines",
+        "split_index",
+        "split_pad",
+        "split_in_unit",
+        "split_sizes",
+    )
+
+    def __init__(self, space: StrategySpace, fines: tuple[int, ...]) -> None:
+        self.fines = np.asarray(fines, dtype=np.int64)
+        self.first = fines[0]
+        self.blocked = bool(space.blocked) and any(f in space.blocked for f in fines)
+        (self.value_rows, self.value_add), (self.use_rows, self.use_add) = space.touch(fines)
+        # Some value or use holds the unit's atoms twice: any mesh axis would appear twice.
+        self.holds_twice = bool(
+            (len(self.value_add) and self.value_add.max() > 1.5)
+            or (len(self.use_add) and self.use_add.max() > 1.5)
+        )
+        self.split_fines = space.layout.split_fines[space.splits_touching(fines)]
+        n_fine = len(space.fine_size_ext) - 1  # index n_fine is the padding class
+        self.split_pad = self.split_fines == n_fine
+        self.split_index = np.where(self.split_pad, 0, self.split_fines)
+        self.split_in_unit = np.isin(self.split_fines, self.fines)
+        self.split_sizes = space.fine_size_ext[self.split_fines]

@@ -108,6 +108,7 @@ class StrategySpace:
         self.blocked = _blocked_fines(ana, self.axes)
         self.remat = remat_space(ana)
         self._units, self._touch, self._splits = _Lru(), _Lru(), _Lru()
+        self._checks = _Lru()
         self._valid = _Lru()
 
     # -- resolutions and masks -----------------------------------------------------------------
@@ -168,6 +169,10 @@ class StrategySpace:
             return np.array(rows, dtype=np.int64)
 
         return self._splits.get(fines, make)
+
+    def shard_check(self, fines: tuple[int, ...]) -> legality.ShardCheck:
+        """The state-independent part of `why_illegal_shard` for a unit (memoized)."""
+        return self._checks.get(fines, lambda: legality.ShardCheck(self, fines))
 
     def why_illegal_shard(self, state: State, unit: Unit, a: int, counts=None, forbidden=0):
         """None if adding mesh axis `a` to `unit` is legal in `state`, else the reason."""
