@@ -29,6 +29,7 @@ import jax.extend.core as jex
 import numpy as np
 
 from toast_core.errors import TraceError, bad_value
+from toast_core.gcpause import gc_paused
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Op, Program, Value
 
@@ -93,9 +94,12 @@ def _name_stack(eqn) -> str:
         return ""
 
 
+_SCALARS = frozenset((type(None), bool, int, float, str))
+
+
 def _plain(value: Any) -> Any:
     """Converts a jaxpr param into plain hashable Python (ints, strs, tuples), or raises TypeError."""
-    if value is None or isinstance(value, bool | int | float | str):
+    if type(value) in _SCALARS or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, np.integer | np.floating | np.bool_):
         return value.item()
@@ -133,12 +137,35 @@ def _op_params(eqn) -> tuple[tuple[str, object], ...]:
     return params
 
 
+#: dtype -> its name, and shape -> the plain tuple of ints: a 40k-op program has a few dozen of
+#: each, and converting them afresh per value is a tenth of the walk. Equal shapes then share
+#: one tuple.
+_DTYPE_NAMES: dict = {}
+_SHAPES: dict = {}
+
+
 def _dtype_name(aval) -> str:
-    return str(getattr(aval, "dtype", "float32"))
+    dtype = getattr(aval, "dtype", "float32")
+    try:
+        name = _DTYPE_NAMES.get(dtype)
+    except TypeError:  # an unhashable dtype-like
+        return str(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype)
+    return name
 
 
 def _shape(aval) -> tuple[int, ...]:
-    return tuple(int(d) for d in getattr(aval, "shape", ()))
+    shape = getattr(aval, "shape", ())
+    try:
+        out = _SHAPES.get(shape)
+    except TypeError:  # an unhashable shape (a list)
+        return tuple(int(d) for d in shape)
+    if out is None:
+        out = tuple(int(d) for d in shape)
+        if len(_SHAPES) < 1 << 16:
+            _SHAPES[shape] = out
+    return out
 
 
 class _Builder:
@@ -186,8 +213,9 @@ class _Builder:
     def _bind_results(self, eqn, env, name_prefix: str, source: str) -> list[int]:
         ids = []
         for var in eqn.outvars:
-            vid = self.new_value(var.aval, "intermediate", "", source)
-            self.values[vid] = _renamed(self.values[vid], f"{name_prefix}#{vid}")
+            vid = self.new_value(
+                var.aval, "intermediate", f"{name_prefix}#{len(self.values)}", source
+            )
             if not isinstance(var, jex.DropVar):
                 env[var] = vid
             ids.append(vid)
@@ -451,6 +479,13 @@ def trace(fn: Callable, *args: Any, param_argnums: tuple[int, ...] | None = None
     if not callable(fn):
         raise TraceError(bad_value("fn", fn, "a callable JAX function"))
     _check_leaves(fn, args)
+    # JAX's tracing and our walk allocate millions of objects and free few early: full
+    # collections over them cost a quarter of the trace of a 40k-op program (see `gcpause`).
+    with gc_paused():
+        return _trace(fn, args, param_argnums)
+
+
+def _trace(fn: Callable, args: tuple, param_argnums: tuple[int, ...] | None) -> Program:
     try:
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
     except Exception as exc:  # noqa: BLE001 - any failure of the user's code is a trace error
