@@ -123,10 +123,15 @@ class ClassGraph:
             return None
         n = self.n + 2
         s, t = n - 2, n - 1
+        src = self._node(sources)
+        snk = self._node(sinks)
         cap = self.cap.copy()
         if blocked:
             cap[np.isin(self.eid, list(blocked))] = self.BIG
-        graph = self.flow_graph(self._node(sources), self._node(sinks), cap)
+        rows = np.r_[self.eu, self.ev, np.full(len(src), s), snk]
+        cols = np.r_[self.ev, self.eu, src, np.full(len(snk), t)]
+        data = np.r_[cap, cap, np.full(len(src), self.BIG), np.full(len(snk), self.BIG)]
+        graph = sp.csr_matrix((data.astype(np.int32), (rows, cols)), shape=(n, n))
         result = csgraph.maximum_flow(graph, s, t, method="dinic")
         if result.flow_value >= self.BIG:
             return None
@@ -140,41 +145,6 @@ class ClassGraph:
             csgraph.breadth_first_order(residual.T.tocsr(), t, return_predecessors=False)
         ] = True
         return result.flow_value, self._crossing(near_sources), self._crossing(near_sinks)
-
-    @cached_property
-    def _pattern(self):
-        """The atom edges (both ways) in canonical CSR order, built once: (indptr, indices, and
-        for each M-edge direction its slot), so that a max-flow graph costs a few array copies
-        instead of a sparse-matrix construction (the repeated part of every conflict's cut)."""
-        m = len(self.eu)
-        rows, cols = np.r_[self.eu, self.ev], np.r_[self.ev, self.eu]
-        key = rows * self.n + cols
-        uniq, slot = np.unique(key, return_inverse=True)
-        indptr = np.searchsorted(uniq // self.n, np.arange(self.n + 1)).astype(np.int64)
-        return indptr, (uniq % self.n).astype(np.int64), slot.reshape(2, m)
-
-    def flow_graph(self, src: np.ndarray, snk: np.ndarray, cap: np.ndarray) -> sp.csr_matrix:
-        """The max-flow graph: atom edges both ways with capacity `cap`, a source node s (n)
-        feeding `src` and a sink node t (n + 1) fed by `snk` (distinct nodes), at capacity
-        BIG; canonical (sorted, summed) as `sp.csr_matrix` would build it from coordinates."""
-        indptr, indices, slot = self._pattern
-        n = self.n + 2
-        t = n - 1
-        weights = np.r_[cap, cap].astype(np.float64)  # whole numbers below 2**31: exact
-        data = np.bincount(slot.ravel(), weights=weights, minlength=len(indices)).astype(np.int32)
-        # Column t is the last: each sink row gains it at its end.
-        snk = np.sort(snk)
-        at = indptr[snk + 1]
-        indices = np.insert(indices, at, t)
-        data = np.insert(data, at, np.int32(self.BIG))
-        gained = np.zeros(self.n + 1, dtype=np.int64)
-        gained[snk + 1] = 1
-        row_ptr = indptr + np.cumsum(gained)
-        src = np.sort(src)
-        indices = np.r_[indices, src].astype(np.int32)
-        data = np.r_[data, np.full(len(src), self.BIG, dtype=np.int32)]
-        full_ptr = np.r_[row_ptr, row_ptr[-1] + len(src), row_ptr[-1] + len(src)].astype(np.int32)
-        return sp.csr_matrix((data, indices, full_ptr), shape=(n, n))
 
     def _crossing(self, side: np.ndarray) -> frozenset[int]:
         return frozenset(self.eid[side[self.eu] != side[self.ev]].tolist())
