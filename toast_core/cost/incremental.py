@@ -41,6 +41,8 @@ from toast_core.cost.model import Evaluator, Score
 CACHE_SIZE = 8
 #: Beyond this fraction of values re-priced, a full evaluation is as cheap.
 FULL_FRACTION = 0.1
+#: Restricted views of the evaluator kept (`Incremental._view`), each a few small arrays.
+VIEWS_KEPT = 512
 
 
 @dataclass(slots=True)
@@ -183,6 +185,7 @@ class Incremental:
         self.tab = incremental_tables(ev)
         self.cache_size = cache_size
         self._cache: OrderedDict[bytes, _Cached] = OrderedDict()
+        self._views: dict[bytes, _SitesOf] = {}
         self.full_evaluations = 0
         self.delta_evaluations = 0
 
@@ -283,7 +286,7 @@ class Incremental:
         res = (base.res_value, base.res_lo, base.res_hi, base.res_bytes)
         delta = base.delta.copy()
         if len(comm_vals):
-            view = _SitesOf(ev, self.tab, comm_vals)
+            view = self._view(comm_vals)
             comm_v[comm_vals] = 0.0
             moved, new = self._comm_per_value(view, masks, value_local)
             comm_v += moved
@@ -315,6 +318,17 @@ class Incremental:
             np.add.at(delta, ev.born[pos], change)
             np.add.at(delta, ev.dies[pos], -change)
         return self._finish(masks, fine_logdeg, value_local, t, comm_v, coll, delta, *res)
+
+    def _view(self, values: np.ndarray) -> _SitesOf:
+        """The evaluator restricted to `values` (memoized: a search shards the same units again
+        and again, so the same sets of values come back)."""
+        key = values.tobytes()
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= VIEWS_KEPT:
+                self._views.pop(next(iter(self._views)))
+            view = self._views[key] = _SitesOf(self.ev, self.tab, values)
+        return view
 
     def _op_times(self, ops, value_local, fine_logdeg) -> np.ndarray:
         """`Evaluator._compute`'s roofline time, for some ops only (same formula, same order)."""

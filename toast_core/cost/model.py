@@ -279,6 +279,7 @@ class Evaluator:
         # Memos of pure functions of their keys; safe to share between threads (see _reshards).
         self._last_reshards = None
         self._exact_cache: dict = {}
+        self._use_fines_memo: dict[int, tuple] = {}  # value -> fine classes of each use
         self._layout_ids: dict[bytes, int] = {}
         self._layout_ids_lock = threading.Lock()
         self.capacity_bytes = hw.hbm_capacity_bytes * (1.0 - options.memory_headroom)
@@ -961,15 +962,25 @@ class Evaluator:
 
     def _scatter_mask(self, vid: int, mask: int, masks: np.ndarray) -> int:
         """Axes of `mask` that every use of `vid` shards some dim on (reduce-scatter them)."""
-        lay = self.lay
         common = mask
-        for opi, pos in self.ana.program.uses()[vid]:
+        for fines in self._use_fines(vid):
             held = 0
-            for fines in lay.use_dim_fine[(opi, pos)]:
-                for f in fines:
-                    held |= int(masks[f])
+            for f in fines:
+                held |= masks.item(f)
             common &= held
         return common
+
+    def _use_fines(self, vid: int) -> tuple[tuple[int, ...], ...]:
+        """The fine classes of each use of `vid` (memoized: the search asks per evaluation)."""
+        hit = self._use_fines_memo.get(vid)
+        if hit is None:
+            use_dim_fine = self.lay.use_dim_fine
+            hit = tuple(
+                tuple(f for fines in use_dim_fine[use] for f in fines)
+                for use in self.ana.program.uses()[vid]
+            )
+            self._use_fines_memo[vid] = hit
+        return hit
 
 
 def estimate(
