@@ -490,9 +490,13 @@ def _linked_clashes(program: Program, clash: dict) -> list[list[int]]:
             x = parent[x]
         return x
 
-    for op in program.ops:
-        if clash.keys().isdisjoint(op.operands) and clash.keys().isdisjoint(op.results):
-            continue
+    # Only the ops defining or reading a clashing value (in program order, as a walk over all
+    # ops would meet them).
+    producers, uses = program.producers(), program.uses()
+    touching = {producers[v] for v in clash if producers[v] is not None}
+    touching.update(opi for v in clash for opi, _ in uses[v])
+    for opi in sorted(touching):
+        op = program.ops[opi]
         linked = [v for v in op.operands + op.results if v in clash]
         for v in linked[1:]:
             if clash[v][0] == clash[linked[0]][0]:
