@@ -1,7 +1,8 @@
 """Global FLOP and transcendental counts per op (before sharding), as XLA's `cost_analysis()`
 counts them (measured on this jaxlib, one compiled primitive at a time):
 
-* dot_general: `2 * batch * M * N * K` = 2 x result elements x contracted elements;
+* dot_general: `2 * batch * M * N * K` = 2 x result elements x contracted elements (an outer
+  product, with nothing contracted, 1 per result element);
 * conv_general_dilated: 2 x output elements x input features per group x kernel window, counting
   only the taps that fall on the input (not on padding), as XLA does;
 * elementwise arithmetic, comparisons, selects and conversions: one flop per result element;
@@ -18,7 +19,8 @@ Ops whose counts were fitted to XLA's (special functions, random bits, pooling, 
 zero.
 
 Ops inside a `scan` body are multiplied by the trip count by the caller; so is the duplication of
-fused producers (`fusion.py`).
+fused producers (`fusion.py`) and the work XLA's simplifier removes (dead code, constants, work on
+broadcasts: `simplify.py`).
 """
 
 from __future__ import annotations
@@ -105,9 +107,12 @@ def _conv_flops(op: Op, program: Program) -> float:
 
 @flop_rule("dot_general")
 def dot_general_flops(op, program):
-    """2 x result elements x contracted elements (a multiply and an add per term)."""
+    """2 x result elements x contracted elements (a multiply and an add per term); an outer
+    product (nothing contracted) is one multiply per result element, as XLA rewrites it."""
     (lc, _), _ = op.param("dimension_numbers")
     lhs = program.values[op.operands[0]].shape
+    if not lc:
+        return float(program.values[op.results[0]].size), 0.0
     return 2.0 * program.values[op.results[0]].size * prod(lhs[d] for d in lc), 0.0
 
 
