@@ -9,7 +9,10 @@ compiled flops, total collective bytes, memory), minimizes one failure per disti
 (kind, stage, exception type, innermost toast_core frame) and writes a reproduction script for each
 to artifacts/fuzz/, and the results to bench/results/fuzz.json.
 
-    .venv/bin/python bench/fuzz.py --minutes 20 [--seed 0] [--jobs 1]
+    .venv/bin/python bench/fuzz.py --minutes 20 [--seed 0] [--jobs 1] [--programs N]
+
+With `--programs N` the run stops after programs 0..N-1 (or at the time limit): a fixed set to
+compare the cost model before and after a change.
 """
 
 from __future__ import annotations
@@ -165,6 +168,12 @@ def _unexplained(g: dict):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=5.0)
+    p.add_argument(
+        "--programs",
+        type=int,
+        default=None,
+        help="stop after this many programs (indices 0..N-1: the same set run after run)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--sims", type=int, default=24, help="search num_simulations")
@@ -199,6 +208,8 @@ def main() -> None:
                 worker.stop()
             with lock:
                 index = next_index[0]
+                if args.programs is not None and index >= args.programs:
+                    return
                 next_index[0] += 1
             rec = _run_program(worker, args, index)
             with lock:
