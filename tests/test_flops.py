@@ -262,3 +262,20 @@ def test_simplified_programs_count_as_xla_counts_them(name):
     got, want = predicted_simplified(fn, *args), xla_cost(fn, *args)
     assert got[0] == pytest.approx(want[0], rel=0.02, abs=2), (name, got, want)
     assert got[1] == pytest.approx(want[1]), (name, got, want)
+
+
+GATHERS = {
+    "take_rows": (lambda x, i: jnp.take(x, i, axis=0), (16, 8), (3,)),
+    "take_columns": (lambda x, i: jnp.take(x, i, axis=1), (16, 8), (8,)),
+    "take_along_axis": (lambda x, i: jnp.take_along_axis(x, i, axis=1), (16, 8), (16, 3)),
+    "index_in_bounds": (lambda x, i: x[i], (16, 8), (3,)),
+}
+
+
+@pytest.mark.parametrize("name", list(GATHERS))
+def test_gathers_count_their_out_of_bounds_masking(name):
+    """`jnp.take` fills out-of-bounds rows (mode FILL_OR_DROP): XLA selects per element and tests
+    each index; plain indexing clamps and computes nothing."""
+    fn, x_shape, i_shape = GATHERS[name]
+    args = (jax.ShapeDtypeStruct(x_shape, jnp.float32), jax.ShapeDtypeStruct(i_shape, jnp.int32))
+    assert predicted(fn, *args) == pytest.approx(xla_cost(fn, *args)), name
