@@ -230,10 +230,15 @@ def _ratio(p: float, c: float) -> float | None:
 
 
 def fidelity(rep) -> dict:
+    """Predicted / compiled ratios of one validation. XLA's `cost_analysis()` reports -1 flops
+    when it cannot count the program (a lone `top_k`, a CPU custom call): that ratio is None and
+    `flops_unmeasured` is set, so that the summary leaves it out instead of calling it a miss."""
     pc = sum(rep.predicted_collective_bytes.values())
     cc = sum(rep.compiled_collective_bytes.values())
+    unmeasured = rep.compiled_flops < 0
     return {
-        "flops": _ratio(rep.predicted_flops, rep.compiled_flops),
+        "flops": None if unmeasured else _ratio(rep.predicted_flops, rep.compiled_flops),
+        "flops_unmeasured": unmeasured,
         "collective_bytes": _ratio(pc, cc) if cc else (1.0 if not pc else math.inf),
         "memory": _ratio(rep.predicted_memory_bytes, rep.compiled_memory_bytes),
         "predicted_flops": rep.predicted_flops,

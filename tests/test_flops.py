@@ -9,6 +9,7 @@ from jax import lax
 import toast_core as tc
 from toast_core.cost.flops import op_flops, op_transcendentals
 from toast_core.cost.fusion import fusion_copies, materialized
+from toast_core.cost.simplify import work_factors
 
 X = jnp.linspace(0.5, 1.5, 1024, dtype=jnp.float32).reshape(32, 32)
 
@@ -185,3 +186,96 @@ def test_every_primitive_with_a_factor_rule_has_a_flop_rule():
                    "triangular_solve"}  # fmt: skip
     assert set(RULES) - set(FLOP_RULES) == not_counted
     assert set(FLOP_RULES) <= set(RULES)
+
+
+# --- what XLA's simplifier removes (toast_core/cost/simplify.py) ----------------------------------
+
+B = lambda a, shape, dims: lax.broadcast_in_dim(a, shape, dims)  # noqa: E731
+
+
+def _accumulated_grad(w, xs):
+    """Gradient accumulation inside a while loop, as the fuzzer writes it: `jax.grad` of a loss
+    that also returns a value; that value (the forward's matmul) is dead, only grads return."""
+
+    def body(carry):
+        i, acc = carry
+        x = lax.dynamic_index_in_dim(xs, i, 0, False)
+        g = jax.grad(lambda w: (jnp.mean(x @ w), None)[0])(w)
+        return i + 1, acc + g
+
+    return lax.while_loop(lambda c: c[0] < 2, body, (0, jnp.zeros_like(w)))[1]
+
+
+SIMPLIFIED = {
+    # dead code: the loss value inside a gradient-accumulation loop
+    "dead_forward_in_accumulation": (
+        _accumulated_grad,
+        (jnp.ones((16, 8)), jnp.ones((2, 4, 16))),
+    ),
+    # constants: the gradient of mean(x + b) wrt b is a constant (folded: 0 flops)
+    "constant_cotangent": (jax.grad(lambda b, x: jnp.mean(x + b)), (jnp.ones(32), X)),
+    # outer products: one multiply per element; none left for a broadcast scalar's share
+    "outer_product": (lambda a, b: jnp.einsum("a,z->az", a, b), (jnp.ones(4), jnp.ones(32))),
+    "batched_outer_product": (
+        lambda a, b: jnp.einsum("ba,bz->baz", a, b),
+        (jnp.ones((8, 4)), jnp.ones((8, 32))),
+    ),
+    "sgd_on_a_vector_matmul": (
+        lambda w, x: w - 0.1 * jax.grad(lambda w: jnp.mean(x @ w))(w),
+        (jnp.ones((24, 8)), jnp.ones(24)),
+    ),
+    # work on broadcasts: elementwise ops and reductions run on the broadcast's operand
+    "tanh_of_broadcast": (lambda a: jnp.tanh(B(a, (4, 32), (0,))) * 0.5, (jnp.ones(4),)),
+    "sum_of_broadcast": (
+        lambda a: B(a, (4, 32), (0,)).sum(1) + B(a, (4, 32), (0,)).sum(0)[:4],
+        (jnp.ones(4),),
+    ),
+    "two_broadcasts_same_dims": (
+        lambda a, b: B(a, (4, 32), (0,)) + B(b, (4, 32), (0,)),
+        (jnp.ones(4), jnp.ones(4)),
+    ),
+    "two_broadcasts_other_dims": (
+        lambda a, b: B(a, (4, 32), (0,)) + B(b, (4, 32), (1,)),
+        (jnp.ones(4), jnp.ones(32)),
+    ),
+    "contraction_with_a_broadcast_stays_whole": (
+        lambda x, c: x @ B(c, (16, 32), ()),
+        (jnp.ones((8, 16)), jnp.float32(0.5)),
+    ),
+}
+
+
+def predicted_simplified(fn, *args) -> tuple[float, float]:
+    """What the cost model counts for one execution of each op (a loop body once, as XLA shows
+    it): fusion copies times the simplifier's remaining work."""
+    prog = tc.trace(fn, *args)
+    copies = fusion_copies(prog, materialized(prog))
+    scale = [c * w for c, w in zip(copies, work_factors(prog))]
+    flops = sum(op_flops(op, prog) * scale[op.index] for op in prog.ops)
+    trans = sum(op_transcendentals(op, prog) * scale[op.index] for op in prog.ops)
+    return flops, trans
+
+
+@pytest.mark.parametrize("name", list(SIMPLIFIED))
+def test_simplified_programs_count_as_xla_counts_them(name):
+    fn, args = SIMPLIFIED[name]
+    got, want = predicted_simplified(fn, *args), xla_cost(fn, *args)
+    assert got[0] == pytest.approx(want[0], rel=0.02, abs=2), (name, got, want)
+    assert got[1] == pytest.approx(want[1]), (name, got, want)
+
+
+GATHERS = {
+    "take_rows": (lambda x, i: jnp.take(x, i, axis=0), (16, 8), (3,)),
+    "take_columns": (lambda x, i: jnp.take(x, i, axis=1), (16, 8), (8,)),
+    "take_along_axis": (lambda x, i: jnp.take_along_axis(x, i, axis=1), (16, 8), (16, 3)),
+    "index_in_bounds": (lambda x, i: x[i], (16, 8), (3,)),
+}
+
+
+@pytest.mark.parametrize("name", list(GATHERS))
+def test_gathers_count_their_out_of_bounds_masking(name):
+    """`jnp.take` fills out-of-bounds rows (mode FILL_OR_DROP): XLA selects per element and tests
+    each index; plain indexing clamps and computes nothing."""
+    fn, x_shape, i_shape = GATHERS[name]
+    args = (jax.ShapeDtypeStruct(x_shape, jnp.float32), jax.ShapeDtypeStruct(i_shape, jnp.int32))
+    assert predicted(fn, *args) == pytest.approx(xla_cost(fn, *args)), name

@@ -119,3 +119,27 @@ def test_pipeline_validates_fixed_programs(index):
     assert all(o.kind == "ok" for o in outcomes), [o for o in outcomes if o.kind != "ok"]
     checks = [o for o in outcomes if o.stage == "validate"]
     assert checks and all(o.fidelity["flops"] is not None for o in checks)
+
+
+@pytest.mark.slow
+def test_flops_xla_cannot_count_are_left_out_not_missed():
+    """A lone `top_k` compiles to a CPU custom call that `cost_analysis()` reports as -1 flops:
+    no ratio to judge the model by, so the validation is marked unmeasured (not a miss)."""
+    import jax
+    import jax.numpy as jnp
+
+    import toast_core as tc
+    from fuzz.pipeline import fidelity
+
+    def fn(x):
+        return jax.lax.top_k(x, 2)[0]
+
+    x = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+    ana = tc.analyze(tc.trace(fn, x, param_argnums=()))
+    spec = tc.MeshSpec({"data": 8})
+    plan = tc.baselines.replicated(ana, spec)
+    rep = tc.validate(fn, (x,), ana, plan, tc.jax_mesh(spec), tc.hardware("tpu-v5e"))
+    assert rep.compiled_flops < 0
+    fid = fidelity(rep)
+    assert fid["flops"] is None and fid["flops_unmeasured"]
+    assert fid["memory"] is not None  # the other ratios are still judged

@@ -8,6 +8,8 @@ embedding lookups.
 
 from __future__ import annotations
 
+import math
+
 from toast_core.analysis.factors import FactorBuilder, OpFactors
 from toast_core.analysis.rules import rule
 from toast_core.ir import primitives as prim
@@ -140,6 +142,10 @@ def scatter_rule(op, operand_shapes, result_shapes) -> OpFactors:
     device applies the updates that land in its rows); update scatter dims link to index dims as
     reduction factors (they are combined into the operand; for a plain overwriting `scatter`,
     replicate); update window dims link to whole operand dims.
+
+    A scatter with a single update window reads its indexed operand dims whole (no factor): XLA
+    partitions that case wrongly when they are sharded (`xla_limits.py`); its result dims may
+    still be sharded.
     """
     dn = dict(op.param("dimension_numbers"))
     operand, indices, updates = operand_shapes[0], operand_shapes[1], operand_shapes[2]
@@ -149,9 +155,18 @@ def scatter_rule(op, operand_shapes, result_shapes) -> OpFactors:
     idx_batch = tuple(dn.get("scatter_indices_batching_dims", ()))
     combine = "reduction" if op.primitive in prim.COMBINING_SCATTERS else "replicate"
     fb = FactorBuilder(operand_shapes, result_shapes)
+    # One update window (a dynamic-update-slice in disguise): XLA gets an indexed dim that is
+    # sharded at the scatter wrong (`xla_limits.SCATTER_ONE_WINDOW_INDEXED_SHARDED`), so that
+    # operand dim is read whole (no factor: the use is resharded to replicated, a gather when
+    # the value is sharded) and the result dim gets a factor of its own.
+    whole = set(dn.get("scatter_dims_to_operand_dims", ())) if _one_window(indices) else set()
     operand_f = []
     for d, size in enumerate(operand):
-        operand_f.append(fb.shared(size, operands=[(0, d)], results=[(0, d)]))
+        if d in whole:
+            fb.unshardable("o", 0, d)
+            operand_f.append(None)
+        else:
+            operand_f.append(fb.shared(size, operands=[(0, d)], results=[(0, d)]))
     scatter_dims = [d for d in range(len(updates)) if d not in window_dims]
     index_dims = [d for d in range(len(indices) - 1)]
     for ud, idim in zip(scatter_dims, index_dims):
@@ -166,8 +181,13 @@ def scatter_rule(op, operand_shapes, result_shapes) -> OpFactors:
             fb.shared(updates[ud], combine, operands=[(1, idim), (2, ud)])
     window = [d for d in range(len(operand)) if d not in inserted and d not in set(op_batch)]
     for ud, wd in zip(window_dims, window):
-        if updates[ud] == operand[wd]:
+        if updates[ud] == operand[wd] and operand_f[wd] is not None:
             fb.set_operand(2, ud, operand_f[wd])
         else:
             fb.set_operand(2, ud, fb.factor(updates[ud], "replicate"))
     return fb.build()
+
+
+def _one_window(indices: tuple[int, ...]) -> bool:
+    """Whether a scatter's indices `[..., index_vector]` hold a single index vector."""
+    return math.prod(indices[:-1]) == 1

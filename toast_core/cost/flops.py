@@ -1,7 +1,8 @@
 """Global FLOP and transcendental counts per op (before sharding), as XLA's `cost_analysis()`
 counts them (measured on this jaxlib, one compiled primitive at a time):
 
-* dot_general: `2 * batch * M * N * K` = 2 x result elements x contracted elements;
+* dot_general: `2 * batch * M * N * K` = 2 x result elements x contracted elements (an outer
+  product, with nothing contracted, 1 per result element);
 * conv_general_dilated: 2 x output elements x input features per group x kernel window, counting
   only the taps that fall on the input (not on padding), as XLA does;
 * elementwise arithmetic, comparisons, selects and conversions: one flop per result element;
@@ -11,14 +12,16 @@ counts them (measured on this jaxlib, one compiled primitive at a time):
 * reductions: one flop per element folded in (operand elements - result elements); argmax and
   argmin compare and select index and value (9 per element); combining scatters (add, mul, min,
   max) one per update element;
-* layout ops (reshape, transpose, broadcast, gather, slicing, copies...): zero (they move bytes).
+* layout ops (reshape, transpose, broadcast, slicing, copies...): zero (they move bytes); a gather
+  that fills out-of-bounds rows (`jnp.take`) a select per element and a bounds test per index;
 
 Ops whose counts were fitted to XLA's (special functions, random bits, pooling, scans, sort) are in
 `flops_measured.py`, with each measurement in the rule's docstring. A primitive with no rule counts
 zero.
 
 Ops inside a `scan` body are multiplied by the trip count by the caller; so is the duplication of
-fused producers (`fusion.py`).
+fused producers (`fusion.py`) and the work XLA's simplifier removes (dead code, constants, work on
+broadcasts: `simplify.py`).
 """
 
 from __future__ import annotations
@@ -105,9 +108,12 @@ def _conv_flops(op: Op, program: Program) -> float:
 
 @flop_rule("dot_general")
 def dot_general_flops(op, program):
-    """2 x result elements x contracted elements (a multiply and an add per term)."""
+    """2 x result elements x contracted elements (a multiply and an add per term); an outer
+    product (nothing contracted) is one multiply per result element, as XLA rewrites it."""
     (lc, _), _ = op.param("dimension_numbers")
     lhs = program.values[op.operands[0]].shape
+    if not lc:
+        return float(program.values[op.results[0]].size), 0.0
     return 2.0 * program.values[op.results[0]].size * prod(lhs[d] for d in lc), 0.0
 
 
@@ -158,6 +164,18 @@ def combining_scatter_flops(op, program):
     return float(program.values[op.operands[2]].size), 0.0
 
 
+@flop_rule("gather")
+def gather_flops(op, program):
+    """Zero for in-bounds modes; `mode=FILL_OR_DROP` (`jnp.take`, `take_along_axis`) masks each
+    row that falls out of bounds: 3 flops per index vector (two compares and an and) and a select
+    per result element (measured: `jnp.take(x[16, 8], i[k], axis=0)` 11 per index, axis=1 19)."""
+    if "FILL" not in str(op.param("mode", "")):
+        return 0.0, 0.0
+    indices = program.values[op.operands[1]].shape
+    vectors = prod(indices[:-1]) if indices else 1
+    return float(program.values[op.results[0]].size + 3 * vectors), 0.0
+
+
 def _folded(op: Op, program: Program) -> int:
     return program.values[op.operands[0]].size - program.values[op.results[0]].size
 
@@ -168,7 +186,7 @@ def _folded(op: Op, program: Program) -> int:
         | prim.FUSIBLE_LAYOUT
         | prim.REGION_BOUNDARIES
         | prim.CREATION
-        | {"dynamic_update_slice", "gather", "scatter", "split", "stack", "tile", "unstack"}
+        | {"dynamic_update_slice", "scatter", "split", "stack", "tile", "unstack"}
         | {"random_clone", "random_unwrap", "random_wrap"}
     )
 )

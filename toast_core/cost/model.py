@@ -7,7 +7,8 @@ per-device shapes follow, and every cut and every sharded reduction implies a co
   bytes_local / hbm_bytes_per_s)`, where an op's work is divided by the shard counts of the factors
   it computes over (not those it must replicate), and bytes are the local operands and results.
   Flops are counted as XLA counts them (`flops.py`, transcendentals apart but priced alike), once
-  per loop fusion that computes the op (`fusion.py`); bytes only for values fusion materializes.
+  per loop fusion that computes the op (`fusion.py`), less what XLA's simplifier removes (dead
+  code, constants, work on broadcasts: `simplify.py`); bytes only for values fusion materializes.
 * **Sharded reductions**: a reduction factor on mesh axes R leaves each result partial over R: an
   all-reduce of the local result, or a reduce-scatter when every consumer (across a cut) wants a dim
   sharded on that axis (FSDP's gradients).
@@ -56,6 +57,7 @@ from toast_core.cost.remat import (
     recomputed_collectives,
     shorten_lifetimes,
 )
+from toast_core.cost.simplify import work_factors
 from toast_core.errors import ToastError, bad_value
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
 from toast_core.mesh.spec import XLA_CPU_COMBINE
@@ -295,6 +297,7 @@ class Evaluator:
         self.trip = np.array([op.trip_count for op in prog.ops], dtype=np.float64)
         is_mat = materialized(prog)
         executions = self.trip * np.array(fusion_copies(prog, is_mat), dtype=np.float64)
+        executions *= np.array(work_factors(prog), dtype=np.float64)  # XLA's simplifier
         self.op_flops = np.array([op_flops(op, prog) for op in prog.ops]) * executions
         self.op_trans = np.array([op_transcendentals(op, prog) for op in prog.ops]) * executions
         self.total_flops = float(self.op_flops.sum())
