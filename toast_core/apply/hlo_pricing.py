@@ -206,6 +206,7 @@ class TargetOp:
     time_s: float
     n_tensors: int
     instructions: tuple[str, ...]
+    computation: str | None = None
 
 
 def target_collective_ops(hlo_text: str, mesh: MeshSpec, hw: HardwareSpec) -> tuple[TargetOp, ...]:
@@ -282,11 +283,20 @@ def target_collective_ops(hlo_text: str, mesh: MeshSpec, hw: HardwareSpec) -> tu
         else:
             time_s = collective_time_s(kind, full, axes, mesh, hw) if axes else 0.0
         names = tuple(dict.fromkeys(collectives[parts[j][4]].name for j in members))
-        out.append(TargetOp(kind, axes, full, time_s, len(members), names))
+        out.append(
+            TargetOp(kind, axes, full, time_s, len(members), names, collectives[i].computation)
+        )
     return tuple(out)
 
 
 def target_comm_s(hlo_text: str, mesh: MeshSpec, hw: HardwareSpec) -> float:
-    """Communication time of a compiled program as the target's XLA would run it: the sum over
-    `target_collective_ops`."""
-    return sum(op.time_s for op in target_collective_ops(hlo_text, mesh, hw))
+    """Communication time of one step of a compiled program as the target's XLA would run it: the
+    sum over `target_collective_ops`, each op as often as its computation runs (a loop body's
+    collectives once per iteration, `toast_core.apply.hlo_loops.computation_counts`)."""
+    from toast_core.apply.hlo_loops import computation_counts
+
+    counts = computation_counts(hlo_text)
+    return sum(
+        op.time_s * counts.get(op.computation, 1)
+        for op in target_collective_ops(hlo_text, mesh, hw)
+    )

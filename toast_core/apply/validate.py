@@ -47,7 +47,7 @@ from jax.sharding import Mesh
 
 from toast_core.analysis import Analysis
 from toast_core.apply.hlo import collective_bytes_by_kind, collective_ops_by_kind
-from toast_core.apply.hlo_pricing import target_collective_ops
+from toast_core.apply.hlo_pricing import target_collective_ops, target_comm_s
 from toast_core.apply.shard import mesh_spec_of, shard
 from toast_core.cost import CostOptions, estimate
 from toast_core.cost.collectives import COLLECTIVE_KINDS
@@ -280,7 +280,7 @@ def _check_host_memory(ana: Analysis, report, n_devices: int, check_numerics: bo
 def compiled_step_time(
     hlo_text: str, cost: dict, mesh: MeshSpec, hw: HardwareSpec
 ) -> tuple[float, float]:
-    """(compute_s, comm_s) of a compiled program judged from its own numbers alone.
+    """(compute_s, comm_s) of one step of a compiled program, judged from its own numbers alone.
 
     Compute: `max((flops + transcendentals) / (peak * efficiency), bytes accessed / HBM B/s)`
     from `cost_analysis()` (per device), the cost model's roofline applied to the program as a
@@ -289,16 +289,19 @@ def compiled_step_time(
     collective of the optimized HLO priced on its replica groups' mesh axes with the alpha-beta
     formulas and constants the model uses, combined as the target's XLA combines them (the CPU
     backend combines differently and lowers reduce-scatters to all-reduces:
-    `toast_core.apply.hlo_pricing.target_comm_s`); a combined op pays its latency once. A loop body
-    counts once, as `cost_analysis()` and the text show it.
+    `toast_core.apply.hlo_pricing.target_comm_s`); a combined op pays its latency once. A loop
+    body counts as often as it runs (its known trip count), for compute and communication alike:
+    `cost_analysis()` and the text show it once (`toast_core.apply.hlo_loops`).
     """
-    flops = float(cost.get("flops", 0.0)) + float(cost.get("transcendentals", 0.0))
+    from toast_core.apply.hlo_loops import loop_scaled_cost
+
+    scaled = loop_scaled_cost(hlo_text, cost)
+    flops = scaled["flops"] + scaled["transcendentals"]
     compute_s = max(
         flops / hw.effective_flops_per_s,
-        float(cost.get("bytes accessed", 0.0)) / hw.hbm_bytes_per_s,
+        scaled["bytes accessed"] / hw.hbm_bytes_per_s,
     )
-    comm_s = sum(op.time_s for op in target_collective_ops(hlo_text, mesh, hw))
-    return compute_s, comm_s
+    return compute_s, target_comm_s(hlo_text, mesh, hw)
 
 
 def _op_counts(ops) -> dict[str, int]:
