@@ -282,10 +282,10 @@ def compiled_step_time(
 ) -> tuple[float, float]:
     """(compute_s, comm_s) of one step of a compiled program, judged from its own numbers alone.
 
-    Compute: `max((flops + transcendentals) / (peak * efficiency), bytes accessed / HBM B/s)`
-    from `cost_analysis()` (per device), the cost model's roofline applied to the program as a
-    whole: `cost_analysis()` gives totals, not per-op figures, so this is a lower bound of the
-    per-op roofline the model sums, equal to it when every op is bound the same way. Comm: every
+    Compute: the program's instructions re-fused as TPU/GPU fuse them and priced with the cost
+    model's roofline, `max(flops / (peak * efficiency), bytes / HBM B/s)`, per dot-like
+    instruction and for the rest as a whole, with XLA's own flop count from `cost_analysis()`
+    (`toast_core.apply.hlo_compute` says why the CPU's `bytes accessed` is not used). Comm: every
     collective of the optimized HLO priced on its replica groups' mesh axes with the alpha-beta
     formulas and constants the model uses, combined as the target's XLA combines them (the CPU
     backend combines differently and lowers reduce-scatters to all-reduces:
@@ -293,14 +293,12 @@ def compiled_step_time(
     body counts as often as it runs (its known trip count), for compute and communication alike:
     `cost_analysis()` and the text show it once (`toast_core.apply.hlo_loops`).
     """
+    from toast_core.apply.hlo_compute import judged_compute_s
     from toast_core.apply.hlo_loops import loop_scaled_cost
 
     scaled = loop_scaled_cost(hlo_text, cost)
     flops = scaled["flops"] + scaled["transcendentals"]
-    compute_s = max(
-        flops / hw.effective_flops_per_s,
-        scaled["bytes accessed"] / hw.hbm_bytes_per_s,
-    )
+    compute_s = judged_compute_s(hlo_text, flops, hw)
     return compute_s, target_comm_s(hlo_text, mesh, hw)
 
 
