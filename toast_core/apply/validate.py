@@ -47,7 +47,7 @@ from jax.sharding import Mesh
 
 from toast_core.analysis import Analysis
 from toast_core.apply.hlo import collective_bytes_by_kind, collective_ops_by_kind
-from toast_core.apply.hlo_pricing import target_collective_ops
+from toast_core.apply.hlo_pricing import target_collective_ops, target_comm_s
 from toast_core.apply.shard import mesh_spec_of, shard
 from toast_core.cost import CostOptions, estimate
 from toast_core.cost.collectives import COLLECTIVE_KINDS
@@ -280,25 +280,26 @@ def _check_host_memory(ana: Analysis, report, n_devices: int, check_numerics: bo
 def compiled_step_time(
     hlo_text: str, cost: dict, mesh: MeshSpec, hw: HardwareSpec
 ) -> tuple[float, float]:
-    """(compute_s, comm_s) of a compiled program judged from its own numbers alone.
+    """(compute_s, comm_s) of one step of a compiled program, judged from its own numbers alone.
 
-    Compute: `max((flops + transcendentals) / (peak * efficiency), bytes accessed / HBM B/s)`
-    from `cost_analysis()` (per device), the cost model's roofline applied to the program as a
-    whole: `cost_analysis()` gives totals, not per-op figures, so this is a lower bound of the
-    per-op roofline the model sums, equal to it when every op is bound the same way. Comm: every
+    Compute: the program's instructions re-fused as TPU/GPU fuse them and priced with the cost
+    model's roofline, `max(flops / (peak * efficiency), bytes / HBM B/s)`, per dot-like
+    instruction and for the rest as a whole, with XLA's own flop count from `cost_analysis()`
+    (`toast_core.apply.hlo_compute` says why the CPU's `bytes accessed` is not used). Comm: every
     collective of the optimized HLO priced on its replica groups' mesh axes with the alpha-beta
     formulas and constants the model uses, combined as the target's XLA combines them (the CPU
     backend combines differently and lowers reduce-scatters to all-reduces:
-    `toast_core.apply.hlo_pricing.target_comm_s`); a combined op pays its latency once. A loop body
-    counts once, as `cost_analysis()` and the text show it.
+    `toast_core.apply.hlo_pricing.target_comm_s`); a combined op pays its latency once. A loop
+    body counts as often as it runs (its known trip count), for compute and communication alike:
+    `cost_analysis()` and the text show it once (`toast_core.apply.hlo_loops`).
     """
-    flops = float(cost.get("flops", 0.0)) + float(cost.get("transcendentals", 0.0))
-    compute_s = max(
-        flops / hw.effective_flops_per_s,
-        float(cost.get("bytes accessed", 0.0)) / hw.hbm_bytes_per_s,
-    )
-    comm_s = sum(op.time_s for op in target_collective_ops(hlo_text, mesh, hw))
-    return compute_s, comm_s
+    from toast_core.apply.hlo_compute import judged_compute_s
+    from toast_core.apply.hlo_loops import loop_scaled_cost
+
+    scaled = loop_scaled_cost(hlo_text, cost)
+    flops = scaled["flops"] + scaled["transcendentals"]
+    compute_s = judged_compute_s(hlo_text, flops, hw)
+    return compute_s, target_comm_s(hlo_text, mesh, hw)
 
 
 def _op_counts(ops) -> dict[str, int]:

@@ -618,3 +618,17 @@ def run_with_constraints(
                 continue
             env[vid] = after_value(vid, arr) if after_value else arr
     return [env[vid] for vid in handle.output_ids]
+
+
+def xla_hlo_cost_analysis(hlo_text: str) -> dict[str, float]:
+    """XLA's own cost analysis (`flops`, `transcendentals`, `bytes accessed`, ...) of an HLO module
+    given as text, on the CPU client: what `compiled.cost_analysis()` reports, for a module we
+    edited (`toast_core.apply.hlo_loops` re-parses a program with a loop body as its entry). Kept
+    here because it needs jaxlib internals and this is the one module of the core that uses them.
+    """
+    from jax._src.lib import xla_client
+    from jaxlib import _hlo
+
+    module = _hlo.hlo_module_from_text(hlo_text)
+    client = jax.devices("cpu")[0].client
+    return dict(xla_client._xla.hlo_module_cost_analysis(client, module))

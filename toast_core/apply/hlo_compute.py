@@ -1,0 +1,327 @@
+"""The compute time of a compiled program, judged from its instructions as TPU/GPU would fuse them.
+
+The judge prices what XLA compiled, but the program here is compiled by XLA's CPU backend, and its
+`cost_analysis()` `bytes accessed` (the operands and results of every top-level instruction, a
+loop body once) describes CPU fusion, which is not the target's:
+
+* it counts the collectives' buffers, whose traffic the judge already prices as communication;
+* the CPU fuses less: elementwise chains are split into many loop fusions (one per output of an
+  optimizer update, one per user of a broadcast), each reading its operands from memory and
+  writing its result back, where TPU and GPU producer-consumer and multi-output fusion keep those
+  intermediates on chip; and it materializes layout changes (transposes, copies) as separate
+  fusions where TPU/GPU layout assignment folds them into the dot or the fusion reading them.
+
+Measured on the zoo (tiny sizes, 2x4 mesh, data parallel): the decoder train step's 271 MB of
+`bytes accessed` is 6 % collective buffers, 54 % elementwise loop fusions, 8 % layout-only
+fusions, 23 % dot fusions; the cost model's fused bytes are 181 MB. Priced for a TPU, the whole
+difference is in the bytes (these steps are memory-bound there), so `cost_analysis()` bytes judged
+nearly every plan 1.5x slower than the model and flipped no ranking: a judge of CPU fusion, not of
+the plan.
+
+So the judge re-fuses the compiled program the way TPU/GPU fuse, on the compiled program's own
+instructions, shapes and loop counts (nothing comes from the cost model):
+
+* every top-level instruction of a computation that runs (entry, loop bodies: as often as they run,
+  `hlo_loops.computation_counts`) is *fusible* (elementwise and layout instructions, loop and
+  reduction fusions without a dot) or not (dots, convolutions and fusions holding them, gathers,
+  scatters, sorts, custom calls, reduce-windows...); collectives are left to the communication
+  time; tuples, parameters and loops cost nothing themselves, a bitcast is a view of its
+  operand (its readers are the operand's readers), and a generator (iota, constant, broadcast of
+  scalars) is fused into its readers, as TPU/GPU always do, so it is never in HBM;
+* a value is in HBM (materialized) when a non-fusible instruction makes or reads it, or it crosses
+  a computation boundary (a parameter, the root: loop carries and outputs); otherwise producer and
+  reader fuse and it stays on chip;
+* an instruction moves the materialized values it reads and writes: operands read only through
+  a slice count the slice (a scan body reads one layer of a stacked parameter); a
+  dynamic-update-slice writes its update in place;
+* time is the roofline per instruction, `max(flops / (peak * efficiency), bytes / HBM B/s)`, for
+  the dot-like instructions (their flops from the shapes: 2 x result elements x contracted size)
+  and one roofline for all the rest, with XLA's own flop count (`cost_analysis()`, loop-scaled)
+  minus the dots' for their flops.
+
+This is the cost model's fusion rule (`toast_core.cost.fusion`) applied to XLA's instructions: the
+judge still sees what the partitioner did (which collectives, which reshards and transposes, which
+shapes each device computes), and only the CPU's fusion decisions are replaced by the target's.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from toast_core.apply.hlo import instructions
+from toast_core.apply.hlo_loops import _computations, computation_counts
+from toast_core.cost.collectives import COLLECTIVE_KINDS
+from toast_core.mesh import HardwareSpec
+
+#: Instructions that move no data themselves (views, tuples, control flow, constants).
+FREE = frozenset(
+    {
+        "parameter",
+        "constant",
+        "tuple",
+        "get-tuple-element",
+        "while",
+        "call",
+        "conditional",
+        "partition-id",
+        "replica-id",
+        "after-all",
+        "opt-barrier",
+        "iota",
+    }
+)
+#: Instructions (or instructions inside a fusion) that make a fusion non-fusible.
+NOT_FUSIBLE = frozenset(
+    {
+        "dot",
+        "convolution",
+        "gather",
+        "scatter",
+        "sort",
+        "custom-call",
+        "reduce-window",
+        "select-and-scatter",
+        "rng",
+        "rng-bit-generator",
+        "fft",
+        "triangular-solve",
+        "cholesky",
+        "infeed",
+        "outfeed",
+    }
+)
+_COLLECTIVE_OPS = frozenset(COLLECTIVE_KINDS) | {f"{k}-start" for k in COLLECTIVE_KINDS}
+_COLLECTIVE_OPS |= {f"{k}-done" for k in COLLECTIVE_KINDS}
+_SLICES = frozenset({"slice", "dynamic-slice"})
+_CALLS = re.compile(r"\bcalls=%?([\w.\-]+)")
+_LINE_NAME = re.compile(r"\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=")
+_PARAMETER = re.compile(r"\bparameter\((\d+)\)")
+_CONTRACTING = re.compile(r"lhs_contracting_dims=\{([\d,\s]*)\}")
+_DIM_LABELS = re.compile(r"dim_labels=\w+_(\w+)->")
+_GROUPS = re.compile(r"batch_group_count=(\d+)")
+
+
+def _nbytes(leaves) -> float:
+    return float(sum(leaf.n_bytes for leaf in leaves))
+
+
+class _Module:
+    """The parsed text: instructions by name and computations' instruction names in order."""
+
+    def __init__(self, hlo_text: str):
+        self.entry, lines_of = _computations(hlo_text)
+        self.ins = instructions(hlo_text)
+        self.names: dict[str, list[str]] = {}
+        for comp, lines in lines_of.items():
+            names = []
+            for line in lines:
+                match = _LINE_NAME.match(line)
+                if match is not None and match.group(1) in self.ins:
+                    names.append(match.group(1))
+            self.names[comp] = names
+        self.counts = computation_counts(hlo_text)
+        self.fused = {c for _, _, _, line in self.ins.values() for c in _CALLS.findall(line)}
+        self.fused |= set(re.findall(r"\bto_apply=%?([\w.\-]+)", hlo_text))
+
+    def opcodes_in(self, comp: str) -> set[str]:
+        out = set()
+        for name in self.names.get(comp, []):
+            opcode, _, _, line = self.ins[name]
+            out.add(opcode)
+            for callee in _CALLS.findall(line):
+                out |= self.opcodes_in(callee)
+        return out
+
+    def dot_flops(self, name: str) -> float:
+        """2 x result elements x contracted size of a dot or convolution instruction, or the sum
+        over those a fusion holds."""
+        opcode, leaves, operands, line = self.ins[name]
+        if opcode == "fusion":
+            return sum(
+                self.dot_flops(inner)
+                for c in _CALLS.findall(line)
+                for inner in self.names.get(c, [])
+            )
+        if opcode not in ("dot", "convolution") or len(operands) < 2:
+            return 0.0
+        out = math.prod(leaves[0].dims) if leaves else 0
+        if opcode == "dot":
+            lhs = self.ins.get(operands[0])
+            match = _CONTRACTING.search(line)
+            if lhs is None or match is None or not lhs[1]:
+                return 0.0
+            dims = lhs[1][0].dims
+            k = math.prod(dims[int(d)] for d in match.group(1).split(",") if d.strip())
+            return 2.0 * out * k
+        kernel = self.ins.get(operands[1])
+        labels = _DIM_LABELS.search(line)
+        if kernel is None or labels is None or not kernel[1]:
+            return 0.0
+        kdims = kernel[1][0].dims
+        o = labels.group(1).find("o")
+        groups = _GROUPS.search(line)
+        per_out = math.prod(kdims) / (kdims[o] if 0 <= o < len(kdims) and kdims[o] else 1)
+        return 2.0 * out * per_out / (int(groups.group(1)) if groups else 1)
+
+
+def _is_fusible(module: _Module, name: str) -> bool:
+    opcode, _, _, line = module.ins[name]
+    if opcode in NOT_FUSIBLE or opcode in ("dynamic-update-slice",):
+        return False
+    if opcode == "fusion":
+        inner = set()
+        for callee in _CALLS.findall(line):
+            inner |= module.opcodes_in(callee)
+        return not (inner & (NOT_FUSIBLE | {"dynamic-update-slice"}))
+    return True
+
+
+def _operand_reads(module: _Module, name: str) -> list[float]:
+    """Bytes an instruction reads of each operand: a slice of it when it only slices it."""
+    opcode, leaves, operands, line = module.ins[name]
+    full = [_nbytes(module.ins[o][1]) if o in module.ins else 0.0 for o in operands]
+    if opcode in _SLICES and full:
+        full[0] = _nbytes(leaves)
+        full[1:] = [0.0] * (len(full) - 1)
+    elif opcode == "dynamic-update-slice" and len(full) > 1:
+        full[0] = 0.0  # updated in place
+    elif opcode == "fusion":
+        for callee in _CALLS.findall(line):
+            params = {}
+            users: dict[str, list[str]] = {}
+            for inner in module.names.get(callee, []):
+                iop, _, ioperands, iline = module.ins[inner]
+                if iop == "parameter":
+                    match = _PARAMETER.search(iline)
+                    if match is not None:
+                        params[inner] = int(match.group(1))
+                for o in ioperands:
+                    users.setdefault(o, []).append(inner)
+            for pname, k in params.items():
+                if k >= len(full):
+                    continue
+                readers = users.get(pname, [])
+                if readers and all(module.ins[r][0] in _SLICES for r in readers):
+                    full[k] = sum(_nbytes(module.ins[r][1]) for r in readers)
+                elif readers and all(
+                    module.ins[r][0] == "dynamic-update-slice" and module.ins[r][2][0] == pname
+                    for r in readers
+                ):
+                    full[k] = 0.0
+    return full
+
+
+def _result_writes(module: _Module, name: str) -> float:
+    """Bytes an instruction writes: a dynamic-update-slice (fused or not) writes its update."""
+    opcode, leaves, operands, line = module.ins[name]
+    if opcode == "dynamic-update-slice" and len(operands) > 1 and operands[1] in module.ins:
+        return _nbytes(module.ins[operands[1]][1])
+    if opcode == "fusion":
+        for callee in _CALLS.findall(line):
+            names = module.names.get(callee, [])
+            root = names[-1] if names else None
+            if root is not None and module.ins[root][0] == "dynamic-update-slice":
+                update = module.ins[root][2][1] if len(module.ins[root][2]) > 1 else None
+                if update in module.ins:
+                    return _nbytes(module.ins[update][1])
+    return _nbytes(leaves)
+
+
+def _is_generator(module: _Module, name: str) -> bool:
+    """A broadcast of scalars, an iota or a constant: TPU and GPU fuse it into every reader
+    (XLA never materializes a cheap generator for a fusion's sake), the CPU often writes it out."""
+    opcode, _, operands, line = module.ins[name]
+    if opcode not in ("broadcast", "iota", "fusion"):
+        return False
+    scalar = all(
+        o in module.ins and all(not leaf.dims for leaf in module.ins[o][1]) for o in operands
+    )
+    if opcode == "fusion":
+        inner = set().union(*(module.opcodes_in(c) for c in _CALLS.findall(line)))
+        return scalar and inner <= {"parameter", "constant", "broadcast", "iota", "bitcast"}
+    return scalar
+
+
+def _kind(module: _Module, name: str) -> str:
+    opcode = module.ins[name][0]
+    if opcode == "bitcast":
+        return "view"
+    if opcode in FREE or _is_generator(module, name):
+        return "free"
+    if opcode in _COLLECTIVE_OPS:
+        return "collective"
+    return "fusible" if _is_fusible(module, name) else "heavy"
+
+
+class _Computation:
+    """One computation's instructions: kinds, readers, and which values live in HBM."""
+
+    def __init__(self, module: _Module, names: list[str]):
+        self.module = module
+        self.kind = {name: _kind(module, name) for name in names}
+        self.readers: dict[str, list[str]] = {}
+        for name in names:
+            for o in module.ins[name][2]:
+                self.readers.setdefault(o, []).append(name)
+        self.root = names[-1] if names else None
+        self.generated = {n for n in names if n != self.root and _is_generator(module, n)}
+
+    def final_readers(self, value: str) -> list[str | None]:
+        """Readers of a value, looking through bitcasts (views of it); the root has a reader
+        outside the computation (None)."""
+        out: list[str | None] = [None] if value == self.root else []
+        for r in self.readers.get(value, []):
+            out += self.final_readers(r) if self.kind.get(r) == "view" else [r]
+        return out
+
+    def in_hbm(self, value: str) -> bool:
+        if value in self.generated:
+            return False
+        k = self.kind.get(value, "free")  # a value from another computation crossed a boundary
+        if k == "view":
+            operands = self.module.ins[value][2]
+            return self.in_hbm(operands[0]) if operands else True
+        if k != "fusible":
+            return True
+        users = self.final_readers(value)
+        return not users or any(r is None or self.kind.get(r) != "fusible" for r in users)
+
+    def moved_bytes(self, name: str) -> float:
+        operands = self.module.ins[name][2]
+        reads = _operand_reads(self.module, name)
+        moved = sum(b for o, b in zip(operands, reads) if self.in_hbm(o))
+        if self.in_hbm(name):
+            moved += _result_writes(self.module, name)
+        return moved
+
+
+def fused_traffic(hlo_text: str) -> tuple[float, list[tuple[float, float]]]:
+    """(bytes of the fusible instructions, [(flops, bytes)] of each dot-like instruction) of one
+    step, re-fused as the module essay says (loop bodies times their trip counts)."""
+    module = _Module(hlo_text)
+    fusible_bytes = 0.0
+    dots: list[tuple[float, float]] = []
+    for comp, names in module.names.items():
+        count = module.counts.get(comp, 0)
+        if not count or comp in module.fused:
+            continue
+        computation = _Computation(module, names)
+        for name in names:
+            k = computation.kind[name]
+            if k == "fusible":
+                fusible_bytes += computation.moved_bytes(name) * count
+            elif k == "heavy":
+                dots.append((module.dot_flops(name) * count, computation.moved_bytes(name) * count))
+    return fusible_bytes, dots
+
+
+def judged_compute_s(hlo_text: str, flops: float, hw: HardwareSpec) -> float:
+    """Compute time of one step of a compiled program (module essay): `flops` is XLA's own count
+    (flops + transcendentals, every loop iteration); the dot-like instructions are priced one by
+    one, the rest as one roofline."""
+    fusible_bytes, dots = fused_traffic(hlo_text)
+    peak, hbm = hw.effective_flops_per_s, hw.hbm_bytes_per_s
+    dot_flops = sum(f for f, _ in dots)
+    rest = max(flops - dot_flops, 0.0)
+    return sum(max(f / peak, b / hbm) for f, b in dots) + max(rest / peak, fusible_bytes / hbm)
