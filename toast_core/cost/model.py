@@ -49,7 +49,7 @@ from toast_core.analysis import Analysis
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.flops import op_flops, op_transcendentals
-from toast_core.cost.fusion import fusion_copies, materialized
+from toast_core.cost.fusion import fused_away, fusion_copies, materialized
 from toast_core.cost.remat import (
     recompute_comm_s,
     recompute_time_s,
@@ -317,7 +317,7 @@ class Evaluator:
         self._reduction_sites()
         self._reshard_sites()
         self._replicate_and_permute_sites()
-        self._liveness()
+        self._liveness(is_mat)
         self.remat = remat_space(ana)
 
     # -- precomputation -------------------------------------------------------------------------
@@ -407,18 +407,27 @@ class Evaluator:
         self.per = np.array(per, dtype=np.int64).reshape(-1, 4)
         self.halos = {(opi, vid) for opi, vid, _, _ in per}
 
-    def _liveness(self) -> None:
+    def _liveness(self, is_mat: list[bool]) -> None:
+        """Live ranges of the intermediates that take memory: from the producer to the last
+        reader (outputs to the end of the step). A value fused away into its readers
+        (`fusion.fused_away`: the causal mask broadcast to [B, H, S, S], a scaled or cast copy)
+        takes none; its readers recompute it from its producer's operands, which therefore stay
+        live until the last of those readers, through chains of fused values."""
         prog = self.ana.program
         n_ops = len(prog.ops)
         producers = prog.producers()
-        uses = prog.uses()
+        self._fused = fused_away(prog, is_mat)
+        self._in_memory = 1.0 - np.array(self._fused, dtype=np.float64)
+        self._last_reader = self._last_readers(frozenset())
         born, dies, live_ids, persistent = [], [], [], []
         for v in prog.values:
             if producers[v.id] is None:
                 if v.role in ("input", "parameter", "state", "constant"):
                     persistent.append(v.id)
                 continue
-            last = max((u[0] for u in uses[v.id]), default=producers[v.id])
+            if self._fused[v.id]:
+                continue
+            last = int(self._last_reader[v.id])
             if v.is_output:
                 if self._donate and v.updates is not None:
                     continue  # written into the buffer of the input it replaces
@@ -431,6 +440,58 @@ class Evaluator:
         self.dies = np.array(dies, dtype=np.int64) + 1
         self.persistent_ids = np.array(persistent, dtype=np.int64)
         self.n_ops = n_ops
+        self._remat_live_memo: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def _last_readers(self, dropped: frozenset) -> np.ndarray:
+        """The last op reading each value, directly or through the fused values made from it
+        (walking the ops backwards, a fused result hands its last reader to its producer's
+        operands). A `dropped` residual is recomputed for the backward part under remat: its
+        backward readers read the new copy, so only its forward readers count."""
+        prog = self.ana.program
+        producers = prog.producers()
+        last = np.full(len(prog.values), -1, dtype=np.int64)
+        for v in prog.values:
+            if producers[v.id] is not None:
+                last[v.id] = producers[v.id]
+        backward = self.direction
+        for op in prog.ops:
+            for x in op.operands:
+                if x in dropped and backward[op.index] == "backward":
+                    continue
+                if op.index > last[x]:
+                    last[x] = op.index
+        fused = self._fused
+        for op in reversed(prog.ops):
+            ends = [last[r] for r in op.results if fused[r]]
+            if not ends:
+                continue
+            end = max(ends)
+            for x in op.operands:
+                if x in dropped and backward[op.index] == "backward":
+                    continue
+                if end > last[x]:
+                    last[x] = end
+        return last
+
+    def _remat_liveness(self, remat: RematEffect):
+        """(value, op after which it is freed under remat, op after which it was freed without):
+        the values that lived on only for the fused readers of residuals that remat drops."""
+        key = remat.values.tobytes()
+        hit = self._remat_live_memo.get(key)
+        if hit is None:
+            dropped = frozenset(remat.values.tolist())
+            last = self._last_readers(dropped)
+            old = self.dies - 1
+            new = last[self.live_ids]
+            is_output = np.array(
+                [self.ana.program.values[v].is_output for v in self.live_ids.tolist()], dtype=bool
+            )
+            moved = (new < old) & ~is_output & ~np.isin(self.live_ids, remat.values)
+            hit = (self.live_ids[moved], new[moved], old[moved])
+            if len(self._remat_live_memo) >= 64:
+                self._remat_live_memo.clear()
+            self._remat_live_memo[key] = hit
+        return hit
 
     # -- evaluation -----------------------------------------------------------------------------
 
@@ -465,7 +526,12 @@ class Evaluator:
             np.add.at(delta, r.lo, extra)
             np.add.at(delta, r.hi + 1, -extra)
         if remat is not None:
-            shorten_lifetimes(delta, value_local, remat)
+            held = value_local * self._in_memory
+            shorten_lifetimes(delta, held, remat)
+            if len(remat.values):
+                vals, new, old = self._remat_liveness(remat)
+                np.add.at(delta, new + 1, -held[vals])
+                np.add.at(delta, old + 1, held[vals])
         timeline = np.cumsum(delta)[: self.n_ops]
         persistent = float(value_local[self.persistent_ids].sum())
         return persistent, timeline
