@@ -231,11 +231,14 @@ class _Reshards:
     mask: np.ndarray
     factor: np.ndarray
     of: np.ndarray
+    # Last reader before the backward part (-1: none), first reader in it (n_ops: none).
+    fwd_hi: np.ndarray | None = None
+    bwd_lo: np.ndarray | None = None
 
     @staticmethod
     def empty() -> _Reshards:
         i, f = np.zeros(0, dtype=np.int64), np.zeros(0)
-        return _Reshards(i, i, i, i, f, i, i, f, i)
+        return _Reshards(i, i, i, i, f, i, i, f, i, i, i)
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +317,7 @@ class Evaluator:
         self.direction = [
             "backward" if "transpose(" in op.name_stack else "forward" for op in prog.ops
         ]
+        self._is_backward = np.array([d == "backward" for d in self.direction], dtype=bool)
         self._reduction_sites()
         self._reshard_sites()
         self._replicate_and_permute_sites()
@@ -473,6 +477,18 @@ class Evaluator:
                     last[x] = end
         return last
 
+    def _remat_block_ops(self, pairs) -> np.ndarray:
+        """Whether each op is a forward op of a block whose group has a remat policy."""
+        key = tuple(g for g, p in pairs if p)
+        hit = self._remat_live_memo.get(key)
+        if hit is None:
+            hit = np.zeros(self.n_ops + 1, dtype=bool)
+            for g in key:
+                for ops in self.remat.groups[g].blocks:
+                    hit[list(ops)] = True
+            self._remat_live_memo[key] = hit
+        return hit
+
     def _remat_liveness(self, remat: RematEffect):
         """(value, op after which it is freed under remat, op after which it was freed without):
         the values that lived on only for the fused readers of residuals that remat drops."""
@@ -513,9 +529,13 @@ class Evaluator:
         )
         return flops_local, trans_local, bytes_local, t
 
-    def _memory(self, value_local, masks, remat: RematEffect | None = None):
+    def _memory(self, value_local, masks, remat: RematEffect | None = None, pairs=()):
         """(persistent bytes, live bytes after each op). Resharded copies made at cuts live from
-        their first to their last reader; residuals that remat drops live twice, briefly."""
+        their first to their last reader; residuals that remat drops live twice, briefly, and so
+        does a copy read by a remat'd block and by the backward part (`pairs`: the remat
+        policies): like `jax.checkpoint`, whose backward reads the block's inputs through the
+        barrier, FSDP gathers a layer's weights again for its backward instead of keeping them
+        gathered from the forward."""
         delta = np.zeros(self.n_ops + 2)
         b = value_local[self.live_ids]
         np.add.at(delta, self.born, b)
@@ -525,6 +545,11 @@ class Evaluator:
             extra = value_local[r.value] * r.buffer
             np.add.at(delta, r.lo, extra)
             np.add.at(delta, r.hi + 1, -extra)
+            if pairs:
+                split = self._remat_block_ops(pairs)[r.lo] & (r.fwd_hi >= 0)
+                split &= r.bwd_lo > r.fwd_hi + 1
+                np.add.at(delta, r.fwd_hi[split] + 1, -extra[split])
+                np.add.at(delta, r.bwd_lo[split], extra[split])
         if remat is not None:
             held = value_local * self._in_memory
             shorten_lifetimes(delta, held, remat)
@@ -547,7 +572,7 @@ class Evaluator:
         if eff is not None:
             compute_s += recompute_time_s(t, eff)
             comm_s += recompute_comm_s(self, masks, value_local, eff)
-        persistent, timeline = self._memory(value_local, masks, eff)
+        persistent, timeline = self._memory(value_local, masks, eff, remat)
         peak = persistent + (float(timeline.max()) if len(timeline) else 0.0)
         step = compute_s + (1.0 - self.overlap) * comm_s
         return Score(step, compute_s, comm_s, peak, peak <= self.capacity_bytes)
@@ -564,7 +589,7 @@ class Evaluator:
         comm_s = sum(c.time_s * c.count for c in collectives + again)
         compute_s = float(t.sum()) + recompute_time_s(t, eff)
         recompute_flops = float(flops_local[eff.twice_ops].sum())
-        persistent, timeline = self._memory(value_local, masks, eff)
+        persistent, timeline = self._memory(value_local, masks, eff, self._remat_pairs(strategy))
         peak_i = int(np.argmax(timeline)) if len(timeline) else -1
         peak = persistent + (float(timeline[peak_i]) if len(timeline) else 0.0)
         step = compute_s + (1.0 - self.overlap) * comm_s
@@ -730,6 +755,11 @@ class Evaluator:
         hi = np.full(len(uniq), -1)
         np.minimum.at(lo, inverse, ops)
         np.maximum.at(hi, inverse, ops)
+        back = self._is_backward[ops]
+        fwd_hi = np.full(len(uniq), -1)
+        bwd_lo = np.full(len(uniq), self.n_ops)
+        np.maximum.at(fwd_hi, inverse[~back], ops[~back])
+        np.minimum.at(bwd_lo, inverse[back], ops[back])
         first = active[first_idx]
         kinds, mks, factors, of = [], [], [], []
         buffer = np.ones(len(first))
@@ -752,6 +782,8 @@ class Evaluator:
             mask=np.array(mks, dtype=np.int64),
             factor=np.array(factors, dtype=np.float64),
             of=np.array(of, dtype=np.int64),
+            fwd_hi=fwd_hi,
+            bwd_lo=bwd_lo,
         )
 
     def _gathers(self, per_dim: np.ndarray) -> tuple[list, float]:
