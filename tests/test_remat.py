@@ -183,3 +183,34 @@ def test_min_devices_finds_the_smallest_count_and_says_why(gpt):
     assert fit.devices is not None and fit.devices >= 2 and fit.plan.fits
     assert fit.plan.mesh.n_devices == fit.devices
     assert all(not p.fits for n, p in fit.tried if n < fit.devices)
+
+
+def test_fsdp_under_remat_gathers_weights_again_for_the_backward():
+    """Like `jax.checkpoint`, whose backward reads a block's inputs through the barrier, a
+    remat'd layer's weights are gathered again for its backward: the gathered copy from the
+    forward is not kept across the step. Between layer 0's forward and the backward part,
+    layer 0's gathered weights are not live any more."""
+    w = demos.MODEL_ZOO["llama"](n_layers=4)
+    ana = tc.analyze(tc.trace(w.fn, *w.args))
+    fsdp = tc.baselines.fsdp(ana, MESH)
+    ev = evaluator(ana, MESH, HW)
+    state = fsdp.with_remat(ana, "full").to_state(space_of(ana, MESH))
+    _, value_local, _ = ev._local(state.masks)
+    from toast_core.strategy.remat import remat_effect
+
+    eff = remat_effect(ev.remat, state.remat)
+    _, kept = ev._memory(value_local, state.masks, eff)
+    _, again = ev._memory(value_local, state.masks, eff, state.remat)
+    prog = ana.program
+    layer0 = sum(
+        prog.values[v].nbytes
+        for v in prog.inputs
+        if prog.values[v].name.startswith("params.blocks[0].") and prog.values[v].rank == 2
+    )
+    at = remat_space(ana).first_backward
+    assert kept[at] - again[at] >= 0.9 * layer0
+    assert np.all(again <= kept + 1e-6)
+    full = tc.estimate(ana, fsdp.with_remat(ana, "full"), MESH, HW)
+    assert full.peak_bytes == pytest.approx(
+        ev.score(state.masks, state.remat).peak_bytes, rel=1e-12
+    )

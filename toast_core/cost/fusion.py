@@ -68,3 +68,25 @@ def fusion_copies(prog: Program, is_materialized: list[bool]) -> list[int]:
         readers = frozenset().union(*(roots[o] for r in op.results for o, _ in uses[r]))
         roots[op.index] = frozenset((op.index,)) if own or not readers else readers
     return [len(r) for r in roots]
+
+
+def fused_away(prog: Program, is_materialized: list[bool]) -> list[bool]:
+    """Whether each value never exists as a buffer: XLA fuses its producer into every reader,
+    which recomputes it from smaller operands. The causal mask `where(tril(ones(S, S))[None,
+    None], scores, -inf)` broadcast to [B, H, S, S] is one: no [B, H, S, S] predicate is ever
+    allocated, forward or backward, only the [S, S] one (measured with `memory_analysis()`;
+    tests/test_memory_fusion.py). Only such expansions (broadcasts, iota masks, upcasts: a
+    value larger than what it is recomputed from) count: a fused same-size elementwise value
+    trades its buffer for its operands' longer lives, and XLA keeps many of those anyway (a
+    producer read by several fusions is often computed once). An op XLA does not duplicate
+    (exp, tanh, a reduction) roots its own fusion, so its result is a buffer."""
+    source_bytes = [0.0] * len(prog.values)  # bytes a fused value is recomputed from
+    out = [False] * len(prog.values)
+    for op in prog.ops:
+        if op.primitive not in FUSIBLE or op.primitive in NOT_DUPLICATED:
+            continue
+        src = sum(source_bytes[x] if out[x] else prog.values[x].nbytes for x in op.operands)
+        for r in op.results:
+            if not is_materialized[r] and src < prog.values[r].nbytes:
+                out[r], source_bytes[r] = True, src
+    return out

@@ -50,7 +50,7 @@ from toast_core.analysis import Analysis
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.flops import op_flops, op_transcendentals
-from toast_core.cost.fusion import fusion_copies, materialized
+from toast_core.cost.fusion import fused_away, fusion_copies, materialized
 from toast_core.cost.remat import (
     recompute_comm_s,
     recompute_time_s,
@@ -233,11 +233,14 @@ class _Reshards:
     mask: np.ndarray
     factor: np.ndarray
     of: np.ndarray
+    # Last reader before the backward part (-1: none), first reader in it (n_ops: none).
+    fwd_hi: np.ndarray | None = None
+    bwd_lo: np.ndarray | None = None
 
     @staticmethod
     def empty() -> _Reshards:
         i, f = np.zeros(0, dtype=np.int64), np.zeros(0)
-        return _Reshards(i, i, i, i, f, i, i, f, i)
+        return _Reshards(i, i, i, i, f, i, i, f, i, i, i)
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,10 +321,11 @@ class Evaluator:
         self.direction = [
             "backward" if "transpose(" in op.name_stack else "forward" for op in prog.ops
         ]
+        self._is_backward = np.array([d == "backward" for d in self.direction], dtype=bool)
         self._reduction_sites()
         self._reshard_sites()
         self._replicate_and_permute_sites()
-        self._liveness()
+        self._liveness(is_mat)
         self.remat = remat_space(ana)
 
     # -- precomputation -------------------------------------------------------------------------
@@ -411,18 +415,27 @@ class Evaluator:
         self.per = np.array(per, dtype=np.int64).reshape(-1, 4)
         self.halos = {(opi, vid) for opi, vid, _, _ in per}
 
-    def _liveness(self) -> None:
+    def _liveness(self, is_mat: list[bool]) -> None:
+        """Live ranges of the intermediates that take memory: from the producer to the last
+        reader (outputs to the end of the step). A value fused away into its readers
+        (`fusion.fused_away`: the causal mask broadcast to [B, H, S, S], a scaled or cast copy)
+        takes none; its readers recompute it from its producer's operands, which therefore stay
+        live until the last of those readers, through chains of fused values."""
         prog = self.ana.program
         n_ops = len(prog.ops)
         producers = prog.producers()
-        uses = prog.uses()
+        self._fused = fused_away(prog, is_mat)
+        self._in_memory = 1.0 - np.array(self._fused, dtype=np.float64)
+        self._last_reader = self._last_readers(frozenset())
         born, dies, live_ids, persistent = [], [], [], []
         for v in prog.values:
             if producers[v.id] is None:
                 if v.role in ("input", "parameter", "state", "constant"):
                     persistent.append(v.id)
                 continue
-            last = max((u[0] for u in uses[v.id]), default=producers[v.id])
+            if self._fused[v.id]:
+                continue
+            last = int(self._last_reader[v.id])
             if v.is_output:
                 if self._donate and v.updates is not None:
                     continue  # written into the buffer of the input it replaces
@@ -435,6 +448,70 @@ class Evaluator:
         self.dies = np.array(dies, dtype=np.int64) + 1
         self.persistent_ids = np.array(persistent, dtype=np.int64)
         self.n_ops = n_ops
+        self._remat_live_memo: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def _last_readers(self, dropped: frozenset) -> np.ndarray:
+        """The last op reading each value, directly or through the fused values made from it
+        (walking the ops backwards, a fused result hands its last reader to its producer's
+        operands). A `dropped` residual is recomputed for the backward part under remat: its
+        backward readers read the new copy, so only its forward readers count."""
+        prog = self.ana.program
+        producers = prog.producers()
+        last = np.full(len(prog.values), -1, dtype=np.int64)
+        for v in prog.values:
+            if producers[v.id] is not None:
+                last[v.id] = producers[v.id]
+        backward = self.direction
+        for op in prog.ops:
+            for x in op.operands:
+                if x in dropped and backward[op.index] == "backward":
+                    continue
+                if op.index > last[x]:
+                    last[x] = op.index
+        fused = self._fused
+        for op in reversed(prog.ops):
+            ends = [last[r] for r in op.results if fused[r]]
+            if not ends:
+                continue
+            end = max(ends)
+            for x in op.operands:
+                if x in dropped and backward[op.index] == "backward":
+                    continue
+                if end > last[x]:
+                    last[x] = end
+        return last
+
+    def _remat_block_ops(self, pairs) -> np.ndarray:
+        """Whether each op is a forward op of a block whose group has a remat policy."""
+        key = tuple(g for g, p in pairs if p)
+        hit = self._remat_live_memo.get(key)
+        if hit is None:
+            hit = np.zeros(self.n_ops + 1, dtype=bool)
+            for g in key:
+                for ops in self.remat.groups[g].blocks:
+                    hit[list(ops)] = True
+            self._remat_live_memo[key] = hit
+        return hit
+
+    def _remat_liveness(self, remat: RematEffect):
+        """(value, op after which it is freed under remat, op after which it was freed without):
+        the values that lived on only for the fused readers of residuals that remat drops."""
+        key = remat.values.tobytes()
+        hit = self._remat_live_memo.get(key)
+        if hit is None:
+            dropped = frozenset(remat.values.tolist())
+            last = self._last_readers(dropped)
+            old = self.dies - 1
+            new = last[self.live_ids]
+            is_output = np.array(
+                [self.ana.program.values[v].is_output for v in self.live_ids.tolist()], dtype=bool
+            )
+            moved = (new < old) & ~is_output & ~np.isin(self.live_ids, remat.values)
+            hit = (self.live_ids[moved], new[moved], old[moved])
+            if len(self._remat_live_memo) >= 64:
+                self._remat_live_memo.clear()
+            self._remat_live_memo[key] = hit
+        return hit
 
     # -- evaluation -----------------------------------------------------------------------------
 
@@ -456,9 +533,13 @@ class Evaluator:
         )
         return flops_local, trans_local, bytes_local, t
 
-    def _memory(self, value_local, masks, remat: RematEffect | None = None):
+    def _memory(self, value_local, masks, remat: RematEffect | None = None, pairs=()):
         """(persistent bytes, live bytes after each op). Resharded copies made at cuts live from
-        their first to their last reader; residuals that remat drops live twice, briefly."""
+        their first to their last reader; residuals that remat drops live twice, briefly, and so
+        does a copy read by a remat'd block and by the backward part (`pairs`: the remat
+        policies): like `jax.checkpoint`, whose backward reads the block's inputs through the
+        barrier, FSDP gathers a layer's weights again for its backward instead of keeping them
+        gathered from the forward."""
         delta = np.zeros(self.n_ops + 2)
         b = value_local[self.live_ids]
         np.add.at(delta, self.born, b)
@@ -468,8 +549,18 @@ class Evaluator:
             extra = value_local[r.value] * r.buffer
             np.add.at(delta, r.lo, extra)
             np.add.at(delta, r.hi + 1, -extra)
+            if pairs:
+                split = self._remat_block_ops(pairs)[r.lo] & (r.fwd_hi >= 0)
+                split &= r.bwd_lo > r.fwd_hi + 1
+                np.add.at(delta, r.fwd_hi[split] + 1, -extra[split])
+                np.add.at(delta, r.bwd_lo[split], extra[split])
         if remat is not None:
-            shorten_lifetimes(delta, value_local, remat)
+            held = value_local * self._in_memory
+            shorten_lifetimes(delta, held, remat)
+            if len(remat.values):
+                vals, new, old = self._remat_liveness(remat)
+                np.add.at(delta, new + 1, -held[vals])
+                np.add.at(delta, old + 1, held[vals])
         timeline = np.cumsum(delta)[: self.n_ops]
         persistent = float(value_local[self.persistent_ids].sum())
         return persistent, timeline
@@ -485,7 +576,7 @@ class Evaluator:
         if eff is not None:
             compute_s += recompute_time_s(t, eff)
             comm_s += recompute_comm_s(self, masks, value_local, eff)
-        persistent, timeline = self._memory(value_local, masks, eff)
+        persistent, timeline = self._memory(value_local, masks, eff, remat)
         peak = persistent + (float(timeline.max()) if len(timeline) else 0.0)
         step = compute_s + (1.0 - self.overlap) * comm_s
         return Score(step, compute_s, comm_s, peak, peak <= self.capacity_bytes)
@@ -502,7 +593,7 @@ class Evaluator:
         comm_s = sum(c.time_s * c.count for c in collectives + again)
         compute_s = float(t.sum()) + recompute_time_s(t, eff)
         recompute_flops = float(flops_local[eff.twice_ops].sum())
-        persistent, timeline = self._memory(value_local, masks, eff)
+        persistent, timeline = self._memory(value_local, masks, eff, self._remat_pairs(strategy))
         peak_i = int(np.argmax(timeline)) if len(timeline) else -1
         peak = persistent + (float(timeline[peak_i]) if len(timeline) else 0.0)
         step = compute_s + (1.0 - self.overlap) * comm_s
@@ -668,6 +759,11 @@ class Evaluator:
         hi = np.full(len(uniq), -1)
         np.minimum.at(lo, inverse, ops)
         np.maximum.at(hi, inverse, ops)
+        back = self._is_backward[ops]
+        fwd_hi = np.full(len(uniq), -1)
+        bwd_lo = np.full(len(uniq), self.n_ops)
+        np.maximum.at(fwd_hi, inverse[~back], ops[~back])
+        np.minimum.at(bwd_lo, inverse[back], ops[back])
         first = active[first_idx]
         kinds, mks, factors, of = [], [], [], []
         buffer = np.ones(len(first))
@@ -690,6 +786,8 @@ class Evaluator:
             mask=np.array(mks, dtype=np.int64),
             factor=np.array(factors, dtype=np.float64),
             of=np.array(of, dtype=np.int64),
+            fwd_hi=fwd_hi,
+            bwd_lo=bwd_lo,
         )
 
     def _gathers(self, per_dim: np.ndarray) -> tuple[list, float]:

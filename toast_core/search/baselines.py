@@ -45,20 +45,38 @@ def model_axis(mesh: MeshSpec) -> str:
 
 
 def batch_dims(ana: Analysis) -> list[int]:
-    """Named dims of dim 0 of the data inputs, largest input first."""
+    """Named dims of the batch dim of the data inputs, largest input first: dim 0, unless dim 0
+    is a loop's microbatch dim (`_is_loop_dim`: gradient accumulation over x[M, B, D] slices
+    x[i] per iteration), then dim 1."""
     prog = ana.program
     inputs = sorted(
         (prog.values[v] for v in prog.inputs if prog.values[v].role == "input"),
         key=lambda v: (-v.nbytes, v.id),
     )
+    shapes = {v.shape for v in inputs}
     out: list[int] = []
     for v in inputs:
         if v.rank == 0:
             continue
-        for d in ana.value_named_dims(v.id)[0][:1]:
+        dims = ana.value_named_dims(v.id)
+        k = 1 if v.rank >= 2 and _is_loop_dim(ana, dims[0], shapes) else 0
+        for d in dims[k][:1]:
             if d not in out:
                 out.append(d)
     return out
+
+
+def _is_loop_dim(ana: Analysis, named: tuple[int, ...], input_shapes: set) -> bool:
+    """Whether a data input's leading dim is only indexed, never computed over: its named dim
+    needs replication (the loop's dynamic slice reads one row per iteration) and holds nothing
+    but the data inputs and their copies into the loop (same shapes)."""
+    if len(named) != 1:
+        return False
+    nd = ana.named_dims[named[0]]
+    if not nd.replication_ops:
+        return False
+    prog = ana.program
+    return not any(prog.values[v].shape not in input_shapes for v, _, _ in nd.members)
 
 
 class _Builder:
@@ -177,31 +195,56 @@ def _megatron(ana, mesh, name) -> tuple[Strategy | None, str]:
 
 
 def _fsdp(ana, mesh, name) -> tuple[Strategy | None, str]:
+    """Data parallel on every mesh axis, every parameter clash cut (weights gathered at use,
+    gradients reduce-scattered), and each parameter sharded on the batch's mesh axes along its
+    largest dim that can take them (ZeRO-3: weights, gradients and optimizer state all divided
+    by the data-parallel ways). A parameter whose dims all clash stays replicated."""
     dp, why = _data_parallel(ana, mesh, mesh.axis_names, name)
     if dp is None:
         return None, why
     b = _Builder(ana, mesh, name)
     b.shardings, b.options = dict(dp.shardings), {}
     batch_axes = dp.shardings[0][1]
-    clashes = [c for c in ana.conflicts if c.kind == "axis_clash" and c.options]
-    clashes.sort(key=lambda c: -ana.named_dims[c.named_dims[0]].bytes_covered)
-    sharded, done = 0, set()
-    held = _persistent_fines(ana)
-    for c in clashes:
-        if c.id in done:
-            continue
-        group = [k for k in ana.group_of_conflict.get(c.id, (c.id,)) if k not in done] or [c.id]
-        done.update(group)
-        opts = dict(b.options)
-        opts.update({k: 0 for k in group})
-        res = resolve(ana, opts)
-        sides = [_parameter_side(res, ana.conflicts[k].named_dims[0], held) for k in group]
-        sides = [x for x in sides if x is not None]
-        if sides and b.try_shard(sides, batch_axes, opts):
-            sharded += len(sides)
-    if not sharded:
+    opts = {c.id: 0 for c in ana.conflicts if c.kind == "axis_clash" and c.options}
+    if not opts or not b.try_shard([], (), opts):
         return None, "no parameter named dim can be cut off the data and sharded (no train step?)"
+    res = resolve(ana, b.options)
+    held = _persistent_fines(ana)
+    # One choice per parameter, largest first; tried all at once, then one by one.
+    choices = []
+    for vid in _parameters_by_size(ana):
+        part = _largest_shardable_part(ana, res, vid, held, batch_axes, mesh)
+        if part is not None and part not in choices:
+            choices.append(part)
+    if not choices:
+        return None, "no parameter named dim can be cut off the data and sharded (no train step?)"
+    if not b.try_shard(choices, batch_axes):
+        placed = sum(b.try_shard(part, batch_axes) for part in choices)
+        if not placed:
+            return None, "no parameter named dim can be sharded on the batch's mesh axes"
     return b.strategy(), why
+
+
+def _parameters_by_size(ana: Analysis) -> list[int]:
+    prog = ana.program
+    params = [v for v in prog.inputs if prog.values[v].role == "parameter"]
+    return sorted(params, key=lambda v: (-prog.values[v].nbytes, v))
+
+
+def _largest_shardable_part(ana, res, vid: int, held: set[int], axes, mesh) -> str | None:
+    """The named dim (after cuts) of `vid`'s largest dim that holds only persistent values'
+    dims and divides over `axes`; its major sub-factor when the dim is a reshape of several."""
+    ways = prod(mesh.size(a) for a in axes)
+    prog = ana.program
+    dims = sorted(range(prog.values[vid].rank), key=lambda d: (-prog.values[vid].shape[d], d))
+    for d in dims:
+        for a in ana.nda.value_atoms[vid][d]:
+            part = res.dims[int(res.fine_to_dim[int(ana.fine_of_atom[a])])]
+            if part.size > 1:
+                if part.size % ways == 0 and not held.isdisjoint(part.fine):
+                    return part.name
+                break
+    return None
 
 
 def _persistent_fines(ana: Analysis) -> set[int]:
@@ -215,15 +258,6 @@ def _persistent_fines(ana: Analysis) -> set[int]:
         for atoms in ana.nda.value_atoms[vid]
         for a in atoms
     }
-
-
-def _parameter_side(res, parent: int, held: set[int]) -> str | None:
-    """The part of a cut named dim that holds the persistent inputs (`held`: their fine
-    classes)."""
-    for part in (d for d in res.dims if d.parent == parent):
-        if not held.isdisjoint(part.fine):
-            return part.name
-    return None
 
 
 def _dp_megatron(ana, mesh, name) -> tuple[Strategy | None, str]:
