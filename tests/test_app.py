@@ -562,6 +562,28 @@ def test_a_stopped_worse_run_does_not_replace_the_better_best(gpt_tiny):
     assert at.session_state["strategy_choice"] == "search best"
 
 
+def test_events_after_stop_do_not_move_the_stopped_iteration(monkeypatch, gpt_tiny):
+    """Stop starts a new script run (Streamlit's fast reruns) that settles the slot while the
+    interrupted run is still recording events: those must not move the iteration shown."""
+    from app import state
+
+    def search_iter_stopped_at_5(ana, *args, **kwargs):
+        yield _event(ana, True, 1.0, False, 0)
+        yield _event(ana, True, 0.9, False, 5)
+        state.settle_interrupted(state.run_slot())  # what the Stop button's run does meanwhile
+        yield _event(ana, True, 0.8, False, 9)
+        yield _event(ana, True, 0.7, True, 12)
+
+    at = goto(start(), "search")
+    monkeypatch.setattr(tc, "search_iter", search_iter_stopped_at_5)
+    at.button(key="run_search").click().run()
+    slot = run_slot(at)
+    assert (slot["status"], slot["iteration"], slot["best_step_time_s"]) == ("stopped", 5, 0.9)
+    at.run()  # the Stop button's run draws the settled slot
+    assert any("Stopped at iteration 5;" in i.value for i in at.info), [i.value for i in at.info]
+    assert {m.label: m.value for m in at.metric}["Iterations"] == "5"
+
+
 def test_leaving_the_search_page_during_a_run_says_it_stopped():
     at = goto(start(), "search")
     at.number_input(key="w.budget_s").set_value(0.5).run()

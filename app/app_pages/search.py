@@ -217,9 +217,8 @@ s3.number_input(
 
 
 def _stop() -> None:
-    s = state.run_slot()
-    if s["status"] == "running":
-        s["status"] = "stopped"
+    # Settled here, in the new script run: the interrupted run records nothing after this.
+    state.settle_interrupted(state.run_slot())
 
 
 def _request_run() -> None:
@@ -308,22 +307,6 @@ def draw(n: int) -> None:
             st.empty()
 
 
-def record(ev: tc.SearchEvent) -> None:
-    slot["history"].append((ev.iteration, ev.elapsed_s, ev.best_step_time_s, ev.best_fits))
-    slot.update(
-        best=ev.best_strategy,
-        best_step_time_s=ev.best_step_time_s,
-        best_peak_bytes=ev.best_peak_bytes,
-        best_fits=ev.best_fits,
-        iteration=ev.iteration,
-        evaluations=ev.evaluations,
-        tree_size=ev.tree_size,
-        evals_per_s=ev.evals_per_s,
-        elapsed_s=ev.elapsed_s,
-        tree_top=ev.tree_top or slot.get("tree_top", ()),
-    )
-
-
 def run_search() -> None:
     n_sims = int(st.session_state.num_simulations) or None
     events = tc.search_iter(
@@ -349,27 +332,29 @@ def run_search() -> None:
         return
     if slot["best"] is not None:
         slot["previous"] = state.best_record(slot)
+    run = slot["runs"] + 1
     slot.update(
         status="running",
         history=[],
         pins=list(ws["pins"]),
-        runs=slot["runs"] + 1,
+        runs=run,
         kept_previous=False,
     )
-    record(first)
+    state.record_event(slot, run, first)
     n, last = 0, 0.0
     draw(n)
     for ev in events:
-        record(ev)
+        # False once Stop (or leaving the page) settled the slot from another script run.
+        if not state.record_event(slot, run, ev):
+            break
         if ev.done or time.perf_counter() - last >= DRAW_EVERY_S:
             last = time.perf_counter()
             n += 1
             draw(n)
-    slot["status"] = "done"
-    state.keep_better(slot)
+    state.finish_run(slot, run)
     state.set_setting("strategy_choice", "search best")
     n += 1
-    draw(n)
+    draw(n)  # the settled slot: what "Stopped at iteration N" below reads too
 
 
 if st.session_state.pop("search_requested", False):
