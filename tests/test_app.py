@@ -584,6 +584,49 @@ def test_events_after_stop_do_not_move_the_stopped_iteration(monkeypatch, gpt_ti
     assert {m.label: m.value for m in at.metric}["Iterations"] == "5"
 
 
+def test_search_page_does_not_wait_for_the_baselines(monkeypatch):
+    """On llama3-70b the baselines take ~10 s to price: the Search page renders at once, says
+    they are being priced, and draws their lines once the background pricing ends."""
+    import threading
+    import time
+
+    from app import cached
+
+    release = threading.Event()
+    real = cached.baseline_reports
+
+    def slow_baseline_reports(*args, **kwargs):
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cached, "baseline_reports", slow_baseline_reports)
+    monkeypatch.setattr(cached, "_warming", set())
+    monkeypatch.setattr(cached, "_priced", set(), raising=False)
+    at = start()  # the Model page starts the pricing in the background
+    began = time.perf_counter()
+    goto(at, "search")
+    assert time.perf_counter() - began < 10
+    chart = at.get("plotly_chart")[0].proto.spec
+    assert "being priced" in chart and "data_parallel" not in chart
+    assert at.button(key="run_search")
+    release.set()
+    deadline = time.time() + 60
+    while (
+        cached.baseline_reports_if_ready(state_loaded(at), "data=2,model=4", "tpu-v5e") is None
+        and time.time() < deadline
+    ):
+        time.sleep(0.2)
+    at.run()
+    chart = at.get("plotly_chart")[0].proto.spec
+    assert "being priced" not in chart and "data_parallel" in chart
+
+
+def state_loaded(at: AppTest):
+    from app import cached
+
+    return cached.load(at.session_state["model_spec"])
+
+
 def test_leaving_the_search_page_during_a_run_says_it_stopped():
     at = goto(start(), "search")
     at.number_input(key="w.budget_s").set_value(0.5).run()
