@@ -105,3 +105,21 @@ class DimNamer:
 
     def describe(self, nd: tc.NamedDim) -> str:
         return f"{self.role(nd)} ({self.holder(nd)})"
+
+
+def op_title(prog, op: int) -> str:
+    """`dot_general(mlp.w_fc, [8, 1024, 768]) → [8, 1024, 3072] at gpt.py:95`: an op by what it
+    reads (inputs and parameters by name, intermediates by shape), what it makes and where it
+    was written; never by an internal value name like `slice#237.1`."""
+    o = prog.ops[op]
+
+    def arg(vid: int) -> str:
+        v = prog.values[vid]
+        if v.role in ("input", "parameter", "state"):
+            return _short(v.name)
+        return str(list(v.shape))
+
+    args = ", ".join(arg(v) for v in o.operands[:3]) + (", ..." if len(o.operands) > 3 else "")
+    made = ", ".join(str(list(prog.values[r].shape)) for r in o.results[:2])
+    where = f" at {o.source}" if o.source else ""
+    return public_text(f"{o.primitive}({args}) → {made}{where}")

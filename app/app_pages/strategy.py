@@ -14,6 +14,7 @@ ui.header(
     "kind, per-device memory against capacity, each collective with its cause.",
 )
 plan_views.switch_if_requested()  # a what-if row was pinned: search under it at once
+plan_views.switch_to_graph_if_requested()  # "Show this op in the graph"
 loaded = ui.require_loaded()
 ana = loaded.ana
 mesh = state.mesh()
