@@ -216,3 +216,56 @@ def group_detail(ana: tc.Analysis, key: str, nodes, base: charts.GraphFilter) ->
     with st.expander(f"Detail: {key}", expanded=True):
         st.caption(caption)
         st.graphviz_chart(charts.named_dim_graph(ana, flt), width="stretch")
+
+
+# -- the named dims table -----------------------------------------------------------------
+
+
+def _where(prog, op_ids, fallback: bool) -> str:
+    """`3 ops: dot_general at gpt.py:95; ...` (distinct places first)."""
+    if not op_ids:
+        return "yes" if fallback else ""
+    places = list(dict.fromkeys(prog.ops[i].where() for i in op_ids))
+    return f"{len(op_ids)} ops: " + "; ".join(places[:3]) + (" ..." if len(places) > 3 else "")
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _dim_rows(key: str, collapse: bool, _ana: tc.Analysis) -> tuple[dict, ...]:
+    ana, prog = _ana, _ana.program
+    namer = DimNamer(ana)
+    in_conflict = charts.conflict_dims(ana)
+    rows = []
+    for node in charts.dim_nodes(ana, collapse):
+        nd = ana.named_dims[node.rep]
+        members = ", ".join(
+            dict.fromkeys(
+                f"{charts.collapse_layers(prog.values[v].name) if collapse else prog.values[v].name}.{d}"
+                for v, d, _ in nd.members
+                if prog.values[v].role != "intermediate" or prog.values[v].is_output
+            )
+        )
+        many = len(node.members) > 1
+        rows.append(
+            {
+                "named dim": f"{nd.name} (×{len(node.members)})" if many else nd.name,
+                "size": nd.size,
+                "is": namer.describe(nd),
+                "bytes_covered": node.bytes_covered,
+                "holds": charts.dim_kind(nd),
+                "members": len(nd.members),
+                "input/output dims": members[:300],
+                "reduces at": _where(prog, nd.reduction_ops, nd.has_reduction),
+                "needs replication at": _where(prog, nd.replication_ops, False),
+                "conflicts": ", ".join(
+                    f"K{k}" for m in node.members for k in in_conflict.get(m, [])
+                ),
+                "layers": ", ".join(f"N{m}" for m in node.members) if many else "",
+            }
+        )
+    return tuple(rows)
+
+
+def dim_rows(loaded: cached.Loaded, collapse: bool) -> tuple[dict, ...]:
+    """The named dims table, one row per graph node (`charts.dim_nodes`), bytes covered in
+    `bytes_covered`; once per model (it walks every atom: ~a second on llama3-70b)."""
+    return _dim_rows(loaded.key, collapse, loaded.ana)

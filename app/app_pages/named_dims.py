@@ -7,7 +7,7 @@ from dataclasses import replace
 import streamlit as st
 
 from app import charts, graph_views, state, ui
-from app.dim_names import DimNamer, public_text
+from app.dim_names import public_text
 from app.fmt import binary_unit, fmt_bytes
 
 CONFLICT_BOXES = {"auto": "auto", "each": "one box per conflict", "kind": "one box per kind"}
@@ -209,45 +209,18 @@ else:
         st.markdown("No cut separates the clash: leave its named dim unsharded.")
 
 
-def _where(op_ids: list[int], fallback: bool) -> str:
-    """`3 ops: dot_general at gpt.py:95; ...` (distinct places first)."""
-    if not op_ids:
-        return "yes" if fallback else ""
-    places = list(dict.fromkeys(prog.ops[i].where() for i in op_ids))
-    return f"{len(op_ids)} ops: " + "; ".join(places[:3]) + (" ..." if len(places) > 3 else "")
-
-
 st.subheader("Named dims", help="Pick a row to highlight the named dim in the graph.")
-namer = DimNamer(ana)
-in_conflict = charts.conflict_dims(ana)
-prog = ana.program
-rows = []
 # One binary unit for the column (Streamlit's "bytes" format is decimal: MB next to our MiB).
 scale, unit = binary_unit(max((n.bytes_covered for n in nodes), default=0))
-for node in nodes:
-    nd = ana.named_dims[node.rep]
-    members = ", ".join(
-        dict.fromkeys(
-            f"{charts.collapse_layers(prog.values[v].name) if flt.collapse else prog.values[v].name}.{d}"
-            for v, d, _ in nd.members
-            if prog.values[v].role != "intermediate" or prog.values[v].is_output
+rows = [
+    {
+        (f"bytes covered ({unit})" if k == "bytes_covered" else k): (
+            v / scale if k == "bytes_covered" else v
         )
-    )
-    rows.append(
-        {
-            "named dim": nd.name if len(node.members) == 1 else f"{nd.name} (×{len(node.members)})",
-            "size": nd.size,
-            "is": namer.describe(nd),
-            f"bytes covered ({unit})": node.bytes_covered / scale,
-            "holds": charts.dim_kind(nd),
-            "members": len(nd.members),
-            "input/output dims": members[:300],
-            "reduces at": _where(list(nd.reduction_ops), nd.has_reduction),
-            "needs replication at": _where(list(nd.replication_ops), False),
-            "conflicts": ", ".join(f"K{k}" for m in node.members for k in in_conflict.get(m, [])),
-            "layers": ", ".join(f"N{m}" for m in node.members) if len(node.members) > 1 else "",
-        }
-    )
+        for k, v in row.items()
+    }
+    for row in graph_views.dim_rows(loaded, flt.collapse)
+]
 st.dataframe(
     rows,
     hide_index=True,
