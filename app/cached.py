@@ -9,6 +9,7 @@ the hardware preset name and a strategy's decisions; the analysis rides along as
 from __future__ import annotations
 
 import collections
+import hashlib
 import threading
 import time
 from dataclasses import dataclass
@@ -198,12 +199,16 @@ def baselines(key: str, mesh_text: str, _ana: tc.Analysis) -> dict:
     return tc.baselines.all(_ana, mesh_of(mesh_text))
 
 
-def strategy_key(strategy: tc.Strategy) -> tuple:
-    return (strategy.shardings, strategy.options)
+def strategy_key(strategy: tc.Strategy) -> str:
+    """A short digest of a strategy's decisions: Streamlit hashes cache arguments in Python,
+    element by element, which took ~30 ms per call on a llama3-70b plan's hundreds of decisions
+    (14 calls on the Strategy page); a digest of their text costs microseconds."""
+    text = repr((strategy.shardings, strategy.options, strategy.remat))
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 @st.cache_resource(show_spinner=False, max_entries=1024)
-def _estimate(key: str, mesh_text: str, hw_name: str, skey: tuple, _ana, _strategy):
+def _estimate(key: str, mesh_text: str, hw_name: str, skey: str, _ana, _strategy):
     return tc.estimate(_ana, _strategy, mesh_of(mesh_text), tc.hardware(hw_name))
 
 
@@ -213,7 +218,7 @@ def estimate(loaded: Loaded, strategy: tc.Strategy, mesh_text: str, hw_name: str
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
-def _value_rows(key: str, mesh_text: str, skey: tuple, _ana, _strategy) -> list[dict]:
+def _value_rows(key: str, mesh_text: str, skey: str, _ana, _strategy) -> list[dict]:
     return reports.value_rows(_ana, _strategy, mesh_of(mesh_text))
 
 
@@ -223,7 +228,7 @@ def value_rows(loaded: Loaded, strategy: tc.Strategy, mesh_text: str) -> list[di
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
-def _partition_specs(key: str, mesh_text: str, skey: tuple, _ana, _strategy):
+def _partition_specs(key: str, mesh_text: str, skey: str, _ana, _strategy):
     return tc.partition_specs(_ana, _strategy, mesh_of(mesh_text))
 
 
@@ -237,7 +242,7 @@ def explain_key(loaded: Loaded, strategy: tc.Strategy, mesh_text: str, hw_name: 
 
 
 @st.cache_resource(show_spinner=False, max_entries=32)
-def _explain(key: str, mesh_text: str, hw_name: str, skey: tuple, _ana, _strategy):
+def _explain(key: str, mesh_text: str, hw_name: str, skey: str, _ana, _strategy):
     return tc.explain(_ana, _strategy, mesh_of(mesh_text), tc.hardware(hw_name))
 
 
@@ -341,3 +346,15 @@ def baseline_reports_if_ready(loaded: Loaded, mesh_text: str, hw_name: str) -> d
         return baseline_reports(loaded, mesh_text, hw_name)
     warm(loaded, mesh_text, hw_name)
     return None
+
+
+@st.cache_resource(show_spinner=False, max_entries=48)
+def _figure(kind: str, key: tuple, _build):
+    return _build()
+
+
+def figure(kind: str, key: tuple, build):
+    """The plotly figure `build()` once per `kind` and `key` (a model, mesh, hardware and
+    strategy digest...): building one validates every property in Python, ~0.2-0.7 s per figure
+    of a llama3-70b plan, on every rerun of the Strategy page otherwise."""
+    return _figure(kind, key, build)
