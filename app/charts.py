@@ -301,7 +301,7 @@ def named_dim_graph(ana, flt: GraphFilter = GraphFilter()) -> graphviz.Digraph:
     g.attr(rankdir="LR", nodesep="0.2", ranksep="0.55", bgcolor="white", fontname="Helvetica")
     g.attr("node", fontname="Helvetica", fontsize=FONT_PT)
     g.attr("edge", fontname="Helvetica", fontsize=EDGE_FONT_PT, arrowsize="0.6")
-    namer = DimNamer(ana)
+    namer = DimNamer.of(ana)
     nodes = select_dims(ana, flt)
     rep_of = {m: n.rep for n in nodes for m in n.members}
     kinds = conflict_kinds(ana) if flt.show_conflicts else {}

@@ -149,7 +149,7 @@ def selected_rows(key: str) -> list[int]:
 
 def group_options(ana: tc.Analysis, nodes: list[charts.DimNode]) -> dict[str, str]:
     """Collapsed groups that can be drawn in full: key (`N3`, `K2`) -> label."""
-    namer = DimNamer(ana)
+    namer = DimNamer.of(ana)
     out = {NO_GROUP: "(none: the overview only)"}
     for node in nodes:
         if len(node.members) > 1:
@@ -232,7 +232,7 @@ def _where(prog, op_ids, fallback: bool) -> str:
 @st.cache_resource(show_spinner=False, max_entries=16)
 def _dim_rows(key: str, collapse: bool, _ana: tc.Analysis) -> tuple[dict, ...]:
     ana, prog = _ana, _ana.program
-    namer = DimNamer(ana)
+    namer = DimNamer.of(ana)
     in_conflict = charts.conflict_dims(ana)
     rows = []
     for node in charts.dim_nodes(ana, collapse):

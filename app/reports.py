@@ -21,7 +21,7 @@ def dim_label(ana: tc.Analysis, dim_name: str) -> str:
         nd = ana.named_dim(tc.parent_name(dim_name))
     except tc.ToastError:
         return ""
-    label = f"{nd.size} {DimNamer(ana).describe(nd)}"
+    label = f"{nd.size} {DimNamer.of(ana).describe(nd)}"
     return f"{label}, part {part}" if part else label
 
 

@@ -108,7 +108,7 @@ def axis_choices(m: tc.MeshSpec) -> list[str]:
     return ["+".join(c) for c in subsets] + ["-"]
 
 
-namer = DimNamer(ana)
+namer = DimNamer.of(ana)
 
 
 def _dim_option(nd_name: str) -> str:
