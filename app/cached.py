@@ -358,3 +358,25 @@ def figure(kind: str, key: tuple, build):
     strategy digest...): building one validates every property in Python, ~0.2-0.7 s per figure
     of a llama3-70b plan, on every rerun of the Strategy page otherwise."""
     return _figure(kind, key, build)
+
+
+_preloading: set[str] = set()
+
+
+def preload(spec: ModelSpec) -> bool:
+    """Traces and analyzes `spec` in a background thread, once per process, so that a page
+    showing it later (the Learn page's lesson: ~3 s of tracing) opens at once. True if it
+    started a thread. A failure is left for the page to show when it loads the model itself."""
+    with _warming_lock:
+        if spec.key in _preloading:
+            return False
+        _preloading.add(spec.key)
+
+    def run() -> None:
+        try:
+            load(spec)
+        except Exception:  # noqa: BLE001 - the page shows the error when it loads it
+            pass
+
+    threading.Thread(target=run, name="toast-preload", daemon=True).start()
+    return True
