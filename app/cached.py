@@ -9,6 +9,7 @@ the hardware preset name and a strategy's decisions; the analysis rides along as
 from __future__ import annotations
 
 import collections
+import hashlib
 import threading
 import time
 from dataclasses import dataclass
@@ -198,12 +199,16 @@ def baselines(key: str, mesh_text: str, _ana: tc.Analysis) -> dict:
     return tc.baselines.all(_ana, mesh_of(mesh_text))
 
 
-def strategy_key(strategy: tc.Strategy) -> tuple:
-    return (strategy.shardings, strategy.options)
+def strategy_key(strategy: tc.Strategy) -> str:
+    """A short digest of a strategy's decisions: Streamlit hashes cache arguments in Python,
+    element by element, which took ~30 ms per call on a llama3-70b plan's hundreds of decisions
+    (14 calls on the Strategy page); a digest of their text costs microseconds."""
+    text = repr((strategy.shardings, strategy.options, strategy.remat))
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 @st.cache_resource(show_spinner=False, max_entries=1024)
-def _estimate(key: str, mesh_text: str, hw_name: str, skey: tuple, _ana, _strategy):
+def _estimate(key: str, mesh_text: str, hw_name: str, skey: str, _ana, _strategy):
     return tc.estimate(_ana, _strategy, mesh_of(mesh_text), tc.hardware(hw_name))
 
 
@@ -213,7 +218,7 @@ def estimate(loaded: Loaded, strategy: tc.Strategy, mesh_text: str, hw_name: str
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
-def _value_rows(key: str, mesh_text: str, skey: tuple, _ana, _strategy) -> list[dict]:
+def _value_rows(key: str, mesh_text: str, skey: str, _ana, _strategy) -> list[dict]:
     return reports.value_rows(_ana, _strategy, mesh_of(mesh_text))
 
 
@@ -223,7 +228,7 @@ def value_rows(loaded: Loaded, strategy: tc.Strategy, mesh_text: str) -> list[di
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
-def _partition_specs(key: str, mesh_text: str, skey: tuple, _ana, _strategy):
+def _partition_specs(key: str, mesh_text: str, skey: str, _ana, _strategy):
     return tc.partition_specs(_ana, _strategy, mesh_of(mesh_text))
 
 
@@ -237,7 +242,7 @@ def explain_key(loaded: Loaded, strategy: tc.Strategy, mesh_text: str, hw_name: 
 
 
 @st.cache_resource(show_spinner=False, max_entries=32)
-def _explain(key: str, mesh_text: str, hw_name: str, skey: tuple, _ana, _strategy):
+def _explain(key: str, mesh_text: str, hw_name: str, skey: str, _ana, _strategy):
     return tc.explain(_ana, _strategy, mesh_of(mesh_text), tc.hardware(hw_name))
 
 
@@ -301,6 +306,7 @@ def short_search(key: str, mesh_text: str, hw_name: str, simulations: int, seed:
 
 
 _warming: set[tuple] = set()
+_priced: set[tuple] = set()  # warmed keys whose pricing ended (their reports are cached)
 _warming_lock = threading.Lock()
 
 
@@ -321,6 +327,56 @@ def warm(loaded: Loaded, mesh_text: str, hw_name: str) -> bool:
         except Exception:  # noqa: BLE001 - a page shows the error when it asks again
             with _warming_lock:
                 _warming.discard(key)
+        with _warming_lock:
+            _priced.add(key)
 
     threading.Thread(target=run, name="toast-warm", daemon=True).start()
+    return True
+
+
+def baseline_reports_if_ready(loaded: Loaded, mesh_text: str, hw_name: str) -> dict | None:
+    """`baseline_reports` if the background pricing (`warm`) has ended, else None, starting it
+    if needed: a page that only decorates itself with the baselines (the Search page's dotted
+    lines) renders at once and fills them in when they arrive, instead of waiting ~10 s on
+    llama3-70b. After a failed pricing it returns `baseline_reports` too, which raises again."""
+    key = (loaded.key, mesh_text, hw_name)
+    with _warming_lock:
+        ready = key in _priced
+    if ready:
+        return baseline_reports(loaded, mesh_text, hw_name)
+    warm(loaded, mesh_text, hw_name)
+    return None
+
+
+@st.cache_resource(show_spinner=False, max_entries=48)
+def _figure(kind: str, key: tuple, _build):
+    return _build()
+
+
+def figure(kind: str, key: tuple, build):
+    """The plotly figure `build()` once per `kind` and `key` (a model, mesh, hardware and
+    strategy digest...): building one validates every property in Python, ~0.2-0.7 s per figure
+    of a llama3-70b plan, on every rerun of the Strategy page otherwise."""
+    return _figure(kind, key, build)
+
+
+_preloading: set[str] = set()
+
+
+def preload(spec: ModelSpec) -> bool:
+    """Traces and analyzes `spec` in a background thread, once per process, so that a page
+    showing it later (the Learn page's lesson: ~3 s of tracing) opens at once. True if it
+    started a thread. A failure is left for the page to show when it loads the model itself."""
+    with _warming_lock:
+        if spec.key in _preloading:
+            return False
+        _preloading.add(spec.key)
+
+    def run() -> None:
+        try:
+            load(spec)
+        except Exception:  # noqa: BLE001 - the page shows the error when it loads it
+            pass
+
+    threading.Thread(target=run, name="toast-preload", daemon=True).start()
     return True

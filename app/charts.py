@@ -21,7 +21,7 @@ import graphviz
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from app.dim_names import DimNamer, public_text
+from app.dim_names import DimNamer, op_title, public_text
 from app.fmt import binary_unit, fmt_bytes, fmt_s
 
 #: (fill, border) pairs; named dim i gets PALETTE[i % len(PALETTE)].
@@ -41,6 +41,7 @@ PALETTE = (
 )
 BASELINE_COLOURS = ("#9c9c9c", "#f58518", "#54a24b", "#b279a2", "#72b7b2", "#9d755d", "#e45756")
 CONFLICT_FILL, CONFLICT_LINE, CONFLICT_TEXT = "#ffe3e3", "#d62728", "#8b0000"
+HIGHLIGHT_FILL, HIGHLIGHT_LINE = "#fff3bf", "#e8a400"  # what the user selected
 CONFLICT_KIND_TEXT = {
     "axis_clash": "a parameter dim meets the batch: sharing a mesh axis needs a cut",
     "self": "a named dim appears twice in one tensor: at most one copy can be sharded",
@@ -109,6 +110,16 @@ class GraphFilter:
     show_sites: bool = True
     merge_state: bool = True  # draw optimizer state and updated parameters with their parameter
     conflict_detail: bool = True  # one box per conflict (layer group); False: one per kind
+    #: Drawn with a thick gold border (and drawn even when the filter would leave them out):
+    #: what the user selected in a table.
+    highlight_dims: tuple[int, ...] = ()
+    highlight_conflicts: tuple[int, ...] = ()
+    #: An op (index in the program) drawn as a gold box linked to the named dims of its operands
+    #: and results; -1: none.
+    op: int = -1
+    #: A detail view: exactly these named dims (and only these conflicts), whatever the filters.
+    only_dims: tuple[int, ...] | None = None
+    only_conflicts: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -166,8 +177,90 @@ def conflict_kinds(ana) -> dict[int, set[str]]:
     return out
 
 
+#: Ops offered for the per-op view besides those where a named dim reduces or is gathered: the
+#: ones that do the work or move data across dims.
+NOTABLE_OPS = frozenset(
+    {"dot_general", "conv_general_dilated", "gather", "scatter", "scatter-add", "scatter_add",
+     "concatenate", "sort", "cumsum", "argmax", "argmin", "transpose", "reshape"}
+)  # fmt: skip
+
+
+def op_groups(ana) -> list[tuple[int, ...]]:
+    """The ops worth picking in the graph, the same op of repeated layers as one group: ops
+    where a named dim reduces or must be replicated, conflict sites, and NOTABLE_OPS. Ops group
+    by primitive, source line, call path (digits dropped), shapes and the names of the inputs
+    they read with layer indices blanked; in program order of their first member."""
+    prog = ana.program
+    wanted = {s.op for c in ana.conflicts for s in c.sites if s.op >= 0}
+    for nd in ana.named_dims:
+        wanted.update(nd.reduction_ops)
+        wanted.update(nd.replication_ops)
+    groups: dict[tuple, list[int]] = {}
+    for o in prog.ops:
+        if o.index not in wanted and o.primitive not in NOTABLE_OPS:
+            continue
+        key = (
+            o.primitive,
+            o.source,
+            re.sub(r"\d+", "#", "/".join(o.call_path)),
+            tuple(
+                (prog.values[v].shape, collapse_layers(prog.values[v].name))
+                if prog.values[v].role != "intermediate"
+                else (prog.values[v].shape, "")
+                for v in o.operands
+            ),
+            tuple(prog.values[r].shape for r in o.results),
+        )
+        groups.setdefault(key, []).append(o.index)
+    return [tuple(g) for g in groups.values()]
+
+
+def op_dims(ana, op: int) -> dict[int, list[str]]:
+    """Named dim id -> where op `op` holds it (`in0.1`: dim 1 of operand 0, `out.2`)."""
+    prog = ana.program
+    if not 0 <= op < len(prog.ops):
+        return {}
+    o = prog.ops[op]
+    out: dict[int, list[str]] = defaultdict(list)
+    tags = [(f"in{p}", v) for p, v in enumerate(o.operands)] + [
+        ("out" if len(o.results) == 1 else f"out{r}", v) for r, v in enumerate(o.results)
+    ]
+    for tag, vid in tags:
+        for d, dims in enumerate(ana.value_named_dims(vid)):
+            for c in dims:
+                if c >= 0 and f"{tag}.{d}" not in out[c]:
+                    out[c].append(f"{tag}.{d}")
+    return dict(out)
+
+
+def _forced_dims(ana, flt: GraphFilter) -> set[int]:
+    """Named dims drawn whatever the filters: the selected ones and the selected op's."""
+    forced = set(flt.highlight_dims) | set(op_dims(ana, flt.op))
+    for k in flt.highlight_conflicts:
+        if 0 <= k < len(ana.conflicts):
+            forced.update(ana.conflicts[k].named_dims)
+    return forced
+
+
 def select_dims(ana, flt: GraphFilter) -> list[DimNode]:
-    """The dim nodes passing the filter, largest first, at most `top_n`."""
+    """The dim nodes passing the filter, largest first, at most `top_n`, then the nodes of the
+    selected named dims, conflicts and op (a selection always shows in the graph)."""
+    if flt.only_dims is not None:
+        wanted = set(flt.only_dims) | _forced_dims(ana, flt)
+        return [n for n in dim_nodes(ana, flt.collapse) if wanted & set(n.members)]
+    out = _filtered_dims(ana, flt)
+    forced = _forced_dims(ana, flt)
+    if forced:
+        shown = {m for n in out for m in n.members}
+        out += [
+            n
+            for n in dim_nodes(ana, flt.collapse)
+            if forced & set(n.members) and not shown & set(n.members)
+        ]
+    return out
+
+
+def _filtered_dims(ana, flt: GraphFilter) -> list[DimNode]:
     in_conflict = conflict_dims(ana)
     out = []
     for node in dim_nodes(ana, flt.collapse):
@@ -208,30 +301,65 @@ def named_dim_graph(ana, flt: GraphFilter = GraphFilter()) -> graphviz.Digraph:
     g.attr(rankdir="LR", nodesep="0.2", ranksep="0.55", bgcolor="white", fontname="Helvetica")
     g.attr("node", fontname="Helvetica", fontsize=FONT_PT)
     g.attr("edge", fontname="Helvetica", fontsize=EDGE_FONT_PT, arrowsize="0.6")
-    namer = DimNamer(ana)
+    namer = DimNamer.of(ana)
     nodes = select_dims(ana, flt)
     rep_of = {m: n.rep for n in nodes for m in n.members}
     kinds = conflict_kinds(ana) if flt.show_conflicts else {}
+    highlighted = set(flt.highlight_dims)
     for node in nodes:
         fill, line = colour_of(node.rep)
         hit = set().union(*(kinds.get(m, set()) for m in node.members))
         # A self or reshape conflict breaks the named dim itself: thick red. An axis clash only
         # limits which mesh axes it may share with another named dim: dashed red.
         broken = bool(hit & {"self", "reshape"})
+        picked = bool(highlighted & set(node.members))
         g.node(
             f"nd{node.rep}",
             _dim_label(namer, ana, node),
             shape="ellipse",
-            style="filled" if broken or not hit else "filled,dashed",
+            style="filled" if broken or not hit or picked else "filled,dashed",
             fillcolor=fill,
-            color=CONFLICT_LINE if hit else line,
-            penwidth="3" if broken else ("1.6" if hit else "1.2"),
+            color=HIGHLIGHT_LINE if picked else (CONFLICT_LINE if hit else line),
+            penwidth="6" if picked else ("3" if broken else ("1.6" if hit else "1.2")),
             tooltip=public_text(ana.named_dims[node.rep].label),
         )
     _add_tensors(g, ana, flt, rep_of)
-    if flt.show_conflicts:
+    if flt.show_conflicts or flt.highlight_conflicts or flt.only_conflicts:
         _add_conflicts(g, ana, flt, rep_of)
+    if flt.op >= 0:
+        _add_op(g, ana, flt.op, rep_of)
     return g
+
+
+def _add_op(g, ana, op: int, rep_of: dict[int, int]) -> None:
+    """The selected op: a gold box linked to the named dims it holds (edge label: which dim of
+    which operand or result, `in0.1` or `out.2`)."""
+    g.node(
+        "op",
+        "\\l".join(_dot_escape(x) for x in wrap_lines(op_title(ana.program, op), LINE_CHARS + 6))
+        + "\\l",
+        shape="box",
+        style="filled,bold",
+        fillcolor=HIGHLIGHT_FILL,
+        color=HIGHLIGHT_LINE,
+        penwidth="4",
+        tooltip=public_text(ana.program.ops[op].where()),
+    )
+    by_node: dict[int, list[str]] = defaultdict(list)
+    for c, tags in op_dims(ana, op).items():
+        if c in rep_of:
+            by_node[rep_of[c]] += tags
+    for rep, tags in by_node.items():
+        g.edge(
+            "op",
+            f"nd{rep}",
+            label=" ".join(dict.fromkeys(tags)),
+            color=HIGHLIGHT_LINE,
+            fontcolor="#8a6d00",
+            penwidth="2.5",
+            style="dashed",
+            arrowhead="none",
+        )
 
 
 def state_owners(ana) -> dict[int, int]:
@@ -239,6 +367,7 @@ def state_owners(ana) -> dict[int, int]:
     (`opt_state.mu.blocks[0].w` -> `params.blocks[0].w`), an output through the input it
     replaces (`Value.updates`, recorded at trace time)."""
     prog = ana.program
+    outputs = set(prog.outputs)
     owner: dict[int, int] = {}
     by_tail: dict[tuple[str, tuple[int, ...]], int] = {}
     for vid in dict.fromkeys(prog.inputs + prog.outputs):
@@ -252,7 +381,7 @@ def state_owners(ana) -> dict[int, int]:
             match = by_tail.get((".".join(parts[i:]), v.shape))
             if match is not None:
                 break
-        if match is not None and (v.is_persistent or vid in prog.outputs):
+        if match is not None and (v.is_persistent or vid in outputs):
             owner[vid] = match
             continue
         owner[vid] = vid
@@ -261,12 +390,13 @@ def state_owners(ana) -> dict[int, int]:
     return owner
 
 
-def _tensor_role(prog, vid: int) -> str:
-    return "output" if vid in prog.outputs and vid not in prog.inputs else prog.values[vid].role
-
-
 def _add_tensors(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
     prog = ana.program
+    inputs, outputs = set(prog.inputs), set(prog.outputs)  # 2,900 on llama3-70b: not tuples
+
+    def _tensor_role(prog, vid: int) -> str:
+        return "output" if vid in outputs and vid not in inputs else prog.values[vid].role
+
     wanted = set(flt.tensor_roles)
     owner = state_owners(ana) if flt.merge_state else {}
     tensors: dict[str, dict] = {}
@@ -327,13 +457,19 @@ def _add_tensors(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
 
 
 def _add_conflicts(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
-    if not flt.conflict_detail:
-        _add_conflict_kinds(g, ana, rep_of)
-        return
+    only = None if flt.only_conflicts is None else set(flt.only_conflicts)
+    if not flt.show_conflicts:
+        only = (only or set()) | set(flt.highlight_conflicts)  # a selection still shows
+    picked = set(flt.highlight_conflicts)
+    if not flt.conflict_detail and only is None:
+        _add_conflict_kinds(g, ana, rep_of, skip=picked)
+        if not picked:
+            return
+        only = picked  # a picked conflict gets its own box beside the kinds' boxes
     groups = ana.group_of_conflict if flt.collapse else {}
     seen: set[int] = set()
     for c in ana.conflicts:
-        if c.id in seen:
+        if c.id in seen or (only is not None and c.id not in only):
             continue
         members = tuple(groups.get(c.id, (c.id,)))
         seen.update(members)
@@ -355,10 +491,18 @@ def _add_conflicts(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
             lines.append("no cut option: leave it unsharded")
         if flt.show_sites and c.sites:
             lines += wrap_lines("site: " + public_text(c.sites[0].text), CONFLICT_WRAP)
+        if flt.only_conflicts is not None:  # a detail view: every option in full
+            for o in c.options:
+                lines += wrap_lines(
+                    f"option {o.index} ({fmt_bytes(o.bytes)}): {public_text(o.description)}",
+                    CONFLICT_WRAP,
+                )
+        extra = {"color": HIGHLIGHT_LINE, "penwidth": "6"} if picked & set(members) else {}
         _conflict_box(
             g,
             f"k{c.id}",
             lines,
+            **extra,
             tooltip="; ".join(
                 public_text(f"option {o.index}: {fmt_bytes(o.bytes)}, {o.description}")
                 for o in c.options[:6]
@@ -371,25 +515,25 @@ def _add_conflicts(g, ana, flt: GraphFilter, rep_of: dict[int, int]) -> None:
 
 def _conflict_box(g, node_id: str, lines: list[str], **attrs) -> None:
     """A red box of left-aligned text lines: one conflict, or one kind of conflict."""
+    style = {"color": CONFLICT_LINE, "penwidth": "2"} | attrs
     g.node(
         node_id,
         "\\l".join(_dot_escape(x) for x in lines) + "\\l",
         shape="box",
         style="filled,bold",
         fillcolor=CONFLICT_FILL,
-        color=CONFLICT_LINE,
         fontcolor=CONFLICT_TEXT,
-        penwidth="2",
-        **attrs,
+        **style,
     )
 
 
-def _add_conflict_kinds(g, ana, rep_of: dict[int, int]) -> None:
+def _add_conflict_kinds(g, ana, rep_of: dict[int, int], skip: set[int] = frozenset()) -> None:
     """Large programs: one box per conflict kind (how many, which named dims), the detail in the
-    conflict table; a mass of red boxes and edges would bury the named dims."""
+    conflict table; a mass of red boxes and edges would bury the named dims. Conflicts in
+    `skip` (picked in the table) are drawn on their own instead."""
     by_kind: dict[str, list] = defaultdict(list)
     for c in ana.conflicts:
-        if any(d in rep_of for d in c.named_dims):
+        if c.id not in skip and any(d in rep_of for d in c.named_dims):
             by_kind[c.kind].append(c)
     for kind, cs in by_kind.items():
         dims = sorted({rep_of[d] for c in cs for d in c.named_dims if d in rep_of})
@@ -424,6 +568,7 @@ def legend_html() -> str:
         + chip(CONFLICT_FILL, CONFLICT_LINE, "conflict with its options")
         + chip(fill, CONFLICT_LINE, "broken by a self / reshape conflict", "12px")
         + chip(fill, CONFLICT_LINE, "axis clash limits its mesh axes", "12px", "dashed")
+        + chip(HIGHLIGHT_FILL, HIGHLIGHT_LINE, "selected (op, row of a table)")
     )
 
 

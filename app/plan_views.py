@@ -177,8 +177,7 @@ def _op_label(prog, i: int) -> str:
 
 
 def op_section(loaded: cached.Loaded, strategy: tc.Strategy, report: tc.CostReport) -> None:
-    ana, prog = loaded.ana, loaded.ana.program
-    mesh = state.mesh()
+    prog = loaded.ana.program
     st.subheader(
         "Per-op view",
         help="Any op of the program under this plan: what each device holds of its operands and "
@@ -227,7 +226,35 @@ def op_section(loaded: cached.Loaded, strategy: tc.Strategy, report: tc.CostRepo
         help="-1: use the selection on the left",
     )
     op = int(typed) if typed >= 0 else int(st.session_state.op_pick)
-    v = tc.op_view(ana, strategy, mesh, report, op)
+    op_detail(loaded, strategy, report, op)
+    st.button(
+        "Show this op in the graph",
+        key="op_to_graph",
+        icon=":material/hub:",
+        on_click=_show_in_graph,
+        args=(op,),
+        help="Opens the Named dims page with this op highlighted in the dimension-equivalence "
+        "graph, linked to the named dims it holds.",
+    )
+
+
+def _show_in_graph(op: int) -> None:
+    st.session_state["graph_op"] = op
+    st.session_state["switch_to_graph"] = True
+
+
+def switch_to_graph_if_requested() -> None:
+    if st.session_state.pop("switch_to_graph", False):
+        st.switch_page("app_pages/named_dims.py")
+
+
+def op_detail(
+    loaded: cached.Loaded, strategy: tc.Strategy, report: tc.CostReport, op: int, key: str = ""
+) -> None:
+    """`tc.op_view` of one op: its case, per-device flops and bytes, the sharding of each operand
+    and result, its collectives (`key` prefixes the widget keys, for a second page using it)."""
+    ana, prog = loaded.ana, loaded.ana.program
+    v = tc.op_view(ana, strategy, state.mesh(), report, op)
     st.markdown(f"**#{v.op} `{v.primitive}`** {v.where.split(' ', 1)[1] if ' ' in v.where else ''}")
     m = st.columns(4)
     m[0].metric("Case", v.case)
@@ -251,7 +278,7 @@ def op_section(loaded: cached.Loaded, strategy: tc.Strategy, report: tc.CostRepo
         + [{"operand or result": "result", "sharding": public_text(t)} for t in v.results],
         hide_index=True,
         width="stretch",
-        key="op_shardings",
+        key=f"{key}op_shardings",
     )
     if v.collectives:
         st.dataframe(
@@ -269,7 +296,7 @@ def op_section(loaded: cached.Loaded, strategy: tc.Strategy, report: tc.CostRepo
             ],
             hide_index=True,
             width="stretch",
-            key="op_collectives",
+            key=f"{key}op_collectives",
         )
     else:
         st.caption("No collective attributed to this op.")

@@ -21,7 +21,7 @@ def dim_label(ana: tc.Analysis, dim_name: str) -> str:
         nd = ana.named_dim(tc.parent_name(dim_name))
     except tc.ToastError:
         return ""
-    label = f"{nd.size} {DimNamer(ana).describe(nd)}"
+    label = f"{nd.size} {DimNamer.of(ana).describe(nd)}"
     return f"{label}, part {part}" if part else label
 
 
@@ -164,23 +164,23 @@ def io_roles(ana: tc.Analysis) -> dict[int, str]:
     """Value id -> role ("input", "parameter", "state", "output") of the program's inputs and
     outputs, in program order."""
     prog = ana.program
+    inputs, outputs = set(prog.inputs), set(prog.outputs)  # tuples: `in` would be quadratic
     return {
-        vid: "output" if vid in prog.outputs and vid not in prog.inputs else prog.values[vid].role
+        vid: "output" if vid in outputs and vid not in inputs else prog.values[vid].role
         for vid in dict.fromkeys(prog.inputs + prog.outputs)
     }
 
 
 def value_rows(ana: tc.Analysis, strategy: tc.Strategy, mesh: tc.MeshSpec, vids=None) -> list[dict]:
     """Per-tensor shardings of the program's inputs and outputs (or of `vids`) in scaling-book
-    notation. About a millisecond per tensor: llama3-70b's 2,900 take seconds, so pages ask for
-    the rows they show."""
+    notation. Pages ask for the rows they show: llama3-70b has 2,900."""
     prog = ana.program
     roles = io_roles(ana)
     rows = []
     sizes = dict(mesh.axes)
-    for vid in roles if vids is None else vids:
+    vids = list(roles if vids is None else vids)
+    for vid, (axes, notation) in zip(vids, strategy.value_layouts(ana, mesh, vids)):
         v = prog.values[vid]
-        axes = strategy.value_axes(ana, mesh, vid)
         local = [
             n // math.prod(sizes[a] for a in dim_axes) if dim_axes else n
             for n, dim_axes in zip(v.shape, axes)
@@ -190,7 +190,7 @@ def value_rows(ana: tc.Analysis, strategy: tc.Strategy, mesh: tc.MeshSpec, vids=
             {
                 "tensor": v.name,
                 "role": roles.get(vid, v.role),
-                "sharding": strategy.notation_of(ana, mesh, vid),
+                "sharding": notation,
                 "shape": str(list(v.shape)),
                 "per-device shape": str(local),
                 "per-device bytes": fmt_bytes(v.nbytes / ways),

@@ -17,6 +17,7 @@ Layout of `st.session_state`:
 from __future__ import annotations
 
 import copy
+import threading
 
 import streamlit as st
 
@@ -215,6 +216,46 @@ def run_slot(key: tuple | None = None) -> dict:
     )
 
 
+#: Guards the run slots against two script runs at once: with Streamlit's fast reruns, a click
+#: (Stop, or leaving the page) starts a new script run while the interrupted one is still between
+#: two Streamlit calls, recording search events. Without it, the interrupted run could record
+#: iteration 288 after the new run had drawn "Iterations 256" and settled the slot as stopped.
+_slot_lock = threading.RLock()
+
+
+def record_event(slot: dict, run: int, ev: tc.SearchEvent) -> bool:
+    """Records a search event of run number `run` into its slot; False (nothing written) once
+    that run is over: stopped, settled, or replaced by a newer run. The settled slot is then the
+    one source of truth for everything the page shows about the run."""
+    with _slot_lock:
+        if slot["status"] != "running" or slot["runs"] != run:
+            return False
+        slot["history"].append((ev.iteration, ev.elapsed_s, ev.best_step_time_s, ev.best_fits))
+        slot.update(
+            best=ev.best_strategy,
+            best_step_time_s=ev.best_step_time_s,
+            best_peak_bytes=ev.best_peak_bytes,
+            best_fits=ev.best_fits,
+            iteration=ev.iteration,
+            evaluations=ev.evaluations,
+            tree_size=ev.tree_size,
+            evals_per_s=ev.evals_per_s,
+            elapsed_s=ev.elapsed_s,
+            tree_top=ev.tree_top or slot.get("tree_top", ()),
+        )
+        return True
+
+
+def finish_run(slot: dict, run: int) -> bool:
+    """Marks run `run` done (keeping the better best); False if it was stopped meanwhile."""
+    with _slot_lock:
+        if slot["status"] != "running" or slot["runs"] != run:
+            return False
+        slot["status"] = "done"
+        keep_better(slot)
+        return True
+
+
 def iterations_shown(slot: dict) -> str | int:
     """Before the tree search starts (iteration 0 of a running search) the search is scoring
     the baselines and descending greedily from them, which takes seconds on large models."""
@@ -263,11 +304,12 @@ def keep_better(slot: dict) -> None:
 def settle_interrupted(slot: dict) -> bool:
     """A run still marked running was interrupted (Stop, or the user left the Search page, as
     Streamlit runs one page at a time): mark it stopped, keep the better best. True if it was."""
-    if slot["status"] != "running":
-        return False
-    slot["status"] = "stopped"
-    keep_better(slot)
-    return True
+    with _slot_lock:
+        if slot["status"] != "running":
+            return False
+        slot["status"] = "stopped"
+        keep_better(slot)
+        return True
 
 
 def settle_all_interrupted() -> list[tuple]:

@@ -461,7 +461,7 @@ def test_default_demo_search_shards_and_beats_every_baseline(gpt2):
     at = start("default")
     assert "gpt gpt2 (train step)" in [s.value for s in at.subheader]
     assert {m.label: m.value for m in at.metric}["Named dims"] == str(len(gpt2.named_dims))
-    goto(at, "search")
+    wait_for_baselines(goto(at, "search"))
     # The chart names the baselines it cannot draw: replicated does not fit at this size.
     fig = json.loads(at.get("plotly_chart")[0].proto.spec)
     notes = [t["name"] for t in fig["data"] if t.get("visible") == "legendonly"]
@@ -562,6 +562,74 @@ def test_a_stopped_worse_run_does_not_replace_the_better_best(gpt_tiny):
     assert at.session_state["strategy_choice"] == "search best"
 
 
+def test_events_after_stop_do_not_move_the_stopped_iteration(monkeypatch, gpt_tiny):
+    """Stop starts a new script run (Streamlit's fast reruns) that settles the slot while the
+    interrupted run is still recording events: those must not move the iteration shown."""
+    from app import state
+
+    def search_iter_stopped_at_5(ana, *args, **kwargs):
+        yield _event(ana, True, 1.0, False, 0)
+        yield _event(ana, True, 0.9, False, 5)
+        state.settle_interrupted(state.run_slot())  # what the Stop button's run does meanwhile
+        yield _event(ana, True, 0.8, False, 9)
+        yield _event(ana, True, 0.7, True, 12)
+
+    at = goto(start(), "search")
+    monkeypatch.setattr(tc, "search_iter", search_iter_stopped_at_5)
+    at.button(key="run_search").click().run()
+    slot = run_slot(at)
+    assert (slot["status"], slot["iteration"], slot["best_step_time_s"]) == ("stopped", 5, 0.9)
+    at.run()  # the Stop button's run draws the settled slot
+    assert any("Stopped at iteration 5;" in i.value for i in at.info), [i.value for i in at.info]
+    assert {m.label: m.value for m in at.metric}["Iterations"] == "5"
+
+
+def test_search_page_does_not_wait_for_the_baselines(monkeypatch):
+    """On llama3-70b the baselines take ~10 s to price: the Search page renders at once, says
+    they are being priced, and draws their lines once the background pricing ends."""
+    import threading
+    import time
+
+    from app import cached
+
+    release = threading.Event()
+    real = cached.baseline_reports
+
+    def slow_baseline_reports(*args, **kwargs):
+        release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cached, "baseline_reports", slow_baseline_reports)
+    monkeypatch.setattr(cached, "_warming", set())
+    monkeypatch.setattr(cached, "_priced", set(), raising=False)
+    at = start()  # the Model page starts the pricing in the background
+    began = time.perf_counter()
+    goto(at, "search")
+    assert time.perf_counter() - began < 10
+    chart = at.get("plotly_chart")[0].proto.spec
+    assert "being priced" in chart and "data_parallel" not in chart
+    assert at.button(key="run_search")
+    release.set()
+    wait_for_baselines(at)
+    chart = at.get("plotly_chart")[0].proto.spec
+    assert "being priced" not in chart and "data_parallel" in chart
+
+
+def wait_for_baselines(at: AppTest) -> AppTest:
+    """Waits for the background pricing of the baselines (see `cached.warm`), then reruns."""
+    import time
+
+    from app import cached
+
+    loaded = cached.load(at.session_state["model_spec"])
+    key = (loaded, at.session_state["mesh_text"], at.session_state["hardware"])
+    deadline = time.time() + 120
+    while cached.baseline_reports_if_ready(*key) is None and time.time() < deadline:
+        time.sleep(0.2)
+    at.run()
+    return at
+
+
 def test_leaving_the_search_page_during_a_run_says_it_stopped():
     at = goto(start(), "search")
     at.number_input(key="w.budget_s").set_value(0.5).run()
@@ -574,7 +642,7 @@ def test_leaving_the_search_page_during_a_run_says_it_stopped():
 
 def test_units_are_binary_in_tables_and_charts():
     at = goto(start(), "named_dims")
-    table = at.dataframe[-1].value
+    table = next(d.value for d in at.dataframe if "named dim" in d.value.columns)
     assert any(c.startswith("bytes covered (") and "iB)" in c for c in table.columns)
     goto(at, "strategy")
     for chart in at.get("plotly_chart"):

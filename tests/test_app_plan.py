@@ -184,3 +184,70 @@ def test_why_this_plan_waits_for_a_click_on_large_programs():
     # Computed once per plan: the table stays on the next run without a click.
     at.run()
     assert frame_with(at, "decision", "instead", "Δ step time").equals(table)
+
+
+def _graphs(at) -> list[str]:
+    return [g.proto.spec for g in at.get("graphviz_chart")]
+
+
+def test_graph_highlights_the_picked_op_and_shows_its_per_op_view(gpt_tiny):  # noqa: F811
+    import re
+
+    from app import charts
+
+    at = goto(start(), "named_dims")
+    assert "\top [" not in _graphs(at)[0]
+    groups = charts.op_groups(gpt_tiny)
+    matmul = next(g[0] for g in groups if gpt_tiny.program.ops[g[0]].primitive == "dot_general")
+    at.selectbox(key="graph_op").set_value(matmul).run()
+    assert not at.exception and not errors(at)
+    dot = _graphs(at)[0]
+    op_node = re.search(r'\top \[label="([^"]*)"', dot)
+    assert op_node and op_node.group(1).startswith("dot_general(")
+    assert not re.search(r"\w#\d+", op_node.group(1))  # no internal value names
+    held = set(charts.op_dims(gpt_tiny, matmul))
+    linked = {int(n) for n in re.findall(r"\top -> nd(\d+)", dot)}
+    # Every named dim the op holds is drawn (as its layer group's node) and linked to the op.
+    nodes = charts.dim_nodes(gpt_tiny, True)
+    assert linked == {n.rep for n in nodes if held & set(n.members)}
+    assert charts.HIGHLIGHT_LINE in dot
+    # Its per-op view, under the plan of the Strategy page.
+    assert {m.label for m in at.metric} >= {"Case", "Flops / device"}
+    assert frame_with(at, "operand or result", "sharding")["operand or result"].iloc[-1] == "result"
+    # From the Strategy page's per-op view to the graph.
+    goto(at, "strategy")
+    op = at.selectbox(key="op_pick").value
+    at.button(key="op_to_graph").click().run()
+    assert not at.exception
+    assert at.session_state["graph_op"] == op
+    assert re.search(r'\top \[label="', _graphs(at)[0])
+
+
+def test_graph_draws_a_selection_the_filters_leave_out_and_one_group_in_full(gpt_tiny):  # noqa: F811
+    from app import charts
+
+    nodes = charts.dim_nodes(gpt_tiny, True)
+    last = nodes[-1]
+    flt = charts.GraphFilter(top_n=1, highlight_dims=last.members)
+    dot = charts.named_dim_graph(gpt_tiny, flt).source
+    assert f"\tnd{last.rep} " in dot and f"\tnd{nodes[1].rep} " not in dot
+    assert charts.HIGHLIGHT_LINE in dot
+    # A conflict picked in the table gets its own box even when conflicts are drawn per kind.
+    flt = charts.GraphFilter(conflict_detail=False, highlight_conflicts=(0,))
+    dot = charts.named_dim_graph(gpt_tiny, flt).source
+    assert "\tk0 " in dot and "conflicts" in dot
+
+    at = goto(start(), "named_dims")
+    group = next(n for n in nodes if len(n.members) > 1)
+    name = gpt_tiny.named_dims[group.rep].name
+    at.selectbox(key="graph_group").set_value(name).run()
+    assert not at.exception
+    overview, detail = _graphs(at)
+    # Every layer's named dim, each its own node, with the tensors of each layer.
+    for m in group.members:
+        assert f"\tnd{m} " in detail
+    assert "[*]" not in detail and "[*]" in overview
+    at.selectbox(key="graph_group").set_value("K0").run()
+    detail = _graphs(at)[1]
+    k0 = gpt_tiny.conflicts[0]
+    assert all(f"option {o.index} (" in detail for o in k0.options)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import streamlit as st
 
-from app import charts, state, ui
-from app.dim_names import DimNamer, public_text
+from app import charts, graph_views, state, ui
+from app.dim_names import public_text
 from app.fmt import binary_unit, fmt_bytes
 
 CONFLICT_BOXES = {"auto": "auto", "each": "one box per conflict", "kind": "one box per kind"}
@@ -78,6 +80,14 @@ with st.expander("Filter and summarize", expanded=len(ana.named_dims) > 40):
         "graph lists each conflict.",
     )
 
+
+def _conflict_picked(names: list[str]) -> None:
+    """A conflict row picked: show its details below the table too."""
+    rows = graph_views.selected_rows("conflict_table")
+    if rows and rows[0] < len(names):
+        st.session_state["conflict_detail"] = names[rows[0]]
+
+
 n_boxes = len({ana.group_of_conflict.get(c.id, (c.id,))[0] for c in ana.conflicts})
 boxes = st.session_state.nd_conflict_boxes
 detail = boxes == "each" or (boxes == "auto" and n_boxes <= AUTO_CONFLICT_BOXES)
@@ -93,8 +103,33 @@ flt = charts.GraphFilter(
     merge_state=bool(st.session_state.nd_merge_state),
     conflict_detail=detail,
 )
+# Selections that the graph highlights: a row of the named dims or conflicts table (picked on
+# an earlier run; the tables are below), the op of the select box or the ops table.
+nodes = charts.dim_nodes(ana, flt.collapse)
+picked_dims = tuple(m for r in graph_views.selected_rows("named_dim_table") if r < len(nodes)
+                    for m in nodes[r].members)  # fmt: skip
+picked_conflicts = tuple(
+    k
+    for r in graph_views.selected_rows("conflict_table")
+    if r < len(ana.conflicts)
+    for k in ana.group_of_conflict.get(r, (r,))
+)
+g1, g2 = st.columns(2)
+op = graph_views.op_picker(loaded, g1)
+groups = graph_views.group_options(ana, nodes)
+if st.session_state.get("graph_group") not in groups:
+    st.session_state.pop("graph_group", None)
+g2.selectbox(
+    "Show one group in full",
+    list(groups),
+    format_func=groups.__getitem__,
+    key="graph_group",
+    help="The graph draws identical layers as one node (`×k layers`) and conflicts as one box "
+    "per layer group or per kind; this draws one of them in full below the graph.",
+)
+flt = replace(flt, highlight_dims=picked_dims, highlight_conflicts=picked_conflicts, op=op)
 shown = charts.select_dims(ana, flt)
-total = len(charts.dim_nodes(ana, flt.collapse))
+total = len(nodes)
 st.caption(
     f"Showing {len(shown)} of {total} {'collapsed ' if flt.collapse else ''}named dim nodes "
     f"({len(ana.named_dims)} named dims), largest bytes covered first."
@@ -114,6 +149,9 @@ st.caption(
     "self or reshape conflict breaks the named dim; dashed red border: an axis clash limits its "
     "mesh axes."
 )
+graph_views.group_detail(ana, st.session_state.get("graph_group", ""), nodes, flt)
+if op >= 0:
+    graph_views.op_view(loaded, op)
 with st.expander("DOT source"):
     st.download_button("Download .dot", graph.source, file_name="named_dims.dot", key="dl_dot")
     st.code(graph.source[:20000], language="dot")
@@ -142,8 +180,17 @@ else:
                 "layer group": ", ".join(f"K{k}" for k in group) if len(group) > 1 else "",
             }
         )
-    ui.table(rows, height=min(400, 38 + 35 * len(rows)), key="conflict_table")
     names = [c.name for c in ana.conflicts]
+    st.dataframe(
+        rows,
+        hide_index=True,
+        width="stretch",
+        height=min(400, 38 + 35 * len(rows)),
+        key="conflict_table",
+        on_select=lambda: _conflict_picked(names),
+        selection_mode="single-row",
+    )
+    st.caption("Pick a row to highlight the conflict in the graph and show its details.")
     pick = st.selectbox("Conflict details", names, key="conflict_detail")
     c = ana.conflict(pick)
     st.markdown(f"**{c.name}** ({c.kind}): {public_text(c.description)}")
@@ -162,46 +209,18 @@ else:
         st.markdown("No cut separates the clash: leave its named dim unsharded.")
 
 
-def _where(op_ids: list[int], fallback: bool) -> str:
-    """`3 ops: dot_general at gpt.py:95; ...` (distinct places first)."""
-    if not op_ids:
-        return "yes" if fallback else ""
-    places = list(dict.fromkeys(prog.ops[i].where() for i in op_ids))
-    return f"{len(op_ids)} ops: " + "; ".join(places[:3]) + (" ..." if len(places) > 3 else "")
-
-
-st.subheader("Named dims")
-namer = DimNamer(ana)
-in_conflict = charts.conflict_dims(ana)
-prog = ana.program
-rows = []
-nodes = charts.dim_nodes(ana, flt.collapse)
+st.subheader("Named dims", help="Pick a row to highlight the named dim in the graph.")
 # One binary unit for the column (Streamlit's "bytes" format is decimal: MB next to our MiB).
 scale, unit = binary_unit(max((n.bytes_covered for n in nodes), default=0))
-for node in nodes:
-    nd = ana.named_dims[node.rep]
-    members = ", ".join(
-        dict.fromkeys(
-            f"{charts.collapse_layers(prog.values[v].name) if flt.collapse else prog.values[v].name}.{d}"
-            for v, d, _ in nd.members
-            if prog.values[v].role != "intermediate" or prog.values[v].is_output
+rows = [
+    {
+        (f"bytes covered ({unit})" if k == "bytes_covered" else k): (
+            v / scale if k == "bytes_covered" else v
         )
-    )
-    rows.append(
-        {
-            "named dim": nd.name if len(node.members) == 1 else f"{nd.name} (×{len(node.members)})",
-            "size": nd.size,
-            "is": namer.describe(nd),
-            f"bytes covered ({unit})": node.bytes_covered / scale,
-            "holds": charts.dim_kind(nd),
-            "members": len(nd.members),
-            "input/output dims": members[:300],
-            "reduces at": _where(list(nd.reduction_ops), nd.has_reduction),
-            "needs replication at": _where(list(nd.replication_ops), False),
-            "conflicts": ", ".join(f"K{k}" for m in node.members for k in in_conflict.get(m, [])),
-            "layers": ", ".join(f"N{m}" for m in node.members) if len(node.members) > 1 else "",
-        }
-    )
+        for k, v in row.items()
+    }
+    for row in graph_views.dim_rows(loaded, flt.collapse)
+]
 st.dataframe(
     rows,
     hide_index=True,
@@ -228,7 +247,10 @@ st.dataframe(
         ),
     },
     key="named_dim_table",
+    on_select="rerun",
+    selection_mode="single-row",
 )
+graph_views.op_table(loaded)
 if ana.diagnostics:
     st.subheader(
         "Diagnostics",

@@ -108,7 +108,7 @@ def axis_choices(m: tc.MeshSpec) -> list[str]:
     return ["+".join(c) for c in subsets] + ["-"]
 
 
-namer = DimNamer(ana)
+namer = DimNamer.of(ana)
 
 
 def _dim_option(nd_name: str) -> str:
@@ -217,9 +217,8 @@ s3.number_input(
 
 
 def _stop() -> None:
-    s = state.run_slot()
-    if s["status"] == "running":
-        s["status"] = "stopped"
+    # Settled here, in the new script run: the interrupted run records nothing after this.
+    state.settle_interrupted(state.run_slot())
 
 
 def _request_run() -> None:
@@ -234,20 +233,34 @@ b1.button("Run search", key="run_search", type="primary", width="stretch", on_cl
 b2.button("Stop", key="stop_search", on_click=_stop, width="stretch")
 ui.show_error("search")
 
-baseline_reports = cached.baseline_reports(loaded, state.mesh_text(), state.hardware_name())
-baseline_times = {
-    name: (r.step_time_s if r.fits else None)
-    for name, (strategy, r) in baseline_reports.items()
-    if strategy is not None
-}
-# Baselines the chart cannot draw as a line, and why (its legend lists them greyed out).
-baseline_notes = {
-    name: (
-        f"does not fit ({fmt_bytes(r.peak_bytes)})" if strategy is not None else "not applicable"
-    )
-    for name, (strategy, r) in baseline_reports.items()
-    if strategy is None or not r.fits
-}
+PRICING = {"baselines": "being priced, drawn when ready"}
+
+
+def baseline_lines() -> tuple[dict, dict]:
+    """(step time of each baseline that fits, or None; why the others have no line). While the
+    baselines are still priced in the background (~10 s on llama3-70b), the page does not wait:
+    the chart says so and the lines come with a later draw."""
+    priced = cached.baseline_reports_if_ready(loaded, state.mesh_text(), state.hardware_name())
+    if priced is None:
+        return {}, dict(PRICING)
+    times = {
+        name: (r.step_time_s if r.fits else None)
+        for name, (strategy, r) in priced.items()
+        if strategy is not None
+    }
+    # Baselines the chart cannot draw as a line, and why (its legend lists them greyed out).
+    notes = {
+        name: (
+            f"does not fit ({fmt_bytes(r.peak_bytes)})"
+            if strategy is not None
+            else "not applicable"
+        )
+        for name, (strategy, r) in priced.items()
+        if strategy is None or not r.fits
+    }
+    return times, notes
+
+
 live = st.empty()
 
 
@@ -284,7 +297,7 @@ def draw(n: int) -> None:
             "Status", status, f"{slot['elapsed_s']:.1f} s", delta_color="off", delta_arrow="off"
         )
         st.plotly_chart(
-            charts.progress_figure(slot["history"], baseline_times, baseline_notes),
+            charts.progress_figure(slot["history"], *baseline_lines()),
             key=f"progress_{n}",
             width="stretch",
         )
@@ -295,7 +308,8 @@ def draw(n: int) -> None:
         else:
             st.caption("Everything replicated: no named dim sharded.")
         if not rows and status in ("done", "stopped") and not slot["pins"]:
-            st.info(reports.why_replicated(baseline_reports))
+            priced = cached.baseline_reports(loaded, state.mesh_text(), state.hardware_name())
+            st.info(reports.why_replicated(priced))
         else:
             st.empty()
         if slot["best_fits"] is False:
@@ -306,22 +320,6 @@ def draw(n: int) -> None:
             )
         else:
             st.empty()
-
-
-def record(ev: tc.SearchEvent) -> None:
-    slot["history"].append((ev.iteration, ev.elapsed_s, ev.best_step_time_s, ev.best_fits))
-    slot.update(
-        best=ev.best_strategy,
-        best_step_time_s=ev.best_step_time_s,
-        best_peak_bytes=ev.best_peak_bytes,
-        best_fits=ev.best_fits,
-        iteration=ev.iteration,
-        evaluations=ev.evaluations,
-        tree_size=ev.tree_size,
-        evals_per_s=ev.evals_per_s,
-        elapsed_s=ev.elapsed_s,
-        tree_top=ev.tree_top or slot.get("tree_top", ()),
-    )
 
 
 def run_search() -> None:
@@ -349,27 +347,29 @@ def run_search() -> None:
         return
     if slot["best"] is not None:
         slot["previous"] = state.best_record(slot)
+    run = slot["runs"] + 1
     slot.update(
         status="running",
         history=[],
         pins=list(ws["pins"]),
-        runs=slot["runs"] + 1,
+        runs=run,
         kept_previous=False,
     )
-    record(first)
+    state.record_event(slot, run, first)
     n, last = 0, 0.0
     draw(n)
     for ev in events:
-        record(ev)
+        # False once Stop (or leaving the page) settled the slot from another script run.
+        if not state.record_event(slot, run, ev):
+            break
         if ev.done or time.perf_counter() - last >= DRAW_EVERY_S:
             last = time.perf_counter()
             n += 1
             draw(n)
-    slot["status"] = "done"
-    state.keep_better(slot)
+    state.finish_run(slot, run)
     state.set_setting("strategy_choice", "search best")
     n += 1
-    draw(n)
+    draw(n)  # the settled slot: what "Stopped at iteration N" below reads too
 
 
 if st.session_state.pop("search_requested", False):
@@ -379,9 +379,22 @@ elif slot["history"]:
 else:
     with live.container():
         st.info("Press **Run search**: the chart and the best strategy update while it runs.")
-        st.plotly_chart(
-            charts.progress_figure([], baseline_times, baseline_notes), key="progress_empty"
-        )
+        st.plotly_chart(charts.progress_figure([], *baseline_lines()), key="progress_empty")
+
+
+@st.fragment(run_every=1.0)
+def _await_baselines() -> None:
+    """Redraws the page once the background pricing of the baselines has ended (the page then
+    renders without this fragment)."""
+    if (
+        cached.baseline_reports_if_ready(loaded, state.mesh_text(), state.hardware_name())
+        is not None
+    ):
+        st.rerun()
+
+
+if baseline_lines()[1] == PRICING:
+    _await_baselines()
 
 # -- after a run: what changed, and pinning from the best --------------------------------------
 

@@ -14,6 +14,7 @@ ui.header(
     "kind, per-device memory against capacity, each collective with its cause.",
 )
 plan_views.switch_if_requested()  # a what-if row was pinned: search under it at once
+plan_views.switch_to_graph_if_requested()  # "Show this op in the graph"
 loaded = ui.require_loaded()
 ana = loaded.ana
 mesh = state.mesh()
@@ -56,8 +57,15 @@ else:
 plan_views.why_this_plan(loaded, strategy, report)
 
 st.subheader("Cost breakdown")
+#: Figures are built once per plan (see `cached.figure`).
+fig_key = (loaded.key, state.mesh_text(), state.hardware_name(), cached.strategy_key(strategy))
 st.plotly_chart(
-    charts.cost_breakdown_figure(report.compute_s, report.comm_s_by_kind()), width="stretch"
+    cached.figure(
+        "breakdown",
+        fig_key,
+        lambda: charts.cost_breakdown_figure(report.compute_s, report.comm_s_by_kind()),
+    ),
+    width="stretch",
 )
 by_bytes = report.collective_bytes_by_kind()
 kind_rows = [
@@ -72,12 +80,16 @@ st.subheader("Per-device memory")
 prog = ana.program
 peak_label = prog.ops[report.peak_op].where() if 0 <= report.peak_op < len(prog.ops) else ""
 st.plotly_chart(
-    charts.memory_figure(
-        report.memory_timeline,
-        report.capacity_bytes,
-        report.persistent_bytes,
-        report.peak_op,
-        peak_label,
+    cached.figure(
+        "memory",
+        fig_key,
+        lambda: charts.memory_figure(
+            report.memory_timeline,
+            report.capacity_bytes,
+            report.persistent_bytes,
+            report.peak_op,
+            peak_label,
+        ),
     ),
     width="stretch",
 )
@@ -107,7 +119,14 @@ chart_rows = [
     }
     for n, r in compare
 ]
-st.plotly_chart(charts.strategies_figure(chart_rows, report.capacity_bytes), width="stretch")
+st.plotly_chart(
+    cached.figure(
+        "strategies",
+        (*fig_key, name, tuple(n for n, _ in compare)),
+        lambda: charts.strategies_figure(chart_rows, report.capacity_bytes),
+    ),
+    width="stretch",
+)
 ui.table(
     [
         {

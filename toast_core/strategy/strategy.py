@@ -158,6 +158,16 @@ class Strategy:
         masks = space.masks_of(self.shardings, self.options)
         return space.notation(masks, self.resolution(ana), value_id)
 
+    def value_layouts(
+        self, ana: Analysis, mesh: MeshSpec, value_ids
+    ) -> list[tuple[tuple[tuple[str, ...], ...], str]]:
+        """(`value_axes`, `notation_of`) of each value: for many values at once, the masks are
+        computed once (each single call recomputes them: ~3 ms on llama3-70b)."""
+        space = space_of(ana, mesh)
+        masks = space.masks_of(self.shardings, self.options)
+        res = self.resolution(ana)
+        return [(space.value_axes(masks, v), space.notation(masks, res, v)) for v in value_ids]
+
     def describe(self, ana: Analysis, mesh: MeshSpec) -> list[str]:
         """One line per program input and output in scaling-book notation."""
         prog = ana.program

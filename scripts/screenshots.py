@@ -1,0 +1,115 @@
+"""Screenshots of every explorer page, on the default demo and on llama3-70b.
+
+Starts `streamlit run` (the browser test's server), drives Debian's Chromium with Playwright
+(headless, never `playwright install`) and writes viewport screenshots (1280 x 900, the top of
+each page, plus the graph with an op highlighted) to artifacts/screenshots/<model>/<page>.png:
+
+    /work/main/.venv/bin/python scripts/screenshots.py                # both models
+    /work/main/.venv/bin/python scripts/screenshots.py --only default
+
+On each model: the Search page after a search (5 s on the default, 20 s on llama3-70b on mesh
+data=8,fsdp=8,model=8, tpu-v5p), the Strategy page on its best plan, the Named dims graph with
+the costliest matmul highlighted and its per-op view. llama3-70b takes ~25 s to load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_browser import (  # noqa: E402 (reuses the browser test's server and helpers)
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    choose,
+    idle,
+    nav,
+    run_search,
+    server,
+)
+
+OUT = ROOT / "artifacts" / "screenshots"
+VIEWPORT = {"width": 1280, "height": 900}
+PAGES = ("Model", "Named dims", "Search", "Strategy", "Validate", "Learn", "Export")
+
+
+def shot(pg, model: str, name: str) -> None:
+    path = OUT / model / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pg.wait_for_timeout(800)  # charts finish drawing after the script run
+    pg.screenshot(path=str(path))
+    print(path.relative_to(ROOT), flush=True)
+
+
+def scroll_to(pg, selector: str) -> None:
+    pg.locator(selector).first.scroll_into_view_if_needed()
+    pg.wait_for_timeout(300)
+
+
+def highlight_op(pg, text: str) -> None:
+    """Picks the first op whose readable name contains `text` in the graph's op box."""
+    choose(pg, "graph_op", text)
+    pg.locator("[data-testid='stGraphVizChart'] svg").first.wait_for()
+
+
+def load_llama(pg) -> None:
+    nav(pg, "Model")
+    choose(pg, "w-zoo_model", "llama")
+    choose(pg, "w-zoo_size", "llama3-70b")
+    pg.locator(".st-key-load_zoo button").click()
+    idle(pg)
+    pg.get_by_text("Loaded llama llama3-70b").wait_for(timeout=300_000)
+    box = pg.locator(".st-key-w-mesh_input input")
+    box.fill("data=8,fsdp=8,model=8")
+    box.press("Enter")
+    idle(pg)
+    choose(pg, "w-hardware_input", "tpu-v5p")
+
+
+def tour(pg, model: str, search_s: str) -> None:
+    for label in PAGES:
+        nav(pg, label)
+        if label == "Search":
+            run_search(pg, search_s)
+            idle(pg)
+        if label == "Named dims":
+            pg.locator("[data-testid='stGraphVizChart'] svg").first.wait_for()
+        shot(pg, model, label.lower().replace(" ", "_"))
+    nav(pg, "Named dims")
+    highlight_op(pg, "dot_general(")
+    scroll_to(pg, "[data-testid='stGraphVizChart']")
+    shot(pg, model, "named_dims_op")
+    pg.get_by_text("Per-op view").first.scroll_into_view_if_needed()
+    shot(pg, model, "named_dims_op_view")
+
+
+def main() -> None:
+    from playwright.sync_api import sync_playwright
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", choices=["default", "llama"])
+    args = ap.parse_args()
+    gen = server.__wrapped__()
+    url = next(gen)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            pg = browser.new_page(viewport=VIEWPORT)
+            pg.set_default_timeout(180_000)
+            pg.goto(url)
+            idle(pg)
+            if args.only != "llama":
+                tour(pg, "default", "5")
+            if args.only != "default":
+                load_llama(pg)
+                tour(pg, "llama3_70b", "20")
+            browser.close()
+    finally:
+        gen.close()
+
+
+if __name__ == "__main__":
+    main()
