@@ -142,9 +142,16 @@ def mesh_option(
     )
 
 
-def batch_option(loaded: Loaded, mesh_text: str, hw_name: str, pins: tuple[str, ...]) -> FitOption:
+def batch_option(
+    loaded: Loaded,
+    mesh_text: str,
+    hw_name: str,
+    pins: tuple[str, ...],
+    on_try: Callable[[int], None] | None = None,
+) -> FitOption:
     """The largest batch (the current one halved, again and again) for which the search's seeding
-    finds a plan that fits, under the same pins when they still hold."""
+    finds a plan that fits, under the same pins when they still hold; `on_try(batch)` is called
+    before each batch is traced and priced (tracing a large model takes seconds)."""
     title = "A smaller batch"
     if loaded.spec.source != "zoo" or not loaded.batch:
         return FitOption(
@@ -157,6 +164,8 @@ def batch_option(loaded: Loaded, mesh_text: str, hw_name: str, pins: tuple[str, 
     batch, smallest = loaded.batch // 2, None
     while batch >= 1:
         spec = dataclasses.replace(loaded.spec, batch=batch)
+        if on_try is not None:
+            on_try(batch)
         try:
             small = cached.load(spec)
             kept = _pins_that_hold(small, mesh_text, pins)

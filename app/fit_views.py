@@ -202,7 +202,13 @@ def _price_options(loaded: Loaded, budget_s: float) -> list[FitOption]:
     bar.progress(1 / 3, text="More devices: the smallest power-of-two count that fits...")
     mesh = fit_options.mesh_option(loaded, hw_name, budget_s, progress, seed)
     bar.progress(2 / 3, text="A smaller batch: halving it until a plan fits...")
-    batch = fit_options.batch_option(loaded, mesh_text, hw_name, pins)
+    batch = fit_options.batch_option(
+        loaded,
+        mesh_text,
+        hw_name,
+        pins,
+        lambda b: bar.progress(2 / 3, text=f"A smaller batch: tracing and pricing batch {b}..."),
+    )
     bar.empty()
     return [remat, mesh, batch]
 
