@@ -62,8 +62,10 @@ def remat_option(
     budget_s: float,
     num_simulations: int | None,
     seed: int = 0,
+    current: tc.Strategy | None = None,
 ) -> FitOption:
-    """The best plan on the current mesh with every remat group recomputed in full."""
+    """The best plan on the current mesh with every remat group recomputed in full (`current`:
+    the search's best, to say when it already recomputes everything)."""
     title = "Recompute activations (remat full)"
     groups = tc.remat_groups(loaded.ana)
     if not groups:
@@ -74,6 +76,8 @@ def remat_option(
     change = "pin " + ", ".join(f"`{tc.remat_pin(g, 'full')}`" for g in groups)
     if any(tc.parse_pin(p).kind == "remat" for p in pins):
         change += " (replacing your remat pins and forbids)"
+    elif current is not None and dict(current.remat) == dict.fromkeys(groups, "full"):
+        change += " (the search's best already recomputes everything)"
     try:
         events = tc.search_iter(
             loaded.ana,

@@ -163,7 +163,7 @@ def make_it_fit(loaded: Loaded, slot: dict) -> None:
     store = st.session_state.setdefault("fit_options", {})
     key = _fit_key()
     if st.session_state.pop("fit_requested", False):
-        store[key] = _price_options(loaded, float(st.session_state.fit_budget_s))
+        store[key] = _price_options(loaded, float(st.session_state.fit_budget_s), slot["best"])
     options = store.get(key)
     if options is None:
         return
@@ -183,13 +183,15 @@ def make_it_fit(loaded: Loaded, slot: dict) -> None:
             st.caption("Why fewer devices cannot fit: " + "; ".join(o.arithmetic))
 
 
-def _price_options(loaded: Loaded, budget_s: float) -> list[FitOption]:
+def _price_options(loaded: Loaded, budget_s: float, best: tc.Strategy) -> list[FitOption]:
     mesh_text, hw_name = state.mesh_text(), state.hardware_name()
     pins = tuple(state.workspace()["pins"])
     sims = int(st.session_state.get("num_simulations", 0)) or None
     seed = int(st.session_state.get("seed", 0))
     bar = st.progress(0.0, text="Remat: searching with every layer group recomputed...")
-    remat = fit_options.remat_option(loaded, mesh_text, hw_name, pins, budget_s, sims, seed)
+    remat = fit_options.remat_option(
+        loaded, mesh_text, hw_name, pins, budget_s, sims, seed, current=best
+    )
 
     def progress(p: tc.MeshProgress) -> None:
         if p.mesh is not None:
