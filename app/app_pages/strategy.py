@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import cached, charts, fit_views, plan_views, reports, state, ui
+from app import cached, charts, plan_views, remat_views, reports, state, ui
 from app.fmt import fmt_bytes, fmt_s
 
 ui.header(
@@ -68,7 +68,7 @@ kind_rows = [
 if kind_rows:
     ui.table(kind_rows, key="kinds")
 
-fit_views.memory_section(loaded, strategy, report)  # with and without the plan's remat
+remat_views.memory_section(loaded, strategy, report)  # with and without the plan's remat
 
 st.subheader("Baselines side by side")
 bl = cached.baseline_reports(loaded, state.mesh_text(), state.hardware_name())
