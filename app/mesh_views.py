@@ -57,6 +57,9 @@ def mesh_comparison(loaded: Loaded) -> None:
     user sets, streaming; a chart of step time and peak per mesh shape; one click uses a shape."""
     n = state.mesh().n_devices
     st.subheader(f"Mesh shapes of {n} devices")
+    if n < 4:
+        st.caption(f"{n} device{'s' if n > 1 else ''}: one mesh shape only, nothing to compare.")
+        return
     st.caption(
         f"Every factorization of {n} into 1-3 mesh axes (`tc.search_meshes`), each searched "
         "within an equal share of the budget. Pins on named dims name mesh axes that some "
