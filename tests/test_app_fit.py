@@ -70,6 +70,8 @@ def test_strategy_page_draws_memory_with_and_without_the_plans_remat(gpt_tiny):
     blocks = groups[groups["remat group"] == "blocks"].iloc[0]
     assert blocks["policy"] == "full" and blocks["layers"].startswith("2: blocks[0]")
     assert with_r.peak_bytes < without_r.peak_bytes
+    decisions = frame_with(at, "decision", "what")
+    assert "remat[blocks]=full" in decisions["decision"].tolist()
     # A plan without remat: one curve, and what full remat would do to it.
     at.selectbox(key="w.strategy_choice").set_value("baseline: data_parallel").run()
     assert not [
