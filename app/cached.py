@@ -36,18 +36,21 @@ class ModelSpec:
     path: str = ""  # absolute path of the user's file
     function: str = ""
     digest: str = ""  # content hash of the user's file
+    batch: int = 0  # a zoo model's batch size (0: the size's own); "make it fit" may lower it
 
     @property
     def key(self) -> str:
         if self.source == "file":
             return f"file:{self.path}:{self.function}@{self.digest}"
-        return f"zoo:{self.model}:{self.size}:{'train' if self.train else 'forward'}"
+        batch = f":b{self.batch}" if self.batch else ""
+        return f"zoo:{self.model}:{self.size}:{'train' if self.train else 'forward'}{batch}"
 
     @property
     def title(self) -> str:
         if self.source == "file":
             return f"{self.path.rsplit('/', 1)[-1]}:{self.function}"
-        return f"{self.model} {self.size} ({'train step' if self.train else 'forward'})"
+        batch = f" batch {self.batch}" if self.batch else ""
+        return f"{self.model} {self.size}{batch} ({'train step' if self.train else 'forward'})"
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,6 +65,7 @@ class Loaded:
     ana: tc.Analysis
     is_concrete: bool
     load_s: float
+    batch: int | None = None  # a zoo model's batch size (None: a user file, or no batch setting)
 
     @property
     def key(self) -> str:
@@ -72,20 +76,26 @@ def load(spec: ModelSpec) -> Loaded:
     """The analysis of a model spec (cached); raises ToastError subclasses only."""
     if spec.source == "file":
         return _load_file(spec.path, spec.function, spec.digest)
-    return _load_zoo(spec.model, spec.size, spec.train)
+    return _load_zoo(spec.model, spec.size, spec.train, spec.batch)
 
 
 @st.cache_resource(show_spinner=False, max_entries=24)
-def _load_zoo(model: str, size: str, train: bool) -> Loaded:
+def _load_zoo(model: str, size: str, train: bool, batch: int = 0) -> Loaded:
     if model not in MODEL_ZOO:
         raise tc.ToastError(f"expected a zoo model in {sorted(MODEL_ZOO)}, got `model={model!r}`")
     if size not in SIZES[model]:
         raise tc.ToastError(f"expected a size in {SIZES[model]}, got `size={size!r}`")
     start = time.perf_counter()
-    w = MODEL_ZOO[model](size=size, train=train)
+    if not batch:
+        w = MODEL_ZOO[model](size=size, train=train)
+    else:
+        try:
+            w = MODEL_ZOO[model](size=size, train=train, batch=batch)
+        except (TypeError, ValueError) as exc:
+            raise tc.ToastError(f"expected a model with a batch setting, got `{exc}`") from None
     prog = tc.trace(w.fn, *w.args, param_argnums=w.param_argnums)
     ana = tc.analyze(prog)
-    spec = ModelSpec("zoo", model, size, train)
+    spec = ModelSpec("zoo", model, size, train, batch=batch)
     return Loaded(
         spec,
         w.description,
@@ -95,6 +105,7 @@ def _load_zoo(model: str, size: str, train: bool) -> Loaded:
         ana,
         _is_concrete(w.args),
         time.perf_counter() - start,
+        getattr(w.config, "batch", None),
     )
 
 
@@ -132,7 +143,7 @@ def twin(spec: ModelSpec) -> Loaded:
     with the real size's (then a plan cannot move over by name)."""
     if not has_twin(spec):
         raise tc.ToastError(f"expected a zoo model with a numerics twin, got `model={spec.title}`")
-    out = _load_twin(spec.model, spec.size, spec.train)
+    out = _load_twin(spec.model, spec.size, spec.train, spec.batch)
     problem = misalignment(load(spec).ana, out.ana)
     if problem:
         raise tc.ToastError(f"the scaled-down twin of {spec.title} does not line up: {problem}")
@@ -140,14 +151,14 @@ def twin(spec: ModelSpec) -> Loaded:
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
-def _load_twin(model: str, size: str, train: bool) -> Loaded:
+def _load_twin(model: str, size: str, train: bool, batch: int = 0) -> Loaded:
     start = time.perf_counter()
-    overrides = NUMERICS_TWINS[(model, size)]
+    overrides = {**NUMERICS_TWINS[(model, size)], **({"batch": batch} if batch else {})}
     w = MODEL_ZOO[model](size=size, train=train, **overrides)
     args = w.concrete_args()
     prog = tc.trace(w.fn, *args, param_argnums=w.param_argnums)
     ana = tc.analyze(prog)
-    spec = ModelSpec("zoo", model, size, train)
+    spec = ModelSpec("zoo", model, size, train, batch=batch)
     shrunk = ", ".join(f"{k}={v}" for k, v in overrides.items())
     return Loaded(
         spec,

@@ -26,7 +26,8 @@ def dim_label(ana: tc.Analysis, dim_name: str) -> str:
 
 
 def decision_rows(ana: tc.Analysis, strategy: tc.Strategy, pins=()) -> list[dict]:
-    """One row per decision of a strategy: sharded named dims, then chosen conflict options."""
+    """One row per decision of a strategy: sharded named dims, chosen conflict options, then
+    remat policies."""
     pinned = {p.strip() for p in pins}
     rows = []
     for names, axes in _grouped_shardings(strategy):
@@ -56,8 +57,24 @@ def decision_rows(ana: tc.Analysis, strategy: tc.Strategy, pins=()) -> list[dict
                 "pinned": "yes" if pin in pinned else "",
             }
         )
+    for group, policy in strategy.remat:
+        pin = tc.remat_pin(group, policy)
+        rows.append(
+            {
+                "decision": pin,
+                "named dim": "",
+                "what": f"remat: layer group {group} recomputed in the backward "
+                f"({REMAT_KEEPS.get(policy, policy)})",
+                "mesh axes": "",
+                "pinned": "yes" if pin in pinned else "",
+            }
+        )
     rows.sort(key=lambda r: r["pinned"] != "yes")  # pinned decisions first (stable otherwise)
     return rows
+
+
+#: What each remat policy keeps from the forward for the backward.
+REMAT_KEEPS = {"dots": "keeps the matmul outputs", "full": "keeps only the layer inputs"}
 
 
 #: How the tables write the parts of a named dim after a conflict's cut.

@@ -24,11 +24,15 @@ from toast_core.cost import (
     CostReport,
     Explanation,
     OpView,
+    RematComparison,
+    RematGroupCost,
     WhatIf,
     costliest_ops,
     estimate,
     explain,
     op_view,
+    remat_comparison,
+    remat_groups,
 )
 from toast_core.errors import PinError, StrategyError, ToastError, TraceError
 from toast_core.ir import Program, trace
@@ -79,6 +83,8 @@ __all__ = [
     "Pin",
     "PinError",
     "Program",
+    "RematComparison",
+    "RematGroupCost",
     "SearchEvent",
     "SearchResult",
     "SearchSettings",
@@ -106,6 +112,8 @@ __all__ = [
     "parse_pin",
     "partition_specs",
     "plan_module",
+    "remat_comparison",
+    "remat_groups",
     "remat_pin",
     "search",
     "search_iter",

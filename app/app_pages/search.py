@@ -8,7 +8,7 @@ from itertools import combinations
 import streamlit as st
 
 import toast_core as tc
-from app import cached, charts, reports, state, ui
+from app import cached, charts, fit_views, reports, state, ui
 from app.dim_names import DimNamer, public_text
 from app.fmt import fmt_bytes, fmt_s
 
@@ -27,6 +27,7 @@ ws = state.workspace()
 slot = state.run_slot()
 # A run still marked running was interrupted (Stop, or a page switch): keep the better best.
 state.settle_interrupted(slot)
+fit_views.show_notice()  # what a "make it fit" option or a mesh shape just changed
 
 
 # -- pins ---------------------------------------------------------------------------------------
@@ -488,3 +489,7 @@ if slot["best"] is not None and slot["status"] in ("done", "stopped"):
     st.page_link(
         "app_pages/strategy.py", label="Inspect the best strategy", icon=":material/arrow_forward:"
     )
+
+# -- fit where nothing fits (app/fit_views.py) --------------------------------------------------
+fit_views.make_it_fit(loaded, slot)  # only when no plan fits: remat, more devices, smaller batch
+fit_views.mesh_comparison(loaded)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import cached, charts, plan_views, reports, state, ui
+from app import cached, charts, plan_views, remat_views, reports, state, ui
 from app.fmt import fmt_bytes, fmt_s
 
 ui.header(
@@ -76,27 +76,7 @@ kind_rows = [
 if kind_rows:
     ui.table(kind_rows, key="kinds")
 
-st.subheader("Per-device memory")
-prog = ana.program
-peak_label = prog.ops[report.peak_op].where() if 0 <= report.peak_op < len(prog.ops) else ""
-st.plotly_chart(
-    cached.figure(
-        "memory",
-        fig_key,
-        lambda: charts.memory_figure(
-            report.memory_timeline,
-            report.capacity_bytes,
-            report.persistent_bytes,
-            report.peak_op,
-            peak_label,
-        ),
-    ),
-    width="stretch",
-)
-st.caption(
-    f"Inputs (parameters, optimizer state, data) take {fmt_bytes(report.persistent_bytes)} per "
-    f"device; the peak {fmt_bytes(report.peak_bytes)} is reached at {peak_label or 'the end'}."
-)
+remat_views.memory_section(loaded, strategy, report)  # with and without the plan's remat
 
 st.subheader("Baselines side by side")
 bl = cached.baseline_reports(loaded, state.mesh_text(), state.hardware_name())

@@ -12,6 +12,12 @@ from toast_core.cost.model import (
     evaluator,
 )
 from toast_core.cost.opview import OpView, costliest_ops, op_view
+from toast_core.cost.remat_compare import (
+    RematComparison,
+    RematGroupCost,
+    remat_comparison,
+    remat_groups,
+)
 from toast_core.cost.whatif import Explanation, WhatIf, explain
 
 __all__ = [
@@ -21,6 +27,8 @@ __all__ = [
     "Evaluator",
     "Explanation",
     "OpView",
+    "RematComparison",
+    "RematGroupCost",
     "Score",
     "costliest_ops",
     "WhatIf",
@@ -28,4 +36,6 @@ __all__ = [
     "evaluator",
     "explain",
     "op_view",
+    "remat_comparison",
+    "remat_groups",
 ]
