@@ -3,8 +3,8 @@
 * **remat**: recompute every remat group in the backward (`remat[g]=full` pinned for each; any
   remat pin or forbid of the user's replaced), searched on the same mesh under the other pins;
 * **a larger mesh**: `tc.min_devices`, the smallest power-of-two device count with a plan that
-  fits, with its mesh shape and plan (searched without the user's pins: they may name mesh axes
-  the new shape lacks);
+  fits, with its mesh shape and plan (under the user's remat and conflict pins; pins on named
+  dims may name mesh axes the new shape lacks);
 * **a smaller batch**: a zoo model's batch halved until a plan fits (each size traced and
   scored after the search's seeding: baselines and greedy descents, no tree search).
 
@@ -109,9 +109,12 @@ def mesh_option(
     budget_s: float,
     progress: Callable[[tc.MeshProgress], None] | None = None,
     seed: int = 0,
+    pins: tuple[str, ...] = (),
 ) -> FitOption:
     """The smallest power-of-two device count with a plan that fits (`tc.min_devices`), each
-    count searched within `budget_s` shared by its mesh shapes."""
+    count searched within `budget_s` shared by its mesh shapes, under the remat and conflict
+    pins among `pins` (pins on named dims name mesh axes a new shape may lack)."""
+    shape_free = shape_free_pins(pins)
     try:
         fit = tc.min_devices(
             loaded.ana,
@@ -120,6 +123,7 @@ def mesh_option(
             max_devices=MAX_DEVICES,
             seed=seed,
             progress=progress,
+            pins=shape_free,
         )
     except tc.ToastError as exc:
         return FitOption("mesh", "More devices", "", False, str(exc))
@@ -136,7 +140,8 @@ def mesh_option(
     return FitOption(
         "mesh",
         f"{fit.devices} devices",
-        f"mesh `{plan.mesh}` (searched without your pins)",
+        f"mesh `{plan.mesh}`"
+        + (" (searched without your pins on named dims)" if shape_free != tuple(pins) else ""),
         step_time_s=plan.step_time_s,
         peak_bytes=plan.peak_bytes,
         fits=plan.fits,
@@ -144,6 +149,11 @@ def mesh_option(
         mesh_text=str(plan.mesh),
         arithmetic=fit.arithmetic,
     )
+
+
+def shape_free_pins(pins: tuple[str, ...]) -> tuple[str, ...]:
+    """The pins that hold on any mesh shape: all but those on named dims (remat, conflicts)."""
+    return tuple(p for p in pins if tc.parse_pin(p).kind != "dim")
 
 
 def batch_option(
