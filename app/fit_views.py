@@ -99,7 +99,8 @@ def _price_options(loaded: Loaded, budget_s: float, best: tc.Strategy) -> list[F
             )
 
     bar.progress(1 / 3, text="More devices: the smallest power-of-two count that fits...")
-    mesh = fit_options.mesh_option(loaded, hw_name, budget_s, progress, seed, pins)
+    n_devices = state.mesh().n_devices
+    mesh = fit_options.mesh_option(loaded, n_devices, hw_name, budget_s, progress, seed, pins)
     bar.progress(2 / 3, text="A smaller batch: halving it until a plan fits...")
     batch = fit_options.batch_option(
         loaded,
