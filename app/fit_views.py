@@ -43,7 +43,7 @@ def make_it_fit(loaded: Loaded, slot: dict) -> None:
         "(each power-of-two count searched within the budget below), or train on a smaller batch "
         "(the search's seeding at each halved batch). Applying one keeps everything found so far."
     )
-    st.session_state.setdefault("fit_budget_s", 4.0)
+    st.session_state.setdefault("fit_budget_s", 8.0)
     c1, c2 = st.columns([2, 6], vertical_alignment="bottom")
     c1.number_input(
         "Budget per device count (s)",
