@@ -3,8 +3,8 @@
 * **remat**: recompute every remat group in the backward (`remat[g]=full` pinned for each; any
   remat pin or forbid of the user's replaced), searched on the same mesh under the other pins;
 * **a larger mesh**: `tc.min_devices`, the smallest power-of-two device count with a plan that
-  fits, with its mesh shape and plan (searched without the user's pins: they may name mesh axes
-  the new shape lacks);
+  fits, with its mesh shape and plan (under the user's remat and conflict pins; pins on named
+  dims may name mesh axes the new shape lacks);
 * **a smaller batch**: a zoo model's batch halved until a plan fits (each size traced and
   scored after the search's seeding: baselines and greedy descents, no tree search).
 
@@ -25,8 +25,8 @@ from app import cached
 from app.cached import Loaded
 from app.fmt import fmt_bytes
 
-#: min_devices stops looking beyond this many devices.
-MAX_DEVICES = 1 << 14
+#: min_devices looks up to this many times the current device count (at least MIN_REACH).
+REACH, MIN_REACH = 64, 256
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def remat_option(
     if any(tc.parse_pin(p).kind == "remat" for p in pins):
         change += " (replacing your remat pins and forbids)"
     elif current is not None and dict(current.remat) == dict.fromkeys(groups, "full"):
-        change += " (the search's best already recomputes everything)"
+        change += " (as the search's best does)"
     try:
         events = tc.search_iter(
             loaded.ana,
@@ -105,38 +105,53 @@ def remat_option(
 
 def mesh_option(
     loaded: Loaded,
+    n_devices: int,
     hw_name: str,
     budget_s: float,
     progress: Callable[[tc.MeshProgress], None] | None = None,
     seed: int = 0,
+    pins: tuple[str, ...] = (),
 ) -> FitOption:
-    """The smallest power-of-two device count with a plan that fits (`tc.min_devices`), each
-    count searched within `budget_s` shared by its mesh shapes."""
+    """The smallest power-of-two device count with a plan that fits (`tc.min_devices`, up to
+    REACH times the current `n_devices`), each count searched within `budget_s` shared by its
+    mesh shapes, under the remat and conflict pins among `pins` (pins on named dims name mesh
+    axes a new shape may lack)."""
+    shape_free = shape_free_pins(pins)
+    max_devices = max(MIN_REACH, REACH * n_devices)
     try:
         fit = tc.min_devices(
             loaded.ana,
             hw_name,
             budget_s=budget_s,
-            max_devices=MAX_DEVICES,
+            max_devices=max_devices,
             seed=seed,
             progress=progress,
+            pins=shape_free,
         )
     except tc.ToastError as exc:
         return FitOption("mesh", "More devices", "", False, str(exc))
     if fit.devices is None:
+        closest = min(fit.tried, key=lambda t: t[1].peak_bytes, default=None)
+        best = (
+            f"; the closest: {closest[0]:,} devices need {fmt_bytes(closest[1].peak_bytes)} "
+            "each (a larger budget may find a plan that fits)"
+            if closest
+            else ""
+        )
         return FitOption(
             "mesh",
             "More devices",
             "",
             False,
-            f"no power of two up to {MAX_DEVICES:,} devices fits",
+            f"no power of two up to {max_devices:,} devices fits{best}",
             arithmetic=fit.arithmetic,
         )
     plan = fit.plan
     return FitOption(
         "mesh",
         f"{fit.devices} devices",
-        f"mesh `{plan.mesh}` (searched without your pins)",
+        f"mesh `{plan.mesh}`"
+        + (" (searched without your pins on named dims)" if shape_free != tuple(pins) else ""),
         step_time_s=plan.step_time_s,
         peak_bytes=plan.peak_bytes,
         fits=plan.fits,
@@ -144,6 +159,11 @@ def mesh_option(
         mesh_text=str(plan.mesh),
         arithmetic=fit.arithmetic,
     )
+
+
+def shape_free_pins(pins: tuple[str, ...]) -> tuple[str, ...]:
+    """The pins that hold on any mesh shape: all but those on named dims (remat, conflicts)."""
+    return tuple(p for p in pins if tc.parse_pin(p).kind != "dim")
 
 
 def batch_option(

@@ -43,7 +43,7 @@ def make_it_fit(loaded: Loaded, slot: dict) -> None:
         "(each power-of-two count searched within the budget below), or train on a smaller batch "
         "(the search's seeding at each halved batch). Applying one keeps everything found so far."
     )
-    st.session_state.setdefault("fit_budget_s", 4.0)
+    st.session_state.setdefault("fit_budget_s", 8.0)
     c1, c2 = st.columns([2, 6], vertical_alignment="bottom")
     c1.number_input(
         "Budget per device count (s)",
@@ -99,7 +99,8 @@ def _price_options(loaded: Loaded, budget_s: float, best: tc.Strategy) -> list[F
             )
 
     bar.progress(1 / 3, text="More devices: the smallest power-of-two count that fits...")
-    mesh = fit_options.mesh_option(loaded, hw_name, budget_s, progress, seed)
+    n_devices = state.mesh().n_devices
+    mesh = fit_options.mesh_option(loaded, n_devices, hw_name, budget_s, progress, seed, pins)
     bar.progress(2 / 3, text="A smaller batch: halving it until a plan fits...")
     batch = fit_options.batch_option(
         loaded,

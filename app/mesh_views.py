@@ -9,7 +9,7 @@ import time
 import streamlit as st
 
 import toast_core as tc
-from app import cached, fit_charts, state
+from app import cached, fit_charts, fit_options, state
 from app.cached import Loaded
 from app.fmt import fmt_bytes, fmt_s
 
@@ -31,6 +31,8 @@ def apply_mesh(mesh_text: str, strategy: tc.Strategy | None, plan=None) -> None:
             best_step_time_s=plan.step_time_s,
             best_peak_bytes=plan.peak_bytes,
             best_fits=plan.fits,
+            # Found under these: a search under the same pins keeps it if it finds no better.
+            pins=list(fit_options.shape_free_pins(tuple(state.workspace()["pins"]))),
         )
     pins = tuple(state.workspace()["pins"])
     try:
@@ -71,7 +73,7 @@ def mesh_comparison(loaded: Loaded) -> None:
         "Budget (s)", min_value=0.5, max_value=600.0, step=1.0, **state.bound("mesh_budget_s")
     )
     c2.button("Compare mesh shapes", key="mesh_compare", on_click=_request_meshes)
-    pins = tuple(p for p in state.workspace()["pins"] if tc.parse_pin(p).kind != "dim")
+    pins = fit_options.shape_free_pins(tuple(state.workspace()["pins"]))
     key = (loaded.key, n, state.hardware_name(), pins)
     store = st.session_state.setdefault("mesh_rankings", {})
     live = st.empty()

@@ -140,11 +140,25 @@ def test_make_it_fit_prices_remat_more_devices_and_a_smaller_batch(tiny_chip):
     assert any("Applied" in i.value for i in at.info)
 
 
-def test_make_it_fit_applies_a_smaller_batch_and_keeps_the_old_model(tiny_chip):
+def test_make_it_fit_applies_more_devices_or_a_smaller_batch_and_keeps_the_old_run(tiny_chip):
     at = on_tiny_chip()
     at.button(key="run_search").click().run()
     old_key = at.session_state["model_spec"].key
+    old_run = (old_key, at.session_state["mesh_text"], TINY_CHIP)
     at.number_input(key="w.fit_budget_s").set_value(0.5).run()
+    at.button(key="fit_find").click().run()
+    # More devices: the mesh changes, its run starts with the plan priced there (under the remat
+    # forbids), a search runs on it and keeps it unless it finds better; the old run is kept.
+    mesh = frame_with(at, "option", "change", "fits").iloc[1]
+    at.button(key="fit_apply_mesh").click().run()
+    assert not at.exception and f"`{at.session_state['mesh_text']}`" in mesh["change"]
+    slot = slot_of(at)
+    assert slot["status"] == "done" and slot["best_fits"] is True and slot["previous"] is not None
+    assert at.session_state["runs"][old_run]["best_fits"] is False
+    assert not dict(slot["best"].remat)  # the forbids held
+    # Back to the old mesh (as the Model page does), then a smaller batch.
+    at.session_state["mesh_text"] = old_run[1]
+    at.run()
     at.button(key="fit_find").click().run()
     batch = frame_with(at, "option", "fits").iloc[2]["option"]  # "Batch 4 instead of 8"
     at.button(key="fit_apply_batch").click().run()
@@ -182,3 +196,30 @@ def test_mesh_shapes_are_compared_charted_and_one_is_applied(gpt_tiny):
     slot = slot_of(at)
     assert slot["status"] == "done" and slot["previous"] is not None
     assert at.session_state["mesh_input"] == other  # the Model page shows it too
+
+
+def test_make_it_fit_says_why_an_option_does_not_apply(monkeypatch):
+    """A forward pass has nothing to recompute; its weights alone outgrow the chip at any batch."""
+    from app.cached import ModelSpec
+
+    spec = tc.HardwareSpec(TINY_CHIP, 1.97e14, 8.1e11, int(0.05e6 / 0.9), 9e10, 2.5e10)
+    monkeypatch.setitem(tc.HARDWARE_PRESETS, TINY_CHIP, spec)
+    at = start()
+    at.session_state["model_spec"] = ModelSpec("zoo", "gpt", "tiny", False)
+    at.session_state["hardware"] = TINY_CHIP
+    at.session_state["hardware_input"] = TINY_CHIP
+    at = goto(at, "search")
+    at.number_input(key="w.num_simulations").set_value(20).run()
+    at.number_input(key="w.budget_s").set_value(120.0).run()
+    at.button(key="run_search").click().run()
+    assert slot_of(at)["best_fits"] is False
+    at.number_input(key="w.fit_budget_s").set_value(0.5).run()
+    at.button(key="fit_find").click().run()
+    assert not at.exception
+    table = frame_with(at, "option", "change", "fits")
+    remat, mesh, batch = (table.iloc[i] for i in range(3))
+    assert "no remat group" in remat["change"] and remat["fits"] == ""
+    # Tiny dims stop dividing long before 512 devices: more of them stop helping.
+    assert mesh["change"].startswith("no power of two up to 512 devices fits; the closest: ")
+    assert batch["change"].startswith("no smaller batch fits: batch 1 needs")
+    assert all(at.button(key=f"fit_apply_{k}").disabled for k in ("remat", "mesh", "batch"))

@@ -183,6 +183,10 @@ def test_min_devices_finds_the_smallest_count_and_says_why(gpt):
     assert fit.devices is not None and fit.devices >= 2 and fit.plan.fits
     assert fit.plan.mesh.n_devices == fit.devices
     assert all(not p.fits for n, p in fit.tried if n < fit.devices)
+    # Pins that hold on every shape apply to every shape: with remat forbidden, no plan recomputes.
+    forbids = [f"!remat[{g}]={p}" for g in tc.remat_groups(gpt) for p in ("dots", "full")]
+    plain = tc.min_devices(gpt, hw, budget_s=1.0, cost_options=opts, max_devices=64, pins=forbids)
+    assert all(not p.strategy.remat for _, p in plain.tried)
 
 
 def test_fsdp_under_remat_gathers_weights_again_for_the_backward():

@@ -230,10 +230,13 @@ def min_devices(
     seed: int = 0,
     cost_options: CostOptions | None = None,
     progress=None,
+    pins=(),
 ) -> FitResult:
     """The smallest power-of-two device count with a plan that fits `hw`'s memory, its plan,
     and the arithmetic that rules out fewer devices. Each count tried gets `budget_s` shared by
-    its mesh shapes; `progress(MeshProgress)` is called with every event, for streaming."""
+    its mesh shapes; `progress(MeshProgress)` is called with every event, for streaming. `pins`
+    (and forbids) apply to every shape, so they must not name mesh axes: remat and conflict
+    pins (`!remat[blocks]=full`, `K2=1`)."""
     hw = hardware(hw)
     opts = cost_options or CostOptions()
     capacity = hw.hbm_capacity_bytes * (1.0 - opts.memory_headroom)
@@ -250,7 +253,14 @@ def min_devices(
     while n <= max_devices:
         last = None
         for last in search_meshes_iter(
-            ana, n, hw, budget_s=budget_s, max_axes=max_axes, seed=seed, cost_options=opts
+            ana,
+            n,
+            hw,
+            budget_s=budget_s,
+            max_axes=max_axes,
+            seed=seed,
+            pins=pins,
+            cost_options=opts,
         ):
             if progress is not None:
                 progress(last)
