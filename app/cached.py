@@ -391,3 +391,16 @@ def preload(spec: ModelSpec) -> bool:
 
     threading.Thread(target=run, name="toast-preload", daemon=True).start()
     return True
+
+
+def in_background(name: str, fn, *args) -> None:
+    """Runs `fn(*args)` (cached work a page will ask for soon) in a daemon thread; a failure is
+    left for the page to show when it asks itself."""
+
+    def run() -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - the page shows the error when it asks again
+            pass
+
+    threading.Thread(target=run, name=f"toast-{name}", daemon=True).start()

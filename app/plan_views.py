@@ -256,7 +256,7 @@ def op_detail(
     ana, prog = loaded.ana, loaded.ana.program
     v = tc.op_view(ana, strategy, state.mesh(), report, op)
     st.markdown(f"**#{v.op} `{v.primitive}`** {v.where.split(' ', 1)[1] if ' ' in v.where else ''}")
-    m = st.columns(4)
+    m = st.columns([1.7, 1, 1, 1])  # "contracting-sharded" in full
     m[0].metric("Case", v.case)
     m[1].metric("Flops / device", f"{v.flops_per_device:.3g}")
     m[2].metric(

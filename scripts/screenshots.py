@@ -2,7 +2,7 @@
 
 Starts `streamlit run` (the browser test's server), drives Debian's Chromium with Playwright
 (headless, never `playwright install`) and writes viewport screenshots (1280 x 900, the top of
-each page, plus the graph with an op highlighted) to artifacts/screenshots/<model>/<page>.png:
+each page, plus the graph with an op highlighted and one collapsed group drawn in full) to artifacts/screenshots/<model>/<page>.png:
 
     /work/main/.venv/bin/python scripts/screenshots.py                # both models
     /work/main/.venv/bin/python scripts/screenshots.py --only default
@@ -75,15 +75,27 @@ def tour(pg, model: str, search_s: str) -> None:
         if label == "Search":
             run_search(pg, search_s)
             idle(pg)
+            scroll_to(pg, "[data-testid='stMetric']")  # the run's metrics and chart
         if label == "Named dims":
             pg.locator("[data-testid='stGraphVizChart'] svg").first.wait_for()
         shot(pg, model, label.lower().replace(" ", "_"))
     nav(pg, "Named dims")
     highlight_op(pg, "dot_general(")
-    scroll_to(pg, "[data-testid='stGraphVizChart']")
+    op_node = pg.locator("[data-testid='stGraphVizChart'] svg g.node").filter(
+        has=pg.locator("title", has_text="op")
+    )
+    op_node.first.scroll_into_view_if_needed()
+    pg.wait_for_timeout(300)
     shot(pg, model, "named_dims_op")
     pg.get_by_text("Per-op view").first.scroll_into_view_if_needed()
     shot(pg, model, "named_dims_op_view")
+    # The first collapsed group (the option after "none"), drawn in full.
+    pg.locator(".st-key-graph_group [role='combobox']").click()
+    pg.keyboard.press("ArrowDown")
+    pg.keyboard.press("Enter")
+    idle(pg)
+    pg.get_by_text("Drawn in full").first.scroll_into_view_if_needed()
+    shot(pg, model, "named_dims_group")
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 `streamlit run` server started by the test.
 
 Flow, on the default demo (GPT-2 small shapes) as a new user finds it: the named dims graph
-renders as SVG with a conflict in red; a search streams into the plotly progress chart and ends
+renders as SVG with a conflict in red, and an op picked in the ops table shows in it; a search streams into the plotly progress chart and ends
 with a sharded plan faster than every baseline; a pin made from the selectboxes survives a
 re-search, which Stop ends with its best kept (and the iteration it names is the one shown); the
 plan's numerics check out on the scaled-down twin (Validate); the exported strategy JSON parses
@@ -39,6 +39,7 @@ CHROMIUM_ARGS = [
     "--disable-dev-shm-usage",
 ]
 RED = "#d62728"  # app.charts.CONFLICT_LINE
+GOLD = "#e8a400"  # app.charts.HIGHLIGHT_LINE
 #: Whether a script run is going on: Streamlit's app root carries its state (the status widget,
 #: the usual tell, is hidden with the toolbar).
 SCRIPT_RUNNING = (
@@ -243,6 +244,18 @@ def test_main_flow(page, server):
     assert red.count() >= 1
     assert "K0" in svg.text_content()
     screenshot(pg, "named_dims")
+    # Pick an op in the ops table (its row marker): the graph draws it as a gold box linked to
+    # its named dims, and its per-op view follows the graph.
+    table = pg.locator(".st-key-op_table_0")
+    table.scroll_into_view_if_needed()
+    box = table.bounding_box()
+    pg.mouse.move(box["x"] + 60, box["y"] + 35 + 17)  # hovering shows the row marker
+    pg.mouse.click(box["x"] + 16, box["y"] + 35 + 17)
+    idle(pg)
+    gold = svg.locator(f"g.node polygon[stroke='{GOLD}']")
+    gold.first.wait_for()
+    assert pg.get_by_text("Per-op view").count() >= 1
+    assert "(none)" not in pg.locator(".st-key-graph_op").inner_text()
 
     # Search: the chart updates live, and the plan found shards and beats every baseline.
     nav(pg, "Search")

@@ -235,6 +235,16 @@ def test_describe_after_a_cut_names_the_parts(mlp_train):
     )
 
 
+def test_value_layouts_match_value_axes_and_notation_one_by_one(mlp_train):
+    mesh = tc.MeshSpec({"data": 8})
+    fsdp = tc.baselines.fsdp(mlp_train, mesh)
+    prog = mlp_train.program
+    vids = list(dict.fromkeys(prog.inputs + prog.outputs))
+    assert fsdp.value_layouts(mlp_train, mesh, vids) == [
+        (fsdp.value_axes(mlp_train, mesh, v), fsdp.notation_of(mlp_train, mesh, v)) for v in vids
+    ]
+
+
 def test_partition_specs_mirror_the_pytrees(mlp_train):
     b = dim_name(mlp_train, "batch.x", 0)
     f = dim_name(mlp_train, "params.w1", 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 import toast_core as tc
-from app import cached, state, ui
+from app import cached, graph_views, state, ui
 from app.cached import ModelSpec
 from app.fmt import fmt_bytes
 from app.lessons import LESSONS
@@ -149,6 +149,7 @@ with right:
 loaded = ui.require_loaded()
 cached.warm(loaded, state.mesh_text(), state.hardware_name())
 cached.preload(LESSONS[int(st.session_state.lesson)].spec)  # the Learn page's model
+graph_views.warm(loaded)  # the Named dims page's tables and names
 s = loaded.ana.summary()
 st.divider()
 st.subheader(loaded.spec.title)

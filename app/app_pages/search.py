@@ -369,6 +369,9 @@ def run_search() -> None:
             draw(n)
     state.finish_run(slot, run)
     state.set_setting("strategy_choice", "search best")
+    # Price the best plan for the Strategy page meanwhile (~1 s on llama3-70b).
+    cached.in_background("estimate", cached.estimate, loaded, slot["best"], state.mesh_text(),
+                         state.hardware_name())  # fmt: skip
     n += 1
     draw(n)  # the settled slot: what "Stopped at iteration N" below reads too
 
