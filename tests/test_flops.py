@@ -224,6 +224,10 @@ SIMPLIFIED = {
         lambda w, x: w - 0.1 * jax.grad(lambda w: jnp.mean(x @ w))(w),
         (jnp.ones((24, 8)), jnp.ones(24)),
     ),
+    # scalings by constants in a row are one multiply; not when the inner one is read twice
+    "scalings_in_a_row": (lambda p, g: p - 0.1 * (g / 2) * 3.0, (X, X)),
+    "shared_scaling": (lambda x: (x / 2 * 0.1, x / 2), (X,)),
+    "scaling_by_an_input": (lambda x, s: x * s * 3.0, (X, jnp.float32(2.0))),
     # work on broadcasts: elementwise ops and reductions run on the broadcast's operand
     "tanh_of_broadcast": (lambda a: jnp.tanh(B(a, (4, 32), (0,))) * 0.5, (jnp.ones(4),)),
     "sum_of_broadcast": (

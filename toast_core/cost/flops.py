@@ -168,7 +168,12 @@ def combining_scatter_flops(op, program):
 def gather_flops(op, program):
     """Zero for in-bounds modes; `mode=FILL_OR_DROP` (`jnp.take`, `take_along_axis`) masks each
     row that falls out of bounds: 3 flops per index vector (two compares and an and) and a select
-    per result element (measured: `jnp.take(x[16, 8], i[k], axis=0)` 11 per index, axis=1 19)."""
+    per result element (measured: `jnp.take(x[16, 8], i[k], axis=0)` 11 per index, axis=1 19).
+
+    Not priced yet: with the indexed dim sharded (the masked rule) XLA's partitioned gather adds
+    about 8 + 2 D flops per index per device in fill mode and 5 + 2 D with clamped indices
+    (`jnp.take(t[V, D], i[B])`, vocab on 2 devices); that term depends on the sharding, so it
+    belongs in the evaluator (and its incremental twin), not in this per-op rule."""
     if "FILL" not in str(op.param("mode", "")):
         return 0.0, 0.0
     indices = program.values[op.operands[1]].shape

@@ -9,6 +9,8 @@ pipeline change the count by whole ops (measured on jaxlib 0.10.2, CPU, `tests/t
 * **Constants.** An op whose operands are all compile-time constants (literals, closed-over
   arrays, broadcasts of those) is folded: the cotangent seed `1/N` of a mean loss and everything
   computed from it alone cost nothing.
+* **Scalings.** Multiplies and divides by constant scalars in a row are one multiply
+  (`(g / 2) * 0.1`, gradient accumulation's average then SGD's learning rate).
 * **Work on broadcasts.** An elementwise op whose non-scalar operands are all broadcast along the
   same dims runs before the broadcast (`tanh(broadcast(a[4]) -> [4, 32])` costs 4, not 128); a
   reduction over a broadcast reduces the original (`sum(broadcast(a[4]) -> [4, 32], axis=1)` is a
@@ -79,15 +81,52 @@ def uniform_dims(prog: Program) -> list[frozenset[int]]:
     return uni
 
 
+def merged_scalings(prog: Program, const: list[bool]) -> set[int]:
+    """Ops XLA merges into the next one: a multiply or divide by a constant scalar whose only
+    reader is another (`(g / 2) * 0.1` is one multiply by 0.05)."""
+    uses = prog.uses()
+    producers = prog.producers()
+    out = set()
+    for op in prog.ops:
+        inner = _scaled_operand(op, prog, const)
+        if inner is None or prog.values[inner].is_output or len(uses[inner]) != 1:
+            continue
+        p = producers[inner]
+        if p is not None and _scaled_operand(prog.ops[p], prog, const) is not None:
+            out.add(p)
+    return out
+
+
+def _scaled_operand(op: Op, prog: Program, const: list[bool]) -> int | None:
+    """The operand `x` of `x * c`, `c * x` or `x / c` with `c` a constant scalar, else None."""
+    if op.primitive not in ("mul", "div") or len(op.operands) != 2:
+        return None
+    a, b = op.operands
+
+    def scalar_const(v: int) -> bool:
+        return const[v] and prog.values[v].rank == 0
+
+    if scalar_const(b) and not const[a]:
+        return a
+    if op.primitive == "mul" and scalar_const(a) and not const[b]:
+        return b
+    return None
+
+
 def work_factors(prog: Program) -> list[float]:
-    """Per op, the fraction of its jaxpr flops XLA still computes: 0 when dead or constant,
-    the broadcast core's share on broadcasts, else 1."""
+    """Per op, the fraction of its jaxpr flops XLA still computes: 0 when dead, constant or
+    merged into the next scaling, the broadcast core's share on broadcasts, else 1."""
     live = live_ops(prog)
     const = constant_values(prog)
     uni = uniform_dims(prog)
+    merged = merged_scalings(prog, const)
     out = []
     for op in prog.ops:
-        if not live[op.index] or (op.results and all(const[r] for r in op.results)):
+        if (
+            not live[op.index]
+            or op.index in merged
+            or (op.results and all(const[r] for r in op.results))
+        ):
             out.append(0.0)
         elif op.primitive in prim.ELEMENTWISE or _is_outer_product(op):
             out.append(_core_fraction(prog.values[op.results[0]].shape, uni[op.results[0]]))
