@@ -145,23 +145,32 @@ def search_meshes_iter(
     pins=(),
     cost_options: CostOptions | None = None,
     meshes=None,
+    num_simulations: int | None = None,
 ) -> Iterator[MeshProgress]:
     """Searches every mesh shape of `devices` chips (or the given `meshes`), each within an
     equal share of `budget_s`, yielding progress; the last event has `done=True` and the
     ranking (plans that fit first, then by step time). Pins must name mesh axes every shape has
-    (remat and conflict pins always do)."""
+    (remat and conflict pins always do). `num_simulations` instead gives every shape that many
+    MCTS simulations and no time limit: the same answer on a loaded machine (tests, benches)."""
     hw = hardware(hw)
-    if not isinstance(budget_s, int | float) or budget_s <= 0:
+    if num_simulations is None and (not isinstance(budget_s, int | float) or budget_s <= 0):
         raise ToastError(bad_value("budget_s", budget_s, "a positive number of seconds"))
     shapes = list(meshes) if meshes is not None else mesh_shapes(devices, hw, max_axes)
     opts = cost_options or CostOptions()
     plans: list[MeshPlan] = []
-    share = budget_s / max(len(shapes), 1)
+    share = None if num_simulations is not None else budget_s / max(len(shapes), 1)
     for i, mesh in enumerate(shapes):
         t0 = time.perf_counter()
         last = None
         for ev in search_iter(
-            ana, mesh, hw, budget_s=share, seed=seed, pins=pins, cost_options=opts
+            ana,
+            mesh,
+            hw,
+            budget_s=share,
+            num_simulations=num_simulations,
+            seed=seed,
+            pins=pins,
+            cost_options=opts,
         ):
             last = ev
             yield MeshProgress(i, len(shapes), mesh, ev, _rank(plans))
@@ -231,12 +240,13 @@ def min_devices(
     cost_options: CostOptions | None = None,
     progress=None,
     pins=(),
+    num_simulations: int | None = None,
 ) -> FitResult:
     """The smallest power-of-two device count with a plan that fits `hw`'s memory, its plan,
     and the arithmetic that rules out fewer devices. Each count tried gets `budget_s` shared by
     its mesh shapes; `progress(MeshProgress)` is called with every event, for streaming. `pins`
     (and forbids) apply to every shape, so they must not name mesh axes: remat and conflict
-    pins (`!remat[blocks]=full`, `K2=1`)."""
+    pins (`!remat[blocks]=full`, `K2=1`). `num_simulations`: as in `search_meshes_iter`."""
     hw = hardware(hw)
     opts = cost_options or CostOptions()
     capacity = hw.hbm_capacity_bytes * (1.0 - opts.memory_headroom)
@@ -261,6 +271,7 @@ def min_devices(
             seed=seed,
             pins=pins,
             cost_options=opts,
+            num_simulations=num_simulations,
         ):
             if progress is not None:
                 progress(last)
