@@ -111,6 +111,7 @@ def mesh_option(
     progress: Callable[[tc.MeshProgress], None] | None = None,
     seed: int = 0,
     pins: tuple[str, ...] = (),
+    num_simulations: int | None = None,
 ) -> FitOption:
     """The smallest power-of-two device count with a plan that fits (`tc.min_devices`, up to
     REACH times the current `n_devices`), each count searched within `budget_s` shared by its
@@ -127,6 +128,7 @@ def mesh_option(
             seed=seed,
             progress=progress,
             pins=shape_free,
+            num_simulations=num_simulations,
         )
     except tc.ToastError as exc:
         return FitOption("mesh", "More devices", "", False, str(exc))

@@ -100,7 +100,9 @@ def _price_options(loaded: Loaded, budget_s: float, best: tc.Strategy) -> list[F
 
     bar.progress(1 / 3, text="More devices: the smallest power-of-two count that fits...")
     n_devices = state.mesh().n_devices
-    mesh = fit_options.mesh_option(loaded, n_devices, hw_name, budget_s, progress, seed, pins)
+    mesh = fit_options.mesh_option(
+        loaded, n_devices, hw_name, budget_s, progress, seed, pins, num_simulations=sims
+    )
     bar.progress(2 / 3, text="A smaller batch: halving it until a plan fits...")
     batch = fit_options.batch_option(
         loaded,

@@ -113,6 +113,7 @@ def _stream_meshes(loaded: Loaded, n: int, pins: tuple, live) -> tuple:
         budget_s=float(st.session_state.mesh_budget_s),
         seed=int(st.session_state.get("seed", 0)),
         pins=pins,
+        num_simulations=int(st.session_state.get("num_simulations", 0)) or None,
     )
     last_draw, shown, ranking = 0.0, -1, ()
     for i, p in enumerate(events):

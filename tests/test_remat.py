@@ -177,7 +177,9 @@ def test_min_devices_finds_the_smallest_count_and_says_why(gpt):
     floor, _ = memory_floor(gpt)
     hw = dataclasses.replace(HW, name="tiny-hbm", hbm_capacity_bytes=int(floor / 1.5))
     opts = tc.CostOptions(memory_headroom=0.0)
-    fit = tc.min_devices(gpt, hw, num_simulations=40, cost_options=opts, max_devices=64)
+    fit = tc.min_devices(
+        gpt, hw, num_simulations=40, budget_s=None, cost_options=opts, max_devices=64
+    )
     assert fit.lower_bound_devices == 2  # 1.5 devices' worth of bytes -> 2 at least
     assert "cannot fit" in fit.arithmetic[1]
     assert fit.devices is not None and fit.devices >= 2 and fit.plan.fits
@@ -186,7 +188,7 @@ def test_min_devices_finds_the_smallest_count_and_says_why(gpt):
     # Pins that hold on every shape apply to every shape: with remat forbidden, no plan recomputes.
     forbids = [f"!remat[{g}]={p}" for g in tc.remat_groups(gpt) for p in ("dots", "full")]
     plain = tc.min_devices(
-        gpt, hw, num_simulations=40, cost_options=opts, max_devices=64, pins=forbids
+        gpt, hw, num_simulations=40, budget_s=None, cost_options=opts, max_devices=64, pins=forbids
     )
     assert all(not p.strategy.remat for _, p in plain.tried)
 

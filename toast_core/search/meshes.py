@@ -139,7 +139,7 @@ def search_meshes_iter(
     devices: int,
     hw: HardwareSpec | str,
     *,
-    budget_s: float = 30.0,
+    budget_s: float | None = 30.0,
     max_axes: int = 3,
     seed: int = 0,
     pins=(),
@@ -150,15 +150,18 @@ def search_meshes_iter(
     """Searches every mesh shape of `devices` chips (or the given `meshes`), each within an
     equal share of `budget_s`, yielding progress; the last event has `done=True` and the
     ranking (plans that fit first, then by step time). Pins must name mesh axes every shape has
-    (remat and conflict pins always do). `num_simulations` instead gives every shape that many
-    MCTS simulations and no time limit: the same answer on a loaded machine (tests, benches)."""
+    (remat and conflict pins always do). `num_simulations` caps every shape's search at that
+    many MCTS simulations too; with `budget_s=None` it is the only limit, and the answer is the
+    same on a loaded machine (tests, benches)."""
     hw = hardware(hw)
-    if num_simulations is None and (not isinstance(budget_s, int | float) or budget_s <= 0):
+    if not (budget_s is None and num_simulations is not None) and (
+        not isinstance(budget_s, int | float) or budget_s <= 0
+    ):
         raise ToastError(bad_value("budget_s", budget_s, "a positive number of seconds"))
     shapes = list(meshes) if meshes is not None else mesh_shapes(devices, hw, max_axes)
     opts = cost_options or CostOptions()
     plans: list[MeshPlan] = []
-    share = None if num_simulations is not None else budget_s / max(len(shapes), 1)
+    share = None if budget_s is None else budget_s / max(len(shapes), 1)
     for i, mesh in enumerate(shapes):
         t0 = time.perf_counter()
         last = None
@@ -233,7 +236,7 @@ def min_devices(
     ana: Analysis,
     hw: HardwareSpec | str,
     *,
-    budget_s: float = 30.0,
+    budget_s: float | None = 30.0,
     max_devices: int = 1 << 16,
     max_axes: int = 3,
     seed: int = 0,
