@@ -46,9 +46,9 @@ MIN_DEVICES = ("llama3-8b", "mixtral-8x7b", "gpt2-b512", "gpt3-175b")
 
 
 def forbid_remat(ana) -> list[str]:
-    from toast_core.strategy import remat_pin, remat_space
+    from toast_core.strategy import POLICIES, remat_pin, remat_space
 
-    return [remat_pin(g, p, forbid=True) for g in remat_space(ana).names for p in ("dots", "full")]
+    return [remat_pin(g, p, forbid=True) for g in remat_space(ana).names for p in POLICIES[1:]]
 
 
 def plan_row(label: str, mesh, strategy, report) -> dict:

@@ -222,6 +222,11 @@ def _fsdp(ana, mesh, name) -> tuple[Strategy | None, str]:
         placed = sum(b.try_shard(part, batch_axes) for part in choices)
         if not placed:
             return None, "no parameter named dim can be sharded on the batch's mesh axes"
+    # Keep only the cuts of the named dims some parameter is sharded along (the others would
+    # merely rename parts).
+    used = {res.by_name(n).parent for n in b.shardings if n in res.names}
+    needed = {k: o for k, o in b.options.items() if ana.conflicts[k].named_dims[0] in used}
+    b.try_shard([], (), needed)
     return b.strategy(), why
 
 
