@@ -76,14 +76,15 @@ class Environment:
         ]
 
     def remat_relaxations(self, state: State) -> list[State]:
-        """States that recompute less in one group than `state` (full -> dots -> none): the
-        greedy descent's way back once memory no longer binds."""
+        """States that choose another policy for one remat group (none included): the greedy
+        descent's way back once memory no longer binds (full -> dots_no_batch -> dots -> none),
+        or over to a policy that recomputes less and still fits."""
         out = []
         for g, p in state.remat:
             if g in self.constraints.fixed_remat:
                 continue
-            for q in range(p):
-                if self.may_remat(g, q):
+            for q in range(len(POLICIES)):
+                if q != p and self.may_remat(g, q):
                     rest = tuple(x for x in state.remat if x[0] != g)
                     remat = tuple(sorted(rest + (((g, q),) if q else ())))
                     out.append(State(state.options, state.masks, remat))
