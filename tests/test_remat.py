@@ -230,3 +230,14 @@ def test_fsdp_under_remat_gathers_weights_again_for_the_backward():
     assert full.peak_bytes == pytest.approx(
         ev.score(state.masks, state.remat).peak_bytes, rel=1e-12
     )
+
+
+def test_greedy_may_switch_full_remat_to_any_other_policy(gpt):
+    """From `full`, the descent may go over to `dots_no_batch` (recomputes less, may still
+    fit), not only down to `dots` and `none`."""
+    space = space_of(gpt, MESH)
+    g = space.remat.index("blocks")
+    env = Environment(space, constrain(space, ()))
+    full = env.apply(env.root, Remat(g, 2))
+    others = {dict(s.remat).get(g, 0) for s in env.remat_relaxations(full)}
+    assert others == {0, 1, 3}
