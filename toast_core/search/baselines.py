@@ -219,9 +219,20 @@ def _zero3_into(b: _Builder, axes: tuple[str, ...]) -> bool:
     ana, mesh = b.ana, b.mesh
     opts = {c.id: 0 for c in ana.conflicts if c.kind == "axis_clash" and c.options}
     opts.update(b.options)
-    if not opts or not b.try_shard([], (), opts):
+    if not opts:
         return False
-    res = resolve(ana, b.options)
+    res = resolve(ana, opts)
+    # A named dim the cuts split passes its mesh axes (Megatron's) on to every part.
+    inherited: dict[str, tuple[str, ...]] = {}
+    for name, held_axes in b.shardings.items():
+        parts = [name] if name in res.names else [n for n in res.names if n.startswith(name + ".")]
+        for part in parts:
+            inherited[part] = tuple(held_axes)
+    kept = b.shardings
+    b.shardings = inherited
+    if not b.try_shard([], (), opts):
+        b.shardings = kept
+        return False
     held = _persistent_fines(ana)
     # One choice per parameter, largest first; tried all at once, then one by one.
     choices = []
@@ -234,12 +245,36 @@ def _zero3_into(b: _Builder, axes: tuple[str, ...]) -> bool:
     if not b.try_shard(choices, axes):
         if not sum(b.try_shard(part, axes) for part in choices):
             return False
-    # Keep only the cuts of the named dims some parameter is sharded along (the others would
-    # merely rename parts).
-    used = {res.by_name(n).parent for n in b.shardings if n in res.names}
-    needed = {k: o for k, o in b.options.items() if ana.conflicts[k].named_dims[0] in used}
-    b.try_shard([], (), needed)
+    _drop_idle_cuts(b, res)
     return True
+
+
+def _drop_idle_cuts(b: _Builder, res) -> None:
+    """Keeps only the cuts whose parts are sharded differently (the others merely rename
+    parts), re-expressing the shardings in the smaller resolution's names."""
+    ana = b.ana
+    axes_of = {res.index(n): tuple(a) for n, a in b.shardings.items()}
+
+    def axes_of_fine(f: int) -> tuple[str, ...]:
+        return axes_of.get(int(res.fine_to_dim[f]), ())
+
+    needed = {}
+    for k, o in b.options.items():
+        parts = [d for d in res.dims if d.parent in ana.conflicts[k].named_dims[:1]]
+        if len({axes_of.get(res.index(d.name), ()) for d in parts}) > 1:
+            needed[k] = o
+    small = resolve(ana, needed)
+    shardings = {}
+    for d in small.dims:
+        layouts = {axes_of_fine(f) for f in d.fine}
+        if len(layouts) != 1:
+            return  # the smaller resolution cannot express it: keep every cut
+        if layouts != {()}:
+            shardings[d.name] = layouts.pop()
+    kept = (b.shardings, b.options)
+    b.shardings = shardings
+    if not b.try_shard([], (), needed):
+        b.shardings, b.options = kept
 
 
 def _parameters_by_size(ana: Analysis) -> list[int]:
