@@ -23,7 +23,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 from _common import RESULTS, load, save, table  # noqa: E402
 
-# key: (zoo model, size, config overrides, hardware, devices, fixed mesh or None: all shapes)
+# key: (zoo model, size, config overrides, hardware, devices, meshes (';'-separated) or None:
+# all shapes)
 CASES = {
     "llama3-8b": ("llama", "llama3-8b", {"seq": 1024, "batch": 8}, "tpu-v5e", 8, None),
     "llama3-8b-256": ("llama", "llama3-8b", {"seq": 1024, "batch": 256}, "tpu-v5e", 256, None),
@@ -36,7 +37,9 @@ CASES = {
         {"batch": 1536, "seq": 2048},
         "tpu-v5p",
         2048,
-        "data=8,fsdp=16,model=16",
+        # The first shape is the one the first fit runs used; the others are the two best of
+        # the 2048-device ranking (fit_shapes.json). Each is searched; the best plan is kept.
+        "data=8,fsdp=16,model=16;data=16,fsdp=16,model=8;data=64,fsdp=8,model=4",
     ),
 }
 #: Cases that only rank the mesh shapes of their device count (the search with remat on each).
@@ -46,9 +49,9 @@ MIN_DEVICES = ("llama3-8b", "mixtral-8x7b", "gpt2-b512", "gpt3-175b")
 
 
 def forbid_remat(ana) -> list[str]:
-    from toast_core.strategy import remat_pin, remat_space
+    from toast_core.strategy import POLICIES, remat_pin, remat_space
 
-    return [remat_pin(g, p, forbid=True) for g in remat_space(ana).names for p in ("dots", "full")]
+    return [remat_pin(g, p, forbid=True) for g in remat_space(ana).names for p in POLICIES[1:]]
 
 
 def plan_row(label: str, mesh, strategy, report) -> dict:
@@ -108,7 +111,9 @@ def run_case(key: str, budget_s: float, with_min_devices: bool) -> dict:
     hw = tc.hardware(hw_name)
     t0 = time.perf_counter()
     _, prog, ana, trace_s, analyze_s = load(model, size, **overrides)
-    meshes = [tc.MeshSpec.parse(fixed)] if fixed else tc.mesh_shapes(devices, hw)
+    meshes = (
+        [tc.MeshSpec.parse(m) for m in fixed.split(";")] if fixed else tc.mesh_shapes(devices, hw)
+    )
     out = {
         "case": key,
         "hardware": hw_name,

@@ -119,7 +119,15 @@ def test_mlp_baselines_compile_match_numerics_and_predictions(mesh_key):
         assert_faithful(check, f"mlp {name} on {spec}", flops_rel=0.05, memory_rel=0.30)
 
 
-GPT_ON_2X4 = ("replicated", "data_parallel", "fsdp", "megatron", "dp_megatron", "sequence_parallel")
+GPT_ON_2X4 = (
+    "replicated",
+    "data_parallel",
+    "fsdp",
+    "megatron",
+    "dp_megatron",
+    "fsdp_megatron",
+    "sequence_parallel",
+)
 GPT_CASES = [("2x4", name) for name in GPT_ON_2X4] + [
     ("8", "data_parallel"),
     ("8", "fsdp"),

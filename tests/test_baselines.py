@@ -81,3 +81,22 @@ def test_batch_of_an_ordinary_step_is_still_dim_0():
         key=lambda v: (v.nbytes, -v.id),
     )
     assert batch_dims(ana)[0] == ana.value_named_dims(tokens.id)[0][0]
+
+
+def test_fsdp_megatron_is_dp_megatron_with_every_weight_also_on_the_data_axis():
+    ana = analyze("gpt")
+    mesh = tc.MeshSpec({"data": 2, "model": 4})
+    dpm = tc.baselines.dp_megatron(ana, mesh)
+    both = tc.baselines.fsdp_megatron(ana, mesh)
+    prog = ana.program
+    weights = [v for v in prog.inputs if prog.values[v].role == "parameter" and prog.values[v].rank]
+    for v in weights:
+        before, after = dpm.value_axes(ana, mesh, v), both.value_axes(ana, mesh, v)
+        assert any("data" in axes for axes in after), prog.values[v].display()
+        # Megatron's model axis stays where dp_megatron put it.
+        assert [("model" in a) for a in before] == [("model" in a) for a in after]
+    hw = tc.hardware("tpu-v5e")
+    assert (
+        tc.estimate(ana, both, mesh, hw).persistent_bytes
+        < tc.estimate(ana, dpm, mesh, hw).persistent_bytes / 1.9
+    )

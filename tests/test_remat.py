@@ -34,14 +34,30 @@ def test_groups_follow_the_layers(gpt):
     for effect in blocks.effects[1:]:
         assert set(effect.recompute_ops.tolist()) <= ops
         assert all(o < rs.first_backward for o in effect.recompute_ops.tolist())
-    none, dots, full = blocks.effects
+    none, dots, full, no_batch = blocks.effects
     assert len(none.recompute_ops) == 0
-    assert len(dots.recompute_ops) < len(full.recompute_ops)
+    assert len(dots.recompute_ops) < len(no_batch.recompute_ops) < len(full.recompute_ops)
     prog = gpt.program
-    kept_dots = [
-        v for v in dots.values.tolist() if prog.ops[prog.producers()[v]].primitive == "dot_general"
-    ]
-    assert kept_dots == []  # `dots` keeps every matmul output
+
+    def dots_of(ops, batched: bool) -> set[int]:
+        out = set()
+        for o in ops:
+            op = prog.ops[o]
+            if op.primitive == "dot_general":
+                _, (batch, _) = op.param("dimension_numbers")
+                if bool(batch) == batched:
+                    out.add(o)
+        return out
+
+    layer_ops = [o for b in blocks.blocks for o in b]
+    # `dots` keeps every matmul output: it recomputes none.
+    assert dots_of(dots.recompute_ops.tolist(), True) == set()
+    assert dots_of(dots.recompute_ops.tolist(), False) == set()
+    # `dots_no_batch` keeps the projections and recomputes attention's batched matmuls.
+    assert dots_of(no_batch.recompute_ops.tolist(), False) == set()
+    batched = dots_of(layer_ops, True)
+    assert len(batched) == 2 * len(blocks.layers)  # scores and weighted values per layer
+    assert batched <= set(no_batch.recompute_ops.tolist())
 
 
 def test_remat_lowers_memory_and_adds_the_recomputed_forward(gpt):
@@ -78,7 +94,7 @@ def test_remat_pins_and_forbids(gpt):
     assert not any(isinstance(a, Remat) and a.group == g for a in env.legal_actions(c.root))
     env = Environment(space, constrain(space, (), ["!remat[blocks]=full"]))
     acts = [a for a in env.legal_actions(env.root) if isinstance(a, Remat) and a.group == g]
-    assert acts == [Remat(g, 1)]
+    assert acts == [Remat(g, 1), Remat(g, 3)]  # dots, dots_no_batch
     with pytest.raises(PinError, match=r"remat\[layers\]=full.*groups: blocks"):
         constrain(space, ["remat[layers]=full"])
     with pytest.raises(PinError, match="remat policy"):
@@ -222,3 +238,14 @@ def test_fsdp_under_remat_gathers_weights_again_for_the_backward():
     assert full.peak_bytes == pytest.approx(
         ev.score(state.masks, state.remat).peak_bytes, rel=1e-12
     )
+
+
+def test_greedy_may_switch_full_remat_to_any_other_policy(gpt):
+    """From `full`, the descent may go over to `dots_no_batch` (recomputes less, may still
+    fit), not only down to `dots` and `none`."""
+    space = space_of(gpt, MESH)
+    g = space.remat.index("blocks")
+    env = Environment(space, constrain(space, ()))
+    full = env.apply(env.root, Remat(g, 2))
+    others = {dict(s.remat).get(g, 0) for s in env.remat_relaxations(full)}
+    assert others == {0, 1, 3}

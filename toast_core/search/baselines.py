@@ -13,6 +13,8 @@ the batch named dim of the data input *is* data parallelism through the whole pr
   cheapest cut (weights gathered at use, gradients reduce-scattered) and the parameter side sharded
   on the batch's mesh axes, largest first, one dim per parameter (ZeRO-3).
 * `dp_megatron`: batch on the data axes (all but the model axis), Megatron on the model axis.
+* `fsdp_megatron`: dp_megatron, plus ZeRO-3 over the data axes (each parameter also divided
+  over them along its largest dim, gathered at use): Megatron-DeepSpeed's layout for GPT-3.
 * `expert_parallel` (mixture of experts): batch on the data axes, the expert dim (leading dim of
   the 3-D expert weights) on the model axis.
 * `sequence_parallel`: batch on the data axes, the sequence dim (dim 1 of the token input) on the
@@ -205,24 +207,74 @@ def _fsdp(ana, mesh, name) -> tuple[Strategy | None, str]:
     b = _Builder(ana, mesh, name)
     b.shardings, b.options = dict(dp.shardings), {}
     batch_axes = dp.shardings[0][1]
-    opts = {c.id: 0 for c in ana.conflicts if c.kind == "axis_clash" and c.options}
-    if not opts or not b.try_shard([], (), opts):
+    if not _zero3_into(b, batch_axes):
         return None, "no parameter named dim can be cut off the data and sharded (no train step?)"
-    res = resolve(ana, b.options)
+    return b.strategy(), why
+
+
+def _zero3_into(b: _Builder, axes: tuple[str, ...]) -> bool:
+    """Cuts every parameter clash (weights gathered at use, gradients reduce-scattered) and
+    shards each parameter on `axes` along its largest dim that can take them, on top of the
+    mesh axes that dim has already (Megatron's); keeps only the cuts it uses."""
+    ana, mesh = b.ana, b.mesh
+    opts = {c.id: 0 for c in ana.conflicts if c.kind == "axis_clash" and c.options}
+    opts.update(b.options)
+    if not opts:
+        return False
+    res = resolve(ana, opts)
+    # A named dim the cuts split passes its mesh axes (Megatron's) on to every part.
+    inherited: dict[str, tuple[str, ...]] = {}
+    for name, held_axes in b.shardings.items():
+        parts = [name] if name in res.names else [n for n in res.names if n.startswith(name + ".")]
+        for part in parts:
+            inherited[part] = tuple(held_axes)
+    kept = b.shardings
+    b.shardings = inherited
+    if not b.try_shard([], (), opts):
+        b.shardings = kept
+        return False
     held = _persistent_fines(ana)
     # One choice per parameter, largest first; tried all at once, then one by one.
     choices = []
     for vid in _parameters_by_size(ana):
-        part = _largest_shardable_part(ana, res, vid, held, batch_axes, mesh)
+        part = _largest_shardable_part(ana, res, vid, held, axes, mesh, b.shardings)
         if part is not None and part not in choices:
             choices.append(part)
     if not choices:
-        return None, "no parameter named dim can be cut off the data and sharded (no train step?)"
-    if not b.try_shard(choices, batch_axes):
-        placed = sum(b.try_shard(part, batch_axes) for part in choices)
-        if not placed:
-            return None, "no parameter named dim can be sharded on the batch's mesh axes"
-    return b.strategy(), why
+        return False
+    if not b.try_shard(choices, axes):
+        if not sum(b.try_shard(part, axes) for part in choices):
+            return False
+    _drop_idle_cuts(b, res)
+    return True
+
+
+def _drop_idle_cuts(b: _Builder, res) -> None:
+    """Keeps only the cuts whose parts are sharded differently (the others merely rename
+    parts), re-expressing the shardings in the smaller resolution's names."""
+    ana = b.ana
+    axes_of = {res.index(n): tuple(a) for n, a in b.shardings.items()}
+
+    def axes_of_fine(f: int) -> tuple[str, ...]:
+        return axes_of.get(int(res.fine_to_dim[f]), ())
+
+    needed = {}
+    for k, o in b.options.items():
+        parts = [d for d in res.dims if d.parent in ana.conflicts[k].named_dims[:1]]
+        if len({axes_of.get(res.index(d.name), ()) for d in parts}) > 1:
+            needed[k] = o
+    small = resolve(ana, needed)
+    shardings = {}
+    for d in small.dims:
+        layouts = {axes_of_fine(f) for f in d.fine}
+        if len(layouts) != 1:
+            return  # the smaller resolution cannot express it: keep every cut
+        if layouts != {()}:
+            shardings[d.name] = layouts.pop()
+    kept = (b.shardings, b.options)
+    b.shardings = shardings
+    if not b.try_shard([], (), needed):
+        b.shardings, b.options = kept
 
 
 def _parameters_by_size(ana: Analysis) -> list[int]:
@@ -231,16 +283,22 @@ def _parameters_by_size(ana: Analysis) -> list[int]:
     return sorted(params, key=lambda v: (-prog.values[v].nbytes, v))
 
 
-def _largest_shardable_part(ana, res, vid: int, held: set[int], axes, mesh) -> str | None:
-    """The named dim (after cuts) of `vid`'s largest dim that holds only persistent values'
-    dims and divides over `axes`; its major sub-factor when the dim is a reshape of several."""
-    ways = prod(mesh.size(a) for a in axes)
+def _largest_shardable_part(
+    ana, res, vid: int, held: set[int], axes, mesh, shardings
+) -> str | None:
+    """The named dim (after cuts) of `vid`'s largest dim that holds a persistent value's dim
+    and divides over `axes` times the mesh axes it has already (`shardings`); its major
+    sub-factor when the dim is a reshape of several."""
     prog = ana.program
     dims = sorted(range(prog.values[vid].rank), key=lambda d: (-prog.values[vid].shape[d], d))
     for d in dims:
         for a in ana.nda.value_atoms[vid][d]:
             part = res.dims[int(res.fine_to_dim[int(ana.fine_of_atom[a])])]
             if part.size > 1:
+                have = tuple(shardings.get(part.name, ()))
+                if set(have) & set(axes):
+                    break
+                ways = prod(mesh.size(x) for x in have + tuple(axes))
                 if part.size % ways == 0 and not held.isdisjoint(part.fine):
                     return part.name
                 break
@@ -273,6 +331,25 @@ def _dp_megatron(ana, mesh, name) -> tuple[Strategy | None, str]:
     if not _megatron_into(b, axis):
         return None, "no parameter named dim can be sharded on the model axis"
     return b.strategy(), why
+
+
+def _fsdp_megatron(ana, mesh, name) -> tuple[Strategy | None, str]:
+    """dp_megatron with ZeRO-3 over the data axes (Megatron-DeepSpeed): each parameter also
+    divided over the data axes along its largest dim, gathered at use."""
+    dpm, why = _dp_megatron(ana, mesh, name)
+    if dpm is None:
+        return None, why
+    _, data_axes = _split_axes(mesh)
+    b = _Builder(ana, mesh, name)
+    b.shardings, b.options = dict(dpm.shardings), dict(dpm.options)
+    batch_axes = next((axes for n, axes in dpm.shardings if n in _batch_names(ana)), data_axes)
+    if not _zero3_into(b, tuple(batch_axes)):
+        return None, "no parameter named dim can be cut off the data and sharded (no train step?)"
+    return b.strategy(), why
+
+
+def _batch_names(ana: Analysis) -> set[str]:
+    return {f"N{d}" for d in batch_dims(ana)[:1]}
 
 
 def _split_axes(mesh: MeshSpec) -> tuple[str, tuple[str, ...]]:
@@ -373,6 +450,10 @@ def dp_megatron(ana: Analysis, mesh: MeshSpec) -> Strategy | None:
     return _dp_megatron(ana, mesh, "dp_megatron")[0]
 
 
+def fsdp_megatron(ana: Analysis, mesh: MeshSpec) -> Strategy | None:
+    return _fsdp_megatron(ana, mesh, "fsdp_megatron")[0]
+
+
 def expert_parallel(ana: Analysis, mesh: MeshSpec) -> Strategy | None:
     return _expert_parallel(ana, mesh, "expert_parallel")[0]
 
@@ -388,6 +469,7 @@ BUILDERS = {
     "fsdp": lambda ana, mesh: _fsdp(ana, mesh, "fsdp"),
     "megatron": lambda ana, mesh: _megatron(ana, mesh, "megatron"),
     "dp_megatron": lambda ana, mesh: _dp_megatron(ana, mesh, "dp_megatron"),
+    "fsdp_megatron": lambda ana, mesh: _fsdp_megatron(ana, mesh, "fsdp_megatron"),
     "expert_parallel": lambda ana, mesh: _expert_parallel(ana, mesh, "expert_parallel"),
     "sequence_parallel": lambda ana, mesh: _sequence_parallel(ana, mesh, "sequence_parallel"),
 }

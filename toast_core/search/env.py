@@ -8,7 +8,7 @@ options are masked) and is the one place that says which actions are legal and w
   dims, whose parts inherit their mesh axes, so it never makes a state illegal;
 * `Shard(u, a)` adds mesh axis a to every fine class of unit u, if `legality.why_illegal_shard`
   allows it;
-* `Remat(g, p)` gives remat group g policy p (`dots` or `full`), once per group, unless a pin
+* `Remat(g, p)` gives remat group g policy p (`dots`, `full`, `dots_no_batch`), once per group, unless a pin
   fixes the group or a forbid excludes the policy; it changes only the price (recompute flops,
   shorter activation lifetimes), never legality;
 * `Stop()` ends the episode.
@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from toast_core.search.types import Action, Remat, Resolve, Shard, Stop
-from toast_core.strategy import Constraints, State, Strategy, StrategySpace, Unit
+from toast_core.strategy import POLICIES, Constraints, State, Strategy, StrategySpace, Unit
 
 #: Rollout weight of a conflict resolution, against log(1 + bytes covered) for a shard.
 RESOLVE_WEIGHT = 8.0
@@ -76,17 +76,23 @@ class Environment:
         return (g, p) not in self.constraints.forbidden_remat
 
     def remat_actions(self, state: State) -> list[Remat]:
-        return [Remat(g, p) for g in self.open_remat(state) for p in (1, 2) if self.may_remat(g, p)]
+        return [
+            Remat(g, p)
+            for g in self.open_remat(state)
+            for p in range(1, len(POLICIES))
+            if self.may_remat(g, p)
+        ]
 
     def remat_relaxations(self, state: State) -> list[State]:
-        """States that recompute less in one group than `state` (full -> dots -> none): the
-        greedy descent's way back once memory no longer binds."""
+        """States that choose another policy for one remat group (none included): the greedy
+        descent's way back once memory no longer binds (full -> dots_no_batch -> dots -> none),
+        or over to a policy that recomputes less and still fits."""
         out = []
         for g, p in state.remat:
             if g in self.constraints.fixed_remat:
                 continue
-            for q in range(p):
-                if self.may_remat(g, q):
+            for q in range(len(POLICIES)):
+                if q != p and self.may_remat(g, q):
                     rest = tuple(x for x in state.remat if x[0] != g)
                     remat = tuple(sorted(rest + (((g, q),) if q else ())))
                     out.append(State(state.options, state.masks, remat))

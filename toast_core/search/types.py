@@ -34,7 +34,7 @@ class Shard:
 @dataclass(frozen=True, slots=True)
 class Remat:
     """Give remat group `group` (an index into the space's remat groups) policy `policy` (an
-    index into `strategy.remat.POLICIES`: 1 `dots`, 2 `full`)."""
+    index into `strategy.remat.POLICIES`: 1 `dots`, 2 `full`, 3 `dots_no_batch`)."""
 
     group: int
     policy: int

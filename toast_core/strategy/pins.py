@@ -11,7 +11,7 @@ One small syntax, shared by the API, the CLI and the explorer:
     K2=1                resolve conflict K2 with its option 1
     K2=none             leave conflict K2 unresolved
     !K2=1               forbid option 1 of K2
-    remat[blocks]=full  recompute remat group `blocks` fully (or `dots`, `none`; see remat.py)
+    remat[blocks]=full  recompute remat group `blocks` fully (or `dots`, `dots_no_batch`, `none`)
     !remat[blocks]=full forbid that policy for the group
 
 A value-dim reference pins the named dim that holds that dim once the pinned conflict options are

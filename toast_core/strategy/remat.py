@@ -13,7 +13,10 @@ no layer index is a block of its own (`wte`, `Dense_0`, `ln_f`). Repeated layers
 
 **Policies** (after `jax.checkpoint_policies`): `none` keeps every residual; `dots` keeps the
 outputs of `dot_general` (like `dots_saveable`) and the values other blocks read; `full` keeps
-only the values other blocks read (the block inputs). A residual not kept is recomputed in the
+only the values other blocks read (the block inputs); `dots_no_batch` keeps only the outputs of
+matmuls without batch dims (like `dots_with_no_batch_dims_saveable`): the projections by the
+weights, not attention's scores and weighted values ([B, H, S, S] and [B, H, S, Dh] per layer,
+most of what `dots` keeps at long sequences), which are recomputed with the softmax. A residual not kept is recomputed in the
 backward part, just before the block's first backward reader, from the kept ones: its producer
 and every forward op of the block between it and kept values run again.
 
@@ -35,7 +38,7 @@ from toast_core.analysis import Analysis
 from toast_core.strategy.layout import REGION_BOUNDARIES
 from toast_core.strategy.memo import per_analysis
 
-POLICIES = ("none", "dots", "full")
+POLICIES = ("none", "dots", "full", "dots_no_batch")
 #: Primitives whose outputs the `dots` policy keeps (like jax's `dots_saveable`).
 SAVEABLE_DOTS = frozenset({"dot_general"})
 
@@ -244,11 +247,12 @@ def _make_groups(prog, block_of_op, keys, first_back) -> tuple[RematGroup, ...]:
         if policy == "none" or has_region[b]:
             return RematEffect.empty()
         kept = set(kept_always)
-        if policy == "dots":
+        if policy in ("dots", "dots_no_batch"):
             kept |= {
                 r
                 for i in ops_of_block[b]
                 if prog.ops[i].primitive in SAVEABLE_DOTS
+                and (policy == "dots" or not _has_batch_dims(prog.ops[i]))
                 for r in prog.ops[i].results
             }
         dropped = [v for v in residuals[b] if v not in kept]
@@ -333,6 +337,13 @@ _FIELDS = (
     "extend_from",
     "extend_to",
 )
+
+
+def _has_batch_dims(op) -> bool:
+    """Whether a dot_general has batch dims (attention's per-head matmuls do; projections by a
+    weight do not)."""
+    _, (lhs_batch, _) = op.param("dimension_numbers")
+    return bool(lhs_batch)
 
 
 def _needed_in_forward(prog, recompute: set, kept: set, first_back: int) -> set:
