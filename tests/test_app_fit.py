@@ -13,6 +13,7 @@ import pytest
 from test_app import errors, goto, pins, start
 
 import toast_core as tc
+from toast_core.strategy.remat import POLICIES
 
 TINY_CHIP = "tiny-chip"
 
@@ -82,8 +83,8 @@ def test_strategy_page_draws_memory_with_and_without_the_plans_remat(gpt_tiny):
 
 @pytest.fixture
 def tiny_chip(monkeypatch):
-    """A made-up chip with 1.3 MB usable: GPT tiny fits 8 of them only with remat."""
-    spec = tc.HardwareSpec(TINY_CHIP, 1.97e14, 8.1e11, int(1.3e6 / 0.9), 9e10, 2.5e10)
+    """A made-up chip with 12 MB usable: GPT tiny at batch 256 fits 8 of them only with remat."""
+    spec = tc.HardwareSpec(TINY_CHIP, 1.97e14, 8.1e11, int(12e6 / 0.9), 9e10, 2.5e10)
     monkeypatch.setitem(tc.HARDWARE_PRESETS, TINY_CHIP, spec)
     return spec
 
@@ -94,11 +95,16 @@ def slot_of(at) -> dict:
 
 
 def on_tiny_chip(no_remat: bool = True):
+    """GPT tiny at batch 256 (activations dominate) on a chip whose memory only plans with remat,
+    more devices or a smaller batch fit."""
+    from app.cached import ModelSpec
+
     at = start()
+    at.session_state["model_spec"] = ModelSpec("zoo", "gpt", "tiny", True, batch=256)
     at.session_state["hardware"] = TINY_CHIP
     at.session_state["hardware_input"] = TINY_CHIP
     if no_remat:
-        forbids = [f"!remat[{g}]={p}" for g in ("blocks", "ln_f") for p in ("dots", "full")]
+        forbids = [f"!remat[{g}]={p}" for g in ("blocks", "ln_f") for p in POLICIES[1:]]
         at.session_state["workspaces"][at.session_state["model_spec"].key] = {
             "pins": forbids,
             "imported": {},
@@ -169,7 +175,7 @@ def test_make_it_fit_applies_more_devices_or_a_smaller_batch_and_keeps_the_old_r
     # The model at its own batch keeps its pins and its run.
     ss = at.session_state
     assert ss["runs"][(old_key, ss["mesh_text"], TINY_CHIP)]["best"] is not None
-    assert len(ss["workspaces"][old_key]["pins"]) == 4
+    assert len(ss["workspaces"][old_key]["pins"]) == 2 * len(POLICIES[1:])
 
 
 def test_mesh_shapes_are_compared_charted_and_one_is_applied(gpt_tiny):

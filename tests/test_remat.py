@@ -14,6 +14,7 @@ from toast_core.search.env import Environment
 from toast_core.search.meshes import memory_floor
 from toast_core.search.types import Remat
 from toast_core.strategy import constrain, remat_space, space_of
+from toast_core.strategy.remat import POLICIES
 
 MESH = tc.MeshSpec({"data": 8})
 HW = tc.hardware("h100-80gb")
@@ -202,7 +203,7 @@ def test_min_devices_finds_the_smallest_count_and_says_why(gpt):
     assert fit.plan.mesh.n_devices == fit.devices
     assert all(not p.fits for n, p in fit.tried if n < fit.devices)
     # Pins that hold on every shape apply to every shape: with remat forbidden, no plan recomputes.
-    forbids = [f"!remat[{g}]={p}" for g in tc.remat_groups(gpt) for p in ("dots", "full")]
+    forbids = [f"!remat[{g}]={p}" for g in tc.remat_groups(gpt) for p in POLICIES[1:]]
     plain = tc.min_devices(
         gpt, hw, num_simulations=40, budget_s=None, cost_options=opts, max_devices=64, pins=forbids
     )
