@@ -477,11 +477,12 @@ class Evaluator:
         _, value_local, op_logdeg = self._local(masks)
         _, _, _, t = self._compute(value_local, op_logdeg)
         compute_s = float(t.sum())
-        comm_s = self._comm_s(masks, value_local)
+        coll = self._collective_arrays(masks, value_local)  # listed once, priced twice
+        comm_s = self._comm_s(masks, value_local, coll)
         eff = remat_effect(self.remat, remat) if remat else None
         if eff is not None:
             compute_s += recompute_time_s(t, eff)
-            comm_s += recompute_comm_s(self, masks, value_local, eff)
+            comm_s += recompute_comm_s(self, masks, value_local, eff, coll)
         persistent, timeline = self._memory(value_local, masks, eff)
         peak = persistent + (float(timeline.max()) if len(timeline) else 0.0)
         step = compute_s + (1.0 - self.overlap) * comm_s
@@ -746,10 +747,13 @@ class Evaluator:
         self._exact_cache[key] = result
         return result
 
-    def _comm_s(self, masks, value_local) -> float:
+    def _comm_s(self, masks, value_local, coll=None) -> float:
         """Communication time: every member's bandwidth term, and the latency once per combined
-        op (the latency of a group's first member, all members having the same kind and axes)."""
-        kinds, ms, vs, ops, _, sites = self._collective_arrays(masks, value_local)
+        op (the latency of a group's first member, all members having the same kind and axes).
+        `coll`: `_collective_arrays(masks, value_local)` when the caller has it already."""
+        if coll is None:
+            coll = self._collective_arrays(masks, value_local)
+        kinds, ms, vs, ops, _, sites = coll
         total = float((self.c1[kinds, ms] * vs * self.trip[ops]).sum())
         return total + self.latency_s(kinds, ms, vs, ops, sites)
 
