@@ -31,12 +31,15 @@ def recompute_time_s(t: np.ndarray, effect: RematEffect) -> float:
     return float(t[effect.twice_ops].sum()) if len(effect.twice_ops) else 0.0
 
 
-def recompute_comm_s(ev, masks: np.ndarray, value_local: np.ndarray, effect) -> float:
+def recompute_comm_s(ev, masks: np.ndarray, value_local: np.ndarray, effect, coll=None) -> float:
     """Time of the collectives caused by recomputed ops (they run again, combined among
-    themselves as XLA combines: latency once per combined op)."""
+    themselves as XLA combines: latency once per combined op). `coll`: the evaluator's
+    `_collective_arrays(masks, value_local)` when the caller has it already."""
     if not len(effect.twice_ops):
         return 0.0
-    kinds, ms, vs, ops, _, sites = ev._collective_arrays(masks, value_local)
+    if coll is None:
+        coll = ev._collective_arrays(masks, value_local)
+    kinds, ms, vs, ops, _, sites = coll
     again = np.isin(ops, effect.twice_ops)
     if not again.any():
         return 0.0
