@@ -34,7 +34,8 @@ instructions, shapes and loop counts (nothing comes from the cost model):
   reader fuse and it stays on chip;
 * an instruction moves the materialized values it reads and writes: operands read only through
   a slice count the slice (a scan body reads one layer of a stacked parameter); a
-  dynamic-update-slice writes its update in place;
+  dynamic-update-slice (fused or not) is an in-place loop fusion: it writes its update, and what
+  computes the update fuses into it;
 * time is the roofline per instruction, `max(flops / (peak * efficiency), bytes / HBM B/s)`, for
   the dot-like instructions (their flops from the shapes: 2 x result elements x contracted size)
   and one roofline for all the rest, with XLA's own flop count (`cost_analysis()`, loop-scaled)
@@ -168,13 +169,13 @@ class _Module:
 
 def _is_fusible(module: _Module, name: str) -> bool:
     opcode, _, _, line = module.ins[name]
-    if opcode in NOT_FUSIBLE or opcode in ("dynamic-update-slice",):
+    if opcode in NOT_FUSIBLE:
         return False
     if opcode == "fusion":
         inner = set()
         for callee in _CALLS.findall(line):
             inner |= module.opcodes_in(callee)
-        return not (inner & (NOT_FUSIBLE | {"dynamic-update-slice"}))
+        return not (inner & NOT_FUSIBLE)
     return True
 
 
