@@ -3,9 +3,10 @@
 The cost model predicts; the compiled program decides. `judge` shards the traced program with a
 strategy, lowers it from abstract shapes (`jax.ShapeDtypeStruct`s of the program's inputs, so
 nothing is allocated, whatever the model's size), compiles it on a mesh of this host's devices and
-prices what XLA emitted with `compiled_step_time`: XLA's own per-device flops and bytes, and every
-collective of the optimized HLO through the alpha-beta formulas, combined as the target's XLA
-combines them. The search uses it to re-rank its best plans (`tc.search(..., verify=k)`).
+prices what XLA emitted with `compiled_step_time`: XLA's own per-device flops, the compiled
+instructions' bytes re-fused as TPU/GPU fuse them (`hlo_compute`), every loop body as often as it
+runs (`hlo_loops`), and every collective of the optimized HLO through the alpha-beta formulas,
+combined as the target's XLA combines them. The search uses it to re-rank its best plans (`tc.search(..., verify=k)`).
 """
 
 from __future__ import annotations

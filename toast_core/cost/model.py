@@ -51,6 +51,7 @@ from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.flops import op_flops, op_transcendentals
 from toast_core.cost.fusion import fused_away, fusion_copies, materialized
+from toast_core.cost.loop_buffers import buffer_aliases
 from toast_core.cost.remat import (
     recompute_comm_s,
     recompute_time_s,
@@ -428,6 +429,8 @@ class Evaluator:
         self._in_memory = 1.0 - np.array(self._fused, dtype=np.float64)
         self._last_reader = self._last_readers(frozenset())
         born, dies, live_ids, persistent = [], [], [], []
+        alias = buffer_aliases(prog)  # loop operands and carries: one buffer (loop_buffers.py)
+        lasts: dict[int, int] = {}
         for v in prog.values:
             if producers[v.id] is None:
                 if v.role in ("input", "parameter", "state", "constant"):
@@ -440,9 +443,15 @@ class Evaluator:
                 if self._donate and v.updates is not None:
                     continue  # written into the buffer of the input it replaces
                 last = n_ops - 1
+            if v.id in alias:
+                owner = alias[v.id]
+                lasts[owner] = max(lasts.get(owner, -1), last)
+                continue
             born.append(producers[v.id])
             dies.append(last)
             live_ids.append(v.id)
+        for k, v in enumerate(live_ids):
+            dies[k] = max(dies[k], lasts.get(v, -1))
         self.live_ids = np.array(live_ids, dtype=np.int64)
         self.born = np.array(born, dtype=np.int64)
         self.dies = np.array(dies, dtype=np.int64) + 1
