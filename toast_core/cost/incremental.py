@@ -249,8 +249,8 @@ class Incremental:
         values; latency is paid once per combined op, so it is priced over all collectives."""
         ev = self.ev
         coll = view._collective_arrays(masks, value_local)
-        kinds, ms, vs, ops, vals, _ = coll
-        times = ev.c1[kinds, ms] * vs * ev.trip[ops]
+        kinds, ms, vs, _, vals, sites = coll
+        times = ev.c1[kinds, ms] * vs * ev.site_trip[sites]
         out = np.bincount(vals, weights=times, minlength=self.tab.n_values)
         return out.astype(np.float64, copy=False), coll
 

@@ -51,6 +51,7 @@ from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.flops import op_flops, op_transcendentals
 from toast_core.cost.fusion import fused_away, fusion_copies, materialized
+from toast_core.cost.hoist import use_counts
 from toast_core.cost.loop_buffers import buffer_aliases
 from toast_core.cost.remat import (
     recompute_comm_s,
@@ -864,7 +865,7 @@ class Evaluator:
         if coll is None:
             coll = self._collective_arrays(masks, value_local)
         kinds, ms, vs, ops, _, sites = coll
-        total = float((self.c1[kinds, ms] * vs * self.trip[ops]).sum())
+        total = float((self.c1[kinds, ms] * vs * self.site_trip[sites]).sum())
         return total + self.latency_s(kinds, ms, vs, ops, sites)
 
     # -- combining (XLA's combiner passes, see combine.py) --------------------------------------
@@ -905,17 +906,24 @@ class Evaluator:
             ),
             dtype=np.int64,
         )
+        # Executions per step and computation of each site: a collective on the use of a loop
+        # constant is hoisted out of the loop (hoist.py), a partial sum runs where its op does.
+        trips, regions = use_counts(prog, [(o, v) for _, o, v in sites])
         region = region_of_ops([op.primitive for op in prog.ops])
+        for k, (where, o, _) in enumerate(sites):
+            if where == "result":
+                trips[k], regions[k] = self.trip[o], region[o]
+        self.site_trip = trips
         reducers = {"reduce_max": "max", "argmax": "max", "reduce_min": "min", "argmin": "min"}
         statics: dict[tuple, int] = {}
         target, cpu = [], []
-        for where, o, v in sites:
+        for (where, o, v), r in zip(sites, regions.tolist()):
             dtype = prog.values[v].dtype
             reducer = reducers.get(prog.ops[o].primitive, "add") if where == "result" else ""
-            target.append(statics.setdefault((dtype, reducer, region[o]), len(statics)))
+            target.append(statics.setdefault((dtype, reducer, r), len(statics)))
             # XLA's CPU backend runs bf16 collectives in f32 (all-reduce promotion).
             dtype = "float32" if dtype == "bfloat16" else dtype
-            cpu.append(statics.setdefault((dtype, reducer, region[o]), len(statics)))
+            cpu.append(statics.setdefault((dtype, reducer, r), len(statics)))
         self._site_static = {False: np.array(target, dtype=np.int64)}
         self._site_static[True] = np.array(cpu, dtype=np.int64)
         self._thresholds = {
@@ -971,7 +979,7 @@ class Evaluator:
             return 0.0
         group = self._groups(kinds, ms, vs, ops, sites)
         first = group == np.arange(len(group))
-        return float((self.c0[kinds, ms] * self.trip[ops])[first].sum())
+        return float((self.c0[kinds, ms] * self.site_trip[sites])[first].sum())
 
     def _combine_groups(self, kinds, ms, vs, ops, sites, cpu: bool) -> np.ndarray:
         group = np.arange(len(kinds))
@@ -1068,7 +1076,7 @@ class Evaluator:
                     vid,
                     self.direction[opi],
                     cause,
-                    int(self.trip[opi]),
+                    int(self.site_trip[s]),
                     numbering[g],
                     s,
                 )

@@ -44,7 +44,7 @@ def recompute_comm_s(ev, masks: np.ndarray, value_local: np.ndarray, effect, col
     if not again.any():
         return 0.0
     k, m, v, o, s = kinds[again], ms[again], vs[again], ops[again], sites[again]
-    return float((ev.c1[k, m] * v * ev.trip[o]).sum()) + ev.latency_s(k, m, v, o, s)
+    return float((ev.c1[k, m] * v * ev.site_trip[s]).sum()) + ev.latency_s(k, m, v, o, s)
 
 
 def recomputed_collectives(collectives, effect) -> list:
