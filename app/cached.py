@@ -404,3 +404,40 @@ def in_background(name: str, fn, *args) -> None:
             pass
 
     threading.Thread(target=run, name=f"toast-{name}", daemon=True).start()
+
+
+_jobs: dict[tuple, threading.Event] = {}
+
+
+def if_ready(name: str, key: tuple, fn, *args):
+    """`fn(*args)` (a cached function) if its background run for `key` has ended, else None,
+    starting that run: a page shows what it has at once and draws the rest when it arrives
+    (e.g. the Strategy page's plan without remat on llama3-70b: seconds of pricing). After a
+    failed run it calls `fn` here, which raises again for the page to show."""
+    job = (name, *key)
+    with _warming_lock:
+        done = _jobs.get(job)
+        started = done is not None
+        if not started:
+            done = _jobs[job] = threading.Event()
+    if done.is_set():
+        return fn(*args)
+    if not started:
+
+        def run() -> None:
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - the page shows the error when it asks again
+                pass
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=f"toast-{name}", daemon=True).start()
+    return None
+
+
+def is_ready(name: str, key: tuple) -> bool:
+    """True once the background run `if_ready(name, key, ...)` started has ended."""
+    with _warming_lock:
+        done = _jobs.get((name, *key))
+    return done is not None and done.is_set()

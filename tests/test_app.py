@@ -299,6 +299,9 @@ def test_strategy_page_shows_costs_memory_collectives_and_baselines():
     at = goto(start(), "strategy")
     labels = {m.label for m in at.metric}
     assert {"Step time", "Compute", "Communication", "Peak memory / device"} <= labels
+    # Values short enough for a third of a 1280 px page (units in the value, three digits).
+    values = {m.label: m.value for m in at.metric}
+    assert all(len(values[k]) <= 8 for k in ("Step time", "Compute", "Communication")), values
     at.selectbox(key="w.strategy_choice").set_value("baseline: data_parallel").run()
     assert not at.exception
     figs = [json.loads(p.proto.spec) for p in at.get("plotly_chart")]
@@ -687,3 +690,11 @@ def test_validate_compiles_the_default_at_the_real_size():
     table = at.dataframe[0].value
     flops = table[table["quantity"] == "flops per device"]["predicted / compiled"].iloc[0]
     assert 0.9 <= float(flops.rstrip("x")) <= 1.1, flops
+
+
+def test_metric_seconds_keep_three_digits():
+    from app.fmt import fmt_s_short
+
+    assert [fmt_s_short(t) for t in (0.3692, 0.09306, 0.9999, 1.5, 1.23e-5, -0.1276, 0.0)] == [
+        "369 ms", "93.1 ms", "1.00 s", "1.50 s", "12.3 us", "-128 ms", "0 s"
+    ]  # fmt: skip

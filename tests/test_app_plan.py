@@ -223,6 +223,27 @@ def test_graph_highlights_the_picked_op_and_shows_its_per_op_view(gpt_tiny):  # 
     assert re.search(r'\top \[label="', _graphs(at)[0])
 
 
+def _op_table_rows(at) -> list[int]:
+    """The rows selected in the Named dims page's ops table (its key changes with its version)."""
+    version = at.session_state["op_table_version"] if "op_table_version" in at.session_state else 0
+    return list(at.session_state[f"op_table_{version}"]["selection"]["rows"])
+
+
+def test_op_picked_in_the_box_is_the_selected_row_of_the_ops_table(gpt_tiny):  # noqa: F811
+    from app import charts
+
+    at = goto(start(), "named_dims")
+    assert _op_table_rows(at) == []
+    reps = [g[0] for g in charts.op_groups(gpt_tiny)]
+    for row in (3, 1):  # one pick, then another: the table follows each
+        at.selectbox(key="graph_op").set_value(reps[row]).run()
+        assert not at.exception
+        assert _op_table_rows(at) == [row]
+        assert at.session_state["graph_op"] == reps[row]
+    at.selectbox(key="graph_op").set_value(-1).run()  # (none): no row
+    assert _op_table_rows(at) == []
+
+
 def test_graph_draws_a_selection_the_filters_leave_out_and_one_group_in_full(gpt_tiny):  # noqa: F811
     from app import charts
 
