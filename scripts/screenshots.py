@@ -2,14 +2,19 @@
 
 Starts `streamlit run` (the browser test's server), drives Debian's Chromium with Playwright
 (headless, never `playwright install`) and writes viewport screenshots (1280 x 900, the top of
-each page, plus the graph with an op highlighted and one collapsed group drawn in full) to artifacts/screenshots/<model>/<page>.png:
+each page, plus the graph with an op highlighted and one collapsed group drawn in full, and the
+Strategy page's memory section) to artifacts/screenshots/<model>/<page>.png:
 
     /work/main/.venv/bin/python scripts/screenshots.py                # both models
-    /work/main/.venv/bin/python scripts/screenshots.py --only default
+    /work/main/.venv/bin/python scripts/screenshots.py --only default   # or llama, fit
 
 On each model: the Search page after a search (5 s on the default, 20 s on llama3-70b on mesh
 data=8,fsdp=8,model=8, tpu-v5p), the Strategy page on its best plan, the Named dims graph with
 the costliest matmul highlighted and its per-op view. llama3-70b takes ~25 s to load.
+
+Then a case where nothing fits (GPT 1.3B on one TPU v5e: 21 GiB of parameters and Adam state),
+for the Search page's "make it fit" panel, and the same model on 8 devices for its mesh-shape
+comparison (artifacts/screenshots/fit/).
 """
 
 from __future__ import annotations
@@ -69,6 +74,62 @@ def load_llama(pg) -> None:
     choose(pg, "w-hardware_input", "tpu-v5p")
 
 
+def memory_section(pg, model: str) -> None:
+    """The Strategy page's per-device memory: with the plan's remat beside the same plan
+    without it (priced in the background on large programs: waits until drawn)."""
+    pg.get_by_text("Pricing the same plan without remat").wait_for(state="detached")
+    idle(pg)
+    scroll_to(pg, "h3:has-text('Per-device memory')")
+    shot(pg, model, "strategy_memory")
+
+
+def load_zoo(pg, model: str, size: str, mesh: str) -> None:
+    nav(pg, "Model")
+    choose(pg, "w-zoo_model", model)
+    choose(pg, "w-zoo_size", size)
+    pg.locator(".st-key-load_zoo button").click()
+    idle(pg)
+    pg.get_by_text(f"Loaded {model} {size}").wait_for(timeout=300_000)
+    set_mesh(pg, mesh)
+
+
+def set_mesh(pg, mesh: str) -> None:
+    nav(pg, "Model")
+    box = pg.locator(".st-key-w-mesh_input input")
+    box.fill(mesh)
+    box.press("Enter")
+    idle(pg)
+
+
+def fill(pg, key: str, value: str) -> None:
+    box = pg.locator(f".st-key-{key} input")
+    box.fill(value)
+    box.press("Enter")
+    idle(pg)
+
+
+def fit_tour(pg) -> None:
+    """Nothing fits: the "make it fit" panel priced; then the mesh shapes of 8 devices."""
+    load_zoo(pg, "gpt", "gpt-1.3b", "data=1")
+    nav(pg, "Search")
+    run_search(pg, "5")
+    idle(pg)
+    fill(pg, "w-fit_budget_s", "3")
+    pg.locator(".st-key-fit_find button").click()
+    idle(pg)
+    pg.locator(".st-key-fit_table").wait_for()
+    scroll_to(pg, "h3:has-text('Make it fit')")
+    shot(pg, "fit", "search_make_it_fit")
+    set_mesh(pg, "data=8")
+    nav(pg, "Search")
+    fill(pg, "w-mesh_budget_s", "4")
+    pg.locator(".st-key-mesh_compare button").click()
+    idle(pg)
+    scroll_to(pg, "h3:has-text('Mesh shapes of')")
+    pg.mouse.wheel(0, 250)
+    shot(pg, "fit", "search_mesh_shapes")
+
+
 def tour(pg, model: str, search_s: str) -> None:
     for label in PAGES:
         nav(pg, label)
@@ -79,6 +140,8 @@ def tour(pg, model: str, search_s: str) -> None:
         if label == "Named dims":
             pg.locator("[data-testid='stGraphVizChart'] svg").first.wait_for()
         shot(pg, model, label.lower().replace(" ", "_"))
+        if label == "Strategy":
+            memory_section(pg, model)
     nav(pg, "Named dims")
     highlight_op(pg, "dot_general(")
     op_node = pg.locator("[data-testid='stGraphVizChart'] svg g.node").filter(
@@ -102,7 +165,7 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=["default", "llama"])
+    ap.add_argument("--only", choices=["default", "llama", "fit"])
     args = ap.parse_args()
     gen = server.__wrapped__()
     url = next(gen)
@@ -113,11 +176,13 @@ def main() -> None:
             pg.set_default_timeout(180_000)
             pg.goto(url)
             idle(pg)
-            if args.only != "llama":
+            if args.only in (None, "default"):
                 tour(pg, "default", "5")
-            if args.only != "default":
+            if args.only in (None, "llama"):
                 load_llama(pg)
                 tour(pg, "llama3_70b", "20")
+            if args.only in (None, "fit"):
+                fit_tour(pg)
             browser.close()
     finally:
         gen.close()
