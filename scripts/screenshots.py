@@ -6,15 +6,11 @@ each page, plus the graph with an op highlighted and one collapsed group drawn i
 Strategy page's memory section) to artifacts/screenshots/<model>/<page>.png:
 
     /work/main/.venv/bin/python scripts/screenshots.py                # both models
-    /work/main/.venv/bin/python scripts/screenshots.py --only default   # or llama, fit
+    /work/main/.venv/bin/python scripts/screenshots.py --only default   # or llama
 
 On each model: the Search page after a search (5 s on the default, 20 s on llama3-70b on mesh
 data=8,fsdp=8,model=8, tpu-v5p), the Strategy page on its best plan, the Named dims graph with
 the costliest matmul highlighted and its per-op view. llama3-70b takes ~25 s to load.
-
-Then a case where nothing fits (GPT 6.7B on two TPU v5e: 20 GiB of parameters and Adam state
-per device, remat or not) for the Search page's "make it fit" panel, and the same model on 8
-devices for its mesh-shape comparison (artifacts/screenshots/fit/).
 """
 
 from __future__ import annotations
@@ -83,54 +79,6 @@ def memory_section(pg, model: str) -> None:
     shot(pg, model, "strategy_memory")
 
 
-def load_zoo(pg, model: str, size: str, mesh: str) -> None:
-    nav(pg, "Model")
-    choose(pg, "w-zoo_model", model)
-    choose(pg, "w-zoo_size", size)
-    pg.locator(".st-key-load_zoo button").click()
-    idle(pg)
-    pg.get_by_text(f"Loaded {model} {size}").wait_for(timeout=300_000)
-    set_mesh(pg, mesh)
-
-
-def set_mesh(pg, mesh: str) -> None:
-    nav(pg, "Model")
-    box = pg.locator(".st-key-w-mesh_input input")
-    box.fill(mesh)
-    box.press("Enter")
-    idle(pg)
-
-
-def fill(pg, key: str, value: str) -> None:
-    box = pg.locator(f".st-key-{key} input")
-    box.fill(value)
-    box.press("Enter")
-    idle(pg)
-
-
-def fit_tour(pg) -> None:
-    """Nothing fits: the "make it fit" panel priced; then the mesh shapes of 8 devices."""
-    load_zoo(pg, "gpt", "gpt-6.7b", "data=2")
-    nav(pg, "Search")
-    run_search(pg, "5")
-    idle(pg)
-    fill(pg, "w-fit_budget_s", "3")
-    pg.locator(".st-key-fit_find button").click()
-    idle(pg)
-    pg.locator(".st-key-fit_table").wait_for(timeout=600_000)  # minutes on a busy machine
-    scroll_to(pg, "h3:has-text('Make it fit')")
-    shot(pg, "fit", "search_make_it_fit")
-    set_mesh(pg, "data=8")
-    nav(pg, "Search")
-    fill(pg, "w-mesh_budget_s", "4")
-    pg.locator(".st-key-mesh_compare button").click()
-    pg.locator(".st-key-mesh_chart_final").wait_for(timeout=600_000)
-    idle(pg)
-    scroll_to(pg, "h3:has-text('Mesh shapes of')")
-    pg.mouse.wheel(0, 250)
-    shot(pg, "fit", "search_mesh_shapes")
-
-
 def tour(pg, model: str, search_s: str) -> None:
     for label in PAGES:
         nav(pg, label)
@@ -166,7 +114,7 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=["default", "llama", "fit"])
+    ap.add_argument("--only", choices=["default", "llama"])
     args = ap.parse_args()
     gen = server.__wrapped__()
     url = next(gen)
@@ -182,8 +130,6 @@ def main() -> None:
             if args.only in (None, "llama"):
                 load_llama(pg)
                 tour(pg, "llama3_70b", "20")
-            if args.only in (None, "fit"):
-                fit_tour(pg)
             browser.close()
     finally:
         gen.close()
