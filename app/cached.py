@@ -9,6 +9,7 @@ the hardware preset name and a strategy's decisions; the analysis rides along as
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import threading
 import time
@@ -262,13 +263,16 @@ def explain(loaded: Loaded, strategy: tc.Strategy, mesh_text: str, hw_name: str)
     return _explain(loaded.key, mesh_text, hw_name, strategy_key(strategy), loaded.ana, strategy)
 
 
-def baseline_reports(loaded: Loaded, mesh_text: str, hw_name: str) -> dict:
-    """name -> (Strategy, CostReport) or (None, reason)."""
+def baseline_reports(loaded: Loaded, mesh_text: str, hw_name: str, polite: bool = False) -> dict:
+    """name -> (Strategy, CostReport) or (None, reason). `polite` (the background pricing):
+    before each baseline, wait while a page runs (`foreground`)."""
     out = {}
     for name, (strategy, reason) in baselines(loaded.key, mesh_text, loaded.ana).items():
         if strategy is None:
             out[name] = (None, reason)
             continue
+        if polite:
+            _yield_to_pages()
         try:
             out[name] = (strategy, estimate(loaded, strategy, mesh_text, hw_name))
         except tc.ToastError as exc:
@@ -321,6 +325,34 @@ _priced: set[tuple] = set()  # warmed keys whose pricing ended (their reports ar
 _warming_lock = threading.Lock()
 
 
+_pages_running = 0
+_pages_idle = threading.Condition()
+#: The longest a background pricing step waits for page runs to end (a page that polls, or a
+#: long search, must not starve it).
+YIELD_MAX_S = 5.0
+
+
+@contextlib.contextmanager
+def foreground():
+    """Marks a page run: background pricing (`warm`) waits between baselines while one runs.
+    Python threads share one interpreter lock, so pricing the baselines of llama3-70b (~10 s)
+    beside a page run made the first Search visit after loading take 3-4 s instead of ~1 s."""
+    global _pages_running
+    with _pages_idle:
+        _pages_running += 1
+    try:
+        yield
+    finally:
+        with _pages_idle:
+            _pages_running -= 1
+            _pages_idle.notify_all()
+
+
+def _yield_to_pages() -> None:
+    with _pages_idle:
+        _pages_idle.wait_for(lambda: _pages_running == 0, timeout=YIELD_MAX_S)
+
+
 def warm(loaded: Loaded, mesh_text: str, hw_name: str) -> bool:
     """Prices the baselines in a background thread, once per (model, mesh, hardware), so the
     pages that show them open at once: on llama3-70b that is ~10 s of baselines and ~1.5 s per
@@ -334,7 +366,7 @@ def warm(loaded: Loaded, mesh_text: str, hw_name: str) -> bool:
 
     def run() -> None:
         try:
-            baseline_reports(loaded, mesh_text, hw_name)
+            baseline_reports(loaded, mesh_text, hw_name, polite=True)
         except Exception:  # noqa: BLE001 - a page shows the error when it asks again
             with _warming_lock:
                 _warming.discard(key)
@@ -404,3 +436,40 @@ def in_background(name: str, fn, *args) -> None:
             pass
 
     threading.Thread(target=run, name=f"toast-{name}", daemon=True).start()
+
+
+_jobs: dict[tuple, threading.Event] = {}
+
+
+def if_ready(name: str, key: tuple, fn, *args):
+    """`fn(*args)` (a cached function) if its background run for `key` has ended, else None,
+    starting that run: a page shows what it has at once and draws the rest when it arrives
+    (e.g. the Strategy page's plan without remat on llama3-70b: seconds of pricing). After a
+    failed run it calls `fn` here, which raises again for the page to show."""
+    job = (name, *key)
+    with _warming_lock:
+        done = _jobs.get(job)
+        started = done is not None
+        if not started:
+            done = _jobs[job] = threading.Event()
+    if done.is_set():
+        return fn(*args)
+    if not started:
+
+        def run() -> None:
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - the page shows the error when it asks again
+                pass
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name=f"toast-{name}", daemon=True).start()
+    return None
+
+
+def is_ready(name: str, key: tuple) -> bool:
+    """True once the background run `if_ready(name, key, ...)` started has ended."""
+    with _warming_lock:
+        done = _jobs.get((name, *key))
+    return done is not None and done.is_set()

@@ -47,9 +47,12 @@ CONFLICT_KIND_TEXT = {
     "self": "a named dim appears twice in one tensor: at most one copy can be sharded",
     "reshape": "a reshape splits or merges dims so that they cannot keep one mesh axis",
 }
-#: Graph text sizes (points): the SVG is scaled to the page width, so smaller fonts end up as
-#: unreadable ~8 px labels on large graphs.
-FONT_PT, EDGE_FONT_PT = "15", "13"
+#: Graph text sizes (points). Streamlit's CSS draws every label of `st.graphviz_chart` at
+#: 9.6 px (`twoSm * 0.8`), whatever DOT's fontsize says; a layout made for larger text has
+#: nodes too wide for their labels, and the SVG scaled to the page width drew them at ~8 px on
+#: llama3-70b. Laid out for the size it is drawn at, the graph is narrower and scales up
+#: (labels >= 12 px at a 1280 px window).
+FONT_PT, EDGE_FONT_PT = "9.6", "9.6"
 CONFLICT_WRAP = 30  # characters per line in a conflict box
 LINE_CHARS = 26  # per line in the other nodes: the graph's natural width fits the page
 ROLE_FILL = {

@@ -61,7 +61,9 @@ def op_options(loaded: cached.Loaded) -> tuple[list[int], dict[int, str]]:
 def _op_picked_in_table(reps: list[int]) -> None:
     event = st.session_state.get(_op_table_key())
     rows = event.selection.rows if event else []
-    if rows and rows[0] < len(reps):
+    if not rows:
+        st.session_state["graph_op"] = NO_OP  # a row unpicked: nothing highlighted
+    elif rows[0] < len(reps):
         st.session_state["graph_op"] = reps[rows[0]]
 
 
@@ -69,9 +71,17 @@ def _op_table_key() -> str:
     return f"op_table_{st.session_state.get('op_table_version', 0)}"
 
 
-def _op_picked_in_box() -> None:
-    """A new pick in the box clears the table's stale row selection (a new table key)."""
-    st.session_state["op_table_version"] = st.session_state.get("op_table_version", 0) + 1
+def _table_follows_op(reps: list[int]) -> list[int]:
+    """The ops table's row of the highlighted op ([] for none, or an op of no row). When the
+    table shows another selection (the op was picked in the box, or sent from the Strategy
+    page), the table gets a new key so that it is drawn anew with that row selected: a
+    dataframe's selection is set only by `selection_default`, on its first draw."""
+    picked = st.session_state.get("graph_op", NO_OP)
+    row = {op: i for i, op in enumerate(reps)}.get(picked)
+    want = [] if row is None else [row]
+    if selected_rows(_op_table_key()) != want:
+        st.session_state["op_table_version"] = st.session_state.get("op_table_version", 0) + 1
+    return want
 
 
 def op_picker(loaded: cached.Loaded, where) -> int:
@@ -82,7 +92,6 @@ def op_picker(loaded: cached.Loaded, where) -> int:
         options,
         format_func=labels.__getitem__,
         key="graph_op",
-        on_change=_op_picked_in_box,
         help="Draws the op in the graph (gold box) linked to the named dims it holds, and shows "
         "its per-op view below. Or pick a row of the ops table at the bottom of the page. "
         f"{len(options) - 1} ops: where a named dim reduces or is gathered, conflict sites, "
@@ -96,10 +105,12 @@ def op_table(loaded: cached.Loaded) -> None:
     prog = loaded.ana.program
     groups = op_groups(loaded)
     reps = [g[0] for g in groups]
+    row = _table_follows_op(reps)
     st.subheader(
         "Ops",
         help="The ops of the graph picker: pick a row to draw the op in the graph and show its "
-        "per-op view (the same op of repeated layers is one row).",
+        "per-op view (the same op of repeated layers is one row). The op highlighted in the "
+        "box above is this table's selected row.",
     )
     st.dataframe(
         [
@@ -118,6 +129,7 @@ def op_table(loaded: cached.Loaded) -> None:
         key=_op_table_key(),
         on_select=partial(_op_picked_in_table, reps),
         selection_mode="single-row",
+        selection_default={"selection": {"rows": row}} if row else None,
         column_config={
             "count": st.column_config.NumberColumn(
                 help="Ops alike (same primitive, source line, shapes, inputs): one per repeated "

@@ -21,7 +21,7 @@ if str(ROOT) not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from app import state  # noqa: E402
+from app import cached, state  # noqa: E402
 
 PAGES = (
     ("app_pages/model.py", "Model", ":material/deployed_code:", "model"),
@@ -65,7 +65,8 @@ def main() -> None:
         pins = state.workspace()["pins"]
         if pins:
             st.caption("Pins: " + ", ".join(f"`{p}`" for p in pins))
-    page.run()
+    with cached.foreground():
+        page.run()
 
 
 main()

@@ -2,10 +2,11 @@
 
 Starts `streamlit run` (the browser test's server), drives Debian's Chromium with Playwright
 (headless, never `playwright install`) and writes viewport screenshots (1280 x 900, the top of
-each page, plus the graph with an op highlighted and one collapsed group drawn in full) to artifacts/screenshots/<model>/<page>.png:
+each page, plus the graph with an op highlighted and one collapsed group drawn in full, and the
+Strategy page's memory section) to artifacts/screenshots/<model>/<page>.png:
 
     /work/main/.venv/bin/python scripts/screenshots.py                # both models
-    /work/main/.venv/bin/python scripts/screenshots.py --only default
+    /work/main/.venv/bin/python scripts/screenshots.py --only default   # or llama
 
 On each model: the Search page after a search (5 s on the default, 20 s on llama3-70b on mesh
 data=8,fsdp=8,model=8, tpu-v5p), the Strategy page on its best plan, the Named dims graph with
@@ -69,6 +70,15 @@ def load_llama(pg) -> None:
     choose(pg, "w-hardware_input", "tpu-v5p")
 
 
+def memory_section(pg, model: str) -> None:
+    """The Strategy page's per-device memory: with the plan's remat beside the same plan
+    without it (priced in the background on large programs: waits until drawn)."""
+    pg.get_by_text("Pricing the same plan without remat").wait_for(state="detached")
+    idle(pg)
+    scroll_to(pg, "h3:has-text('Per-device memory')")
+    shot(pg, model, "strategy_memory")
+
+
 def tour(pg, model: str, search_s: str) -> None:
     for label in PAGES:
         nav(pg, label)
@@ -79,6 +89,8 @@ def tour(pg, model: str, search_s: str) -> None:
         if label == "Named dims":
             pg.locator("[data-testid='stGraphVizChart'] svg").first.wait_for()
         shot(pg, model, label.lower().replace(" ", "_"))
+        if label == "Strategy":
+            memory_section(pg, model)
     nav(pg, "Named dims")
     highlight_op(pg, "dot_general(")
     op_node = pg.locator("[data-testid='stGraphVizChart'] svg g.node").filter(
@@ -113,9 +125,9 @@ def main() -> None:
             pg.set_default_timeout(180_000)
             pg.goto(url)
             idle(pg)
-            if args.only != "llama":
+            if args.only in (None, "default"):
                 tour(pg, "default", "5")
-            if args.only != "default":
+            if args.only in (None, "llama"):
                 load_llama(pg)
                 tour(pg, "llama3_70b", "20")
             browser.close()

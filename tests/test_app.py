@@ -299,6 +299,9 @@ def test_strategy_page_shows_costs_memory_collectives_and_baselines():
     at = goto(start(), "strategy")
     labels = {m.label for m in at.metric}
     assert {"Step time", "Compute", "Communication", "Peak memory / device"} <= labels
+    # Values short enough for a third of a 1280 px page (units in the value, three digits).
+    values = {m.label: m.value for m in at.metric}
+    assert all(len(values[k]) <= 8 for k in ("Step time", "Compute", "Communication")), values
     at.selectbox(key="w.strategy_choice").set_value("baseline: data_parallel").run()
     assert not at.exception
     figs = [json.loads(p.proto.spec) for p in at.get("plotly_chart")]
@@ -687,3 +690,41 @@ def test_validate_compiles_the_default_at_the_real_size():
     table = at.dataframe[0].value
     flops = table[table["quantity"] == "flops per device"]["predicted / compiled"].iloc[0]
     assert 0.9 <= float(flops.rstrip("x")) <= 1.1, flops
+
+
+def test_metric_seconds_keep_three_digits():
+    from app.fmt import fmt_s_short
+
+    assert [fmt_s_short(t) for t in (0.3692, 0.09306, 0.9999, 1.5, 1.23e-5, -0.1276, 0.0)] == [
+        "369 ms", "93.1 ms", "1.00 s", "1.50 s", "12.3 us", "-128 ms", "0 s"
+    ]  # fmt: skip
+
+
+def test_background_pricing_waits_while_a_page_runs(monkeypatch):
+    """`cached.warm` prices baselines between page runs: one interpreter lock is shared, and
+    pricing beside a page run made the first Search visit on llama3-70b take 3-4 s."""
+    import threading
+    import time
+
+    from app import cached
+
+    resumed: list[float] = []
+
+    def background() -> None:
+        cached._yield_to_pages()
+        resumed.append(time.perf_counter())
+
+    with cached.foreground():
+        worker = threading.Thread(target=background)
+        worker.start()
+        time.sleep(0.3)
+        assert not resumed  # waiting while the page runs
+        page_ended = time.perf_counter()
+    worker.join(5)
+    assert resumed and resumed[0] >= page_ended
+    # A page that never ends (a long search) does not starve it.
+    monkeypatch.setattr(cached, "YIELD_MAX_S", 0.2)
+    with cached.foreground():
+        start_s = time.perf_counter()
+        cached._yield_to_pages()
+        assert 0.15 < time.perf_counter() - start_s < 2

@@ -81,6 +81,39 @@ def test_strategy_page_draws_memory_with_and_without_the_plans_remat(gpt_tiny):
     assert any("with every layer group recomputed" in c.value for c in at.caption)
 
 
+def test_large_programs_get_the_plan_without_remat_drawn_when_priced(gpt_tiny, monkeypatch):
+    """On llama3-70b pricing the plan without remat takes seconds: the page renders without it,
+    says so, and draws it once the background pricing has ended (here forced on GPT tiny)."""
+    import threading
+    import time
+
+    from app import cached, remat_views
+
+    monkeypatch.setattr(remat_views, "FOREGROUND_OPS", 0)
+    # The pricing waits for the test's word: the first run must find it unfinished.
+    priced, price = threading.Event(), remat_views._comparison
+    monkeypatch.setattr(remat_views, "_comparison", lambda *a: priced.wait(60) and price(*a))
+    at = start()
+    mesh = tc.MeshSpec.parse(at.session_state["mesh_text"])
+    plan = tc.baselines.fsdp(gpt_tiny, mesh).with_remat(gpt_tiny, {"blocks": "dots"})
+    key = at.session_state["model_spec"].key
+    at.session_state["workspaces"][key]["imported"]["fsdp remat"] = plan
+    at = goto(at, "strategy")
+    at.selectbox(key="w.strategy_choice").set_value("imported: fsdp remat").run()
+    assert not at.exception and not errors(at)
+    assert any("Pricing the same plan without remat" in i.value for i in at.info)
+    assert "Recompute flops" not in {m.label for m in at.metric}
+    priced.set()
+    deadline = time.time() + 60
+    while not all(e.is_set() for k, e in cached._jobs.items() if k[0] == "remat"):
+        assert time.time() < deadline, "the background pricing did not end"
+        time.sleep(0.1)
+    at.run()
+    assert not any("Pricing the same plan without remat" in i.value for i in at.info)
+    assert any("with and without remat" in f["layout"]["title"]["text"] for f in charts_on(at))
+    assert "Recompute flops" in {m.label for m in at.metric}
+
+
 @pytest.fixture
 def tiny_chip(monkeypatch):
     """A made-up chip with 12 MB usable: GPT tiny at batch 256 fits 8 of them only with remat."""

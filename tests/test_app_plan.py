@@ -138,7 +138,8 @@ def test_graph_is_readable_with_a_legend_and_no_internal_names():
 
     at = goto(start(), "named_dims")
     dot = at.get("graphviz_chart")[0].proto.spec
-    assert "fontsize=15" in dot and "fontsize=8" not in dot
+    # Laid out at the size Streamlit draws labels (see the test below), nothing smaller.
+    assert set(re.findall(r"fontsize=([\d.]+)", dot)) == {"9.6"}
     assert not re.search(r"\w#\d+", dot), "internal value names like slice#237 in the graph"
     assert "…" not in dot  # conflict boxes wrap instead of cutting
     dim_labels = " ".join(re.findall(r'\tnd\d+ \[label="([^"]*)"', dot))
@@ -223,6 +224,27 @@ def test_graph_highlights_the_picked_op_and_shows_its_per_op_view(gpt_tiny):  # 
     assert re.search(r'\top \[label="', _graphs(at)[0])
 
 
+def _op_table_rows(at) -> list[int]:
+    """The rows selected in the Named dims page's ops table (its key changes with its version)."""
+    version = at.session_state["op_table_version"] if "op_table_version" in at.session_state else 0
+    return list(at.session_state[f"op_table_{version}"]["selection"]["rows"])
+
+
+def test_op_picked_in_the_box_is_the_selected_row_of_the_ops_table(gpt_tiny):  # noqa: F811
+    from app import charts
+
+    at = goto(start(), "named_dims")
+    assert _op_table_rows(at) == []
+    reps = [g[0] for g in charts.op_groups(gpt_tiny)]
+    for row in (3, 1):  # one pick, then another: the table follows each
+        at.selectbox(key="graph_op").set_value(reps[row]).run()
+        assert not at.exception
+        assert _op_table_rows(at) == [row]
+        assert at.session_state["graph_op"] == reps[row]
+    at.selectbox(key="graph_op").set_value(-1).run()  # (none): no row
+    assert _op_table_rows(at) == []
+
+
 def test_graph_draws_a_selection_the_filters_leave_out_and_one_group_in_full(gpt_tiny):  # noqa: F811
     from app import charts
 
@@ -251,3 +273,22 @@ def test_graph_draws_a_selection_the_filters_leave_out_and_one_group_in_full(gpt
     detail = _graphs(at)[1]
     k0 = gpt_tiny.conflicts[0]
     assert all(f"option {o.index} (" in detail for o in k0.options)
+
+
+def test_graph_is_laid_out_at_the_size_streamlit_draws_its_labels(gpt_tiny):  # noqa: F811
+    """Streamlit's CSS draws every `st.graphviz_chart` label at `twoSm * 0.8` (9.6 px), whatever
+    DOT's fontsize: a layout for larger text scaled llama3-70b's labels down to ~8 px."""
+    import re
+    from pathlib import Path
+
+    import streamlit
+
+    from app import charts
+
+    js = Path(streamlit.__file__).parent / "static" / "static" / "js"
+    chart_js = next(js.glob("GraphVizChart.*.js")).read_text()
+    assert re.search(r"fontSize:`calc\(\$\{\w+\.fontSizes\.twoSm\} \* 0\.8\)`", chart_js)
+    assert any("twoSm:`0.75rem`" in f.read_text() for f in js.glob("utils.*.js"))
+    drawn_px = round(16 * 0.75 * 0.8, 3)
+    assert float(charts.FONT_PT) == float(charts.EDGE_FONT_PT) == drawn_px
+    assert f"fontsize={charts.FONT_PT}" in charts.named_dim_graph(gpt_tiny).source
