@@ -776,30 +776,75 @@ class Evaluator:
         np.maximum.at(fwd_hi, inverse[~back], ops[~back])
         np.minimum.at(bwd_lo, inverse[back], ops[back])
         first = active[first_idx]
-        kinds, mks, factors, of = [], [], [], []
-        buffer = np.ones(len(first))
-        for r, i in enumerate(first.tolist()):
-            if odd[i]:
-                colls, buffer[r] = self._exact_reshard(vsub[i], usub[i])
-            else:
-                colls, buffer[r] = self._gathers(lose[i] & ~int(hu[i]))
-                colls.append((A2A, int(moved[i]), buffer[r] * self.mask_ways[int(moved[i])]))
-            for kind, mask, factor in colls:
-                if mask:
-                    kinds.append(kind), mks.append(mask), factors.append(factor), of.append(r)
+        buffer, kind, mask, factor, of = self._reshard_collectives(
+            first, odd, vsub, usub, lose & ~hu[:, None], moved
+        )
         return _Reshards(
             value=self.site_value[first],
             op=self.site_op[first],
             lo=lo,
             hi=hi,
             buffer=buffer,
-            kind=np.array(kinds, dtype=np.int64),
-            mask=np.array(mks, dtype=np.int64),
-            factor=np.array(factors, dtype=np.float64),
-            of=np.array(of, dtype=np.int64),
+            kind=kind,
+            mask=mask,
+            factor=factor,
+            of=of,
             fwd_hi=fwd_hi,
             bwd_lo=bwd_lo,
         )
+
+    def _reshard_collectives(self, first, odd, vsub, usub, gathered, moved):
+        """Collectives of the reshards at sites `first` as arrays (kind, mesh axes, V / local
+        bytes, index of their reshard), ordered by reshard and, within one, as XLA issues them,
+        and every reshard's new buffer size / local bytes. `gathered` [site, dim]: the axes each
+        dim loses to no other dim; `moved` [site]: the axes that change dim.
+
+        The plain reshards (not `odd`) are priced all at once: the same arithmetic as
+        `_gathers` then one all-to-all, as a cumulative product over the dims, last dim first
+        (the same multiplications in the same order, so bit-identical results); only the odd ones
+        go through the (memoized) `_exact_reshard`."""
+        n = len(first)
+        is_odd = odd[first]
+        plain = np.flatnonzero(~is_odd)
+        buffer = np.ones(n)
+        parts = []
+        if len(plain):
+            sites = first[plain]
+            # [reshard, slot]: the all-gathers (last dim first), then the all-to-all.
+            g = gathered[sites][:, ::-1]
+            grown = np.cumprod(self.mask_ways[g], axis=1)
+            ways = grown[:, -1] if g.shape[1] else np.ones(len(plain))
+            buffer[plain] = ways
+            mv = moved[sites]
+            m = np.concatenate([g, mv[:, None]], axis=1)
+            f = np.concatenate([grown, (ways * self.mask_ways[mv])[:, None]], axis=1)
+            k = np.full(m.shape, AG, dtype=np.int64)
+            k[:, -1] = A2A
+            rows, slots = np.nonzero(m)
+            parts.append((k[rows, slots], m[rows, slots], f[rows, slots], plain[rows]))
+        odd_rows = np.flatnonzero(is_odd)
+        if len(odd_rows):
+            kinds, mks, factors, of = [], [], [], []
+            for r, i in zip(odd_rows.tolist(), first[odd_rows].tolist()):
+                colls, buffer[r] = self._exact_reshard(vsub[i], usub[i])
+                for c in colls:  # `_exact_reshard` drops the empty ones
+                    kinds.append(c[0]), mks.append(c[1]), factors.append(c[2]), of.append(r)
+            parts.append(
+                (
+                    np.array(kinds, dtype=np.int64),
+                    np.array(mks, dtype=np.int64),
+                    np.array(factors, dtype=np.float64),
+                    np.array(of, dtype=np.int64),
+                )
+            )
+        if not parts:
+            i = np.zeros(0, dtype=np.int64)
+            return buffer, i, i, np.zeros(0), i
+        kind, mask, factor, of = (np.concatenate(x) for x in zip(*parts))
+        if len(parts) > 1:  # back in reshard order; stable keeps each reshard's own order
+            order = np.argsort(of, kind="stable")
+            kind, mask, factor, of = kind[order], mask[order], factor[order], of[order]
+        return buffer, kind, mask, factor, of
 
     def _gathers(self, per_dim: np.ndarray) -> tuple[list, float]:
         """All-gathers of the axes each dim loses: XLA gathers one dim at a time, the last dim
