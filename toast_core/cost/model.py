@@ -743,6 +743,12 @@ class Evaluator:
         ext = np.append(masks, 0)
         vsub, usub = ext[self.site_vf], ext[self.site_uf]
         vm, um = _or_last(vsub), _or_last(usub)
+        # A site whose every dim keeps its (real) mesh axes reshards nothing: most sites, so
+        # classify only the others (`cand`; the arrays below are over them).
+        cand = np.flatnonzero(_or_last((vm ^ um) & self.real_axes))
+        if not len(cand):
+            return _Reshards.empty()
+        vsub, usub, vm, um = vsub[cand], usub[cand], vm[cand], um[cand]
         hv, hu = _or_last(vm), _or_last(um)
         same = _or_last(vm & um)
         gather = hv & ~hu & self.real_axes
@@ -758,9 +764,9 @@ class Evaluator:
         odd_j = np.flatnonzero(odd[active])
         if len(odd_j):
             key[odd_j] = (1 << 18) | self._layout_id_of(usub[active[odd_j]])
-        key |= self.site_value[active] << 20
+        key |= self.site_value[cand[active]] << 20
         uniq, first_idx, inverse = np.unique(key, return_index=True, return_inverse=True)
-        ops = self.site_op[active]
+        ops = self.site_op[cand[active]]
         lo = np.full(len(uniq), np.iinfo(np.int64).max)
         hi = np.full(len(uniq), -1)
         np.minimum.at(lo, inverse, ops)
@@ -770,10 +776,10 @@ class Evaluator:
         bwd_lo = np.full(len(uniq), self.n_ops)
         np.maximum.at(fwd_hi, inverse[~back], ops[~back])
         np.minimum.at(bwd_lo, inverse[back], ops[back])
-        first = active[first_idx]
         buffer, kind, mask, factor, of = self._reshard_collectives(
-            first, odd, vsub, usub, lose & ~hu[:, None], moved
+            active[first_idx], odd, vsub, usub, lose & ~hu[:, None], moved
         )
+        first = cand[active[first_idx]]
         return _Reshards(
             value=self.site_value[first],
             op=self.site_op[first],
