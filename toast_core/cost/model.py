@@ -1193,10 +1193,10 @@ def _distinct_rows(a: np.ndarray, bits: int):
     each row's distinct row), without a Python loop. Entries are masks of `bits` mesh axes: a
     row that fits in 63 bits is packed into one int64 (sorting ints is much faster than sorting
     raw bytes); a longer one is compared as raw bytes."""
-    flat = np.ascontiguousarray(a.reshape(len(a), -1))
+    flat = np.ascontiguousarray(a.reshape(len(a), int(np.prod(a.shape[1:]))))
     if flat.shape[1] * bits <= 63:
         shifts = np.arange(flat.shape[1], dtype=np.int64) * bits
-        keys = (flat << shifts).sum(axis=1) if len(flat) else np.zeros(0, dtype=np.int64)
+        keys = (flat.astype(np.int64, copy=False) << shifts).sum(axis=1)
     else:
         keys = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1])))[:, 0]
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
