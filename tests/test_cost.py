@@ -526,3 +526,84 @@ def test_bad_mesh_hardware_and_arguments_raise_toast_error(mlp_fwd, call, shown)
     with pytest.raises(tc.ToastError) as info:
         call(ana)
     assert shown in str(info.value)
+
+
+# -- reshards as arrays -----------------------------------------------------------------------
+
+
+def _reshard_collectives_one_by_one(ev, first, odd, vsub, usub, gathered, moved):
+    """The reference: each reshard priced alone by `_exact_reshard` or `_gathers` and one
+    all-to-all (the loop the array version replaced)."""
+    kinds, masks, factors, of, buffer = [], [], [], [], np.ones(len(first))
+    for r, i in enumerate(first.tolist()):
+        if odd[i]:
+            colls, buffer[r] = ev._exact_reshard(vsub[i], usub[i])
+        else:
+            colls, buffer[r] = ev._gathers(gathered[i])
+            colls.append(
+                (
+                    COLLECTIVE_KINDS.index("all-to-all"),
+                    int(moved[i]),
+                    buffer[r] * ev.mask_ways[int(moved[i])],
+                )
+            )
+        for kind, mask, factor in colls:
+            if mask:
+                kinds.append(kind), masks.append(mask), factors.append(factor), of.append(r)
+    return buffer, kinds, masks, factors, of
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_reshards_as_arrays_equal_the_reshards_one_by_one(data):
+    """Every reshard's collectives and buffer, computed for all reshards at once, are bit for bit
+    those of pricing each reshard alone, in the same order."""
+    _, ana = _workload("gpt", True)
+    mesh = tc.MeshSpec({"data": 2, "fsdp": 2, "model": 2})
+    ev = tc.cost.evaluator(ana, mesh, HW)
+    masks = random_legal_strategy(data, ana, mesh).fine_masks(ana, mesh)
+    seen = []
+    real = ev._reshard_collectives
+
+    def spy(*args):
+        seen.append((args, real(*args)))
+        return seen[-1][1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ev, "_reshard_collectives", spy)
+        ev._compute_reshards(masks)
+    for args, (buffer, kind, mask, factor, of) in seen:
+        ref = _reshard_collectives_one_by_one(ev, *args)
+        assert np.array_equal(buffer, ref[0])
+        assert kind.tolist() == ref[1] and mask.tolist() == ref[2]
+        assert factor.tolist() == ref[3] and of.tolist() == ref[4]
+
+
+def test_distinct_rows_packed_and_as_bytes_agree():
+    from toast_core.cost.model import _distinct_rows
+
+    rows = np.random.default_rng(0).integers(0, 8, size=(200, 3, 2))
+    rows[50:] = rows[:150]  # repeats
+    packed = _distinct_rows(rows, 3)  # 6 entries x 3 bits: one int64
+    as_bytes = _distinct_rows(rows, 63)  # too wide to pack
+    for distinct, first, inverse in (packed, as_bytes):
+        assert np.array_equal(distinct[inverse], rows)
+        assert np.array_equal(rows[first], distinct)
+        assert all(first[inverse[i]] <= i for i in range(len(rows)))
+    assert sorted(packed[1].tolist()) == sorted(as_bytes[1].tolist())
+
+
+def test_plain_reshards_as_arrays_equal_them_one_by_one_with_all_to_alls():
+    """The plain path with axes that change dim (all-to-alls), which few small strategies reach."""
+    _, ana = _workload("gpt", True)
+    ev = tc.cost.evaluator(ana, tc.MeshSpec({"data": 2, "fsdp": 2, "model": 2}), HW)
+    rng = np.random.default_rng(1)
+    n, rank = 40, 3
+    gathered, moved = rng.integers(0, 8, size=(n, rank)), rng.integers(0, 8, size=n)
+    first, odd = np.arange(0, n, 2), np.zeros(n, dtype=bool)
+    args = (first, odd, None, None, gathered, moved)
+    buffer, kind, mask, factor, of = ev._reshard_collectives(*args)
+    ref = _reshard_collectives_one_by_one(ev, *args)
+    assert np.array_equal(buffer, ref[0]) and COLLECTIVE_KINDS.index("all-to-all") in ref[1]
+    assert kind.tolist() == ref[1] and mask.tolist() == ref[2]
+    assert factor.tolist() == ref[3] and of.tolist() == ref[4]

@@ -743,11 +743,15 @@ class Evaluator:
         several, goes through `_exact_reshard` (XLA permutes the shards there)."""
         ext = np.append(masks, 0)
         vsub, usub = ext[self.site_vf], ext[self.site_uf]
-        vm = np.bitwise_or.reduce(vsub, axis=2)
-        um = np.bitwise_or.reduce(usub, axis=2)
-        hv = np.bitwise_or.reduce(vm, axis=1)
-        hu = np.bitwise_or.reduce(um, axis=1)
-        same = np.bitwise_or.reduce(vm & um, axis=1)
+        vm, um = _or_last(vsub), _or_last(usub)
+        # A site whose every dim keeps its (real) mesh axes reshards nothing: most sites, so
+        # classify only the others (`cand`; the arrays below are over them).
+        cand = np.flatnonzero(_or_last((vm ^ um) & self.real_axes))
+        if not len(cand):
+            return _Reshards.empty()
+        vsub, usub, vm, um = vsub[cand], usub[cand], vm[cand], um[cand]
+        hv, hu = _or_last(vm), _or_last(um)
+        same = _or_last(vm & um)
         gather = hv & ~hu & self.real_axes
         moved = hv & hu & ~same & self.real_axes
         lose, gain = vm & ~um & self.real_axes, um & ~vm & self.real_axes
@@ -758,15 +762,12 @@ class Evaluator:
         if not len(active):
             return _Reshards.empty()
         key = (gather[active] << 8) | moved[active]
-        for j in np.flatnonzero(odd[active]).tolist():
-            i = int(active[j])
-            target = usub[i].tobytes()
-            with self._layout_ids_lock:
-                layout_id = self._layout_ids.setdefault(target, len(self._layout_ids))
-            key[j] = (1 << 18) | layout_id
-        key |= self.site_value[active] << 20
+        odd_j = np.flatnonzero(odd[active])
+        if len(odd_j):
+            key[odd_j] = (1 << 18) | self._layout_id_of(usub[active[odd_j]])
+        key |= self.site_value[cand[active]] << 20
         uniq, first_idx, inverse = np.unique(key, return_index=True, return_inverse=True)
-        ops = self.site_op[active]
+        ops = self.site_op[cand[active]]
         lo = np.full(len(uniq), np.iinfo(np.int64).max)
         hi = np.full(len(uniq), -1)
         np.minimum.at(lo, inverse, ops)
@@ -776,31 +777,97 @@ class Evaluator:
         bwd_lo = np.full(len(uniq), self.n_ops)
         np.maximum.at(fwd_hi, inverse[~back], ops[~back])
         np.minimum.at(bwd_lo, inverse[back], ops[back])
-        first = active[first_idx]
-        kinds, mks, factors, of = [], [], [], []
-        buffer = np.ones(len(first))
-        for r, i in enumerate(first.tolist()):
-            if odd[i]:
-                colls, buffer[r] = self._exact_reshard(vsub[i], usub[i])
-            else:
-                colls, buffer[r] = self._gathers(lose[i] & ~int(hu[i]))
-                colls.append((A2A, int(moved[i]), buffer[r] * self.mask_ways[int(moved[i])]))
-            for kind, mask, factor in colls:
-                if mask:
-                    kinds.append(kind), mks.append(mask), factors.append(factor), of.append(r)
+        buffer, kind, mask, factor, of = self._reshard_collectives(
+            active[first_idx], odd, vsub, usub, lose & ~hu[:, None], moved
+        )
+        first = cand[active[first_idx]]
         return _Reshards(
             value=self.site_value[first],
             op=self.site_op[first],
             lo=lo,
             hi=hi,
             buffer=buffer,
-            kind=np.array(kinds, dtype=np.int64),
-            mask=np.array(mks, dtype=np.int64),
-            factor=np.array(factors, dtype=np.float64),
-            of=np.array(of, dtype=np.int64),
+            kind=kind,
+            mask=mask,
+            factor=factor,
+            of=of,
             fwd_hi=fwd_hi,
             bwd_lo=bwd_lo,
         )
+
+    def _reshard_collectives(self, first, odd, vsub, usub, gathered, moved):
+        """Collectives of the reshards at sites `first` as arrays (kind, mesh axes, V / local
+        bytes, index of their reshard), ordered by reshard and, within one, as XLA issues them,
+        and every reshard's new buffer size / local bytes. `gathered` [site, dim]: the axes each
+        dim loses to no other dim; `moved` [site]: the axes that change dim.
+
+        The plain reshards (not `odd`) are priced all at once: the same arithmetic as
+        `_gathers` then one all-to-all, as a cumulative product over the dims, last dim first
+        (the same multiplications in the same order, so bit-identical results); only the odd ones
+        go through `_exact_reshards`."""
+        n = len(first)
+        is_odd = odd[first]
+        plain = np.flatnonzero(~is_odd)
+        buffer = np.ones(n)
+        parts = []
+        if len(plain):
+            sites = first[plain]
+            # [reshard, slot]: the all-gathers (last dim first), then the all-to-all.
+            g = gathered[sites][:, ::-1]
+            grown = np.cumprod(self.mask_ways[g], axis=1)
+            ways = grown[:, -1] if g.shape[1] else np.ones(len(plain))
+            buffer[plain] = ways
+            mv = moved[sites]
+            m = np.concatenate([g, mv[:, None]], axis=1)
+            f = np.concatenate([grown, (ways * self.mask_ways[mv])[:, None]], axis=1)
+            k = np.full(m.shape, AG, dtype=np.int64)
+            k[:, -1] = A2A
+            rows, slots = np.nonzero(m)
+            parts.append((k[rows, slots], m[rows, slots], f[rows, slots], plain[rows]))
+        odd_rows = np.flatnonzero(is_odd)
+        if len(odd_rows):
+            parts.append(self._exact_reshards(odd_rows, first[odd_rows], vsub, usub, buffer))
+        if not parts:
+            i = np.zeros(0, dtype=np.int64)
+            return buffer, i, i, np.zeros(0), i
+        kind, mask, factor, of = (np.concatenate(x) for x in zip(*parts))
+        if len(parts) > 1:  # back in reshard order; stable keeps each reshard's own order
+            order = np.argsort(of, kind="stable")
+            kind, mask, factor, of = kind[order], mask[order], factor[order], of[order]
+        return buffer, kind, mask, factor, of
+
+    def _layout_id_of(self, targets: np.ndarray) -> np.ndarray:
+        """[site] ids of the use layouts `targets` [site, dim, sub-factor] (ids given in order of
+        first appearance, kept for the evaluator's life): one dictionary look-up per distinct
+        layout, not per site."""
+        rows, first, inverse = _distinct_rows(targets, self.n_axes)
+        ids = np.empty(len(rows), dtype=np.int64)
+        with self._layout_ids_lock:
+            for u in np.argsort(first, kind="stable").tolist():
+                ids[u] = self._layout_ids.setdefault(rows[u].tobytes(), len(self._layout_ids))
+        return ids[inverse]
+
+    def _exact_reshards(self, rows, sites, vsub, usub, buffer):
+        """`_exact_reshard` of the reshards `rows` (at `sites`) as arrays (kind, mesh axes,
+        V / local bytes, index of their reshard), each reshard's collectives in order; writes
+        their buffer sizes into `buffer`. One call per distinct (value, use) layout pair: a deep
+        model repeats the same few layer after layer."""
+        pairs = np.concatenate(
+            [vsub[sites].reshape(len(sites), -1), usub[sites].reshape(len(sites), -1)], axis=1
+        )
+        _, first, inverse = _distinct_rows(pairs, self.n_axes)
+        n = len(first)
+        colls = [self._exact_reshard(vsub[i], usub[i]) for i in sites[first].tolist()]
+        buffer[rows] = np.array([b for _, b in colls])[inverse]
+        lengths = np.array([len(c) for c, _ in colls], dtype=np.int64)
+        flat = [c for cs, _ in colls for c in cs]
+        kind = np.array([c[0] for c in flat], dtype=np.int64)
+        mask = np.array([c[1] for c in flat], dtype=np.int64)
+        factor = np.array([c[2] for c in flat], dtype=np.float64)
+        starts = np.zeros(n, dtype=np.int64)
+        starts[1:] = np.cumsum(lengths)[:-1]
+        take = _ranges(starts[inverse], lengths[inverse])
+        return kind[take], mask[take], factor[take], np.repeat(rows, lengths[inverse])
 
     def _gathers(self, per_dim: np.ndarray) -> tuple[list, float]:
         """All-gathers of the axes each dim loses: XLA gathers one dim at a time, the last dim
@@ -1118,6 +1185,30 @@ class Evaluator:
             hit = tuple(np.asarray(x, dtype=np.int64) for x in (value_uses, use_fines, fines))
             self._use_fines_memo["table"] = hit
         return hit
+
+
+def _or_last(a: np.ndarray) -> np.ndarray:
+    """The bitwise or over the last axis: one vectorized `|` per entry of that short axis (dims,
+    sub-factors), several times faster than `np.bitwise_or.reduce` along it."""
+    out = a[..., 0].copy()
+    for k in range(1, a.shape[-1]):
+        out |= a[..., k]
+    return out
+
+
+def _distinct_rows(a: np.ndarray, bits: int):
+    """(distinct rows of `a` [n, ...] as [k, ...], index of each one's first row, [n] index of
+    each row's distinct row), without a Python loop. Entries are masks of `bits` mesh axes: a
+    row that fits in 63 bits is packed into one int64 (sorting ints is much faster than sorting
+    raw bytes); a longer one is compared as raw bytes."""
+    flat = np.ascontiguousarray(a.reshape(len(a), int(np.prod(a.shape[1:]))))
+    if flat.shape[1] * bits <= 63:
+        shifts = np.arange(flat.shape[1], dtype=np.int64) * bits
+        keys = (flat.astype(np.int64, copy=False) << shifts).sum(axis=1)
+    else:
+        keys = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1])))[:, 0]
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    return a[first], first, inverse.reshape(-1)
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
