@@ -56,8 +56,11 @@ def make_it_fit(loaded: Loaded, slot: dict) -> None:
     c2.button("Find ways to fit", key="fit_find", on_click=_request_fit)
     store = st.session_state.setdefault("fit_options", {})
     key = _fit_key()
-    if st.session_state.pop("fit_requested", False):
+    # The request is cleared only once priced: a rerun that interrupts the pricing (another
+    # widget, a polling fragment) resumes it instead of dropping the click.
+    if st.session_state.get("fit_requested", False):
         store[key] = _price_options(loaded, float(st.session_state.fit_budget_s), slot["best"])
+        st.session_state.pop("fit_requested", None)
     options = store.get(key)
     if options is None:
         return

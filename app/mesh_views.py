@@ -58,7 +58,7 @@ def mesh_comparison(loaded: Loaded) -> None:
     """search_meshes over the factorizations of the current device count, within a budget the
     user sets, streaming; a chart of step time and peak per mesh shape; one click uses a shape."""
     n = state.mesh().n_devices
-    st.subheader(f"Mesh shapes of {n} devices")
+    st.subheader(f"Mesh shapes of {n} device{'' if n == 1 else 's'}")
     if n < 4:
         st.caption(f"{n} device{'s' if n > 1 else ''}: one mesh shape only, nothing to compare.")
         return
@@ -77,15 +77,18 @@ def mesh_comparison(loaded: Loaded) -> None:
     key = (loaded.key, n, state.hardware_name(), pins)
     store = st.session_state.setdefault("mesh_rankings", {})
     live = st.empty()
-    if st.session_state.pop("meshes_requested", False):
+    if st.session_state.get("meshes_requested", False):  # cleared once done (see fit_views)
         try:
             store[key] = _stream_meshes(loaded, n, pins, live)
         except tc.ToastError as exc:
+            st.session_state.pop("meshes_requested", None)
             live.error(str(exc))
             return
+        st.session_state.pop("meshes_requested", None)
     ranking = store.get(key)
     if not ranking:
         return
+    live.empty()  # the streamed draws' progress bar and tables go (a container would keep them)
     with live.container():
         _draw_ranking(ranking, _usable_bytes(), "final")
     labels = [str(p.mesh) for p in ranking]

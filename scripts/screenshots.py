@@ -6,11 +6,13 @@ each page, plus the graph with an op highlighted and one collapsed group drawn i
 Strategy page's memory section) to artifacts/screenshots/<model>/<page>.png:
 
     /work/main/.venv/bin/python scripts/screenshots.py                # both models
-    /work/main/.venv/bin/python scripts/screenshots.py --only default   # or llama
+    /work/main/.venv/bin/python scripts/screenshots.py --only default   # or llama, or fit
 
 On each model: the Search page after a search (5 s on the default, 20 s on llama3-70b on mesh
 data=8,fsdp=8,model=8, tpu-v5p), the Strategy page on its best plan, the Named dims graph with
-the costliest matmul highlighted and its per-op view. llama3-70b takes ~25 s to load.
+the costliest matmul highlighted and its per-op view. llama3-70b takes ~25 s to load. Then a
+case where nothing fits (GPT 1.3B on one TPU v5e): the "make it fit" panel priced, and the
+same model's mesh-shape comparison on 8 devices (artifacts/screenshots/fit/).
 """
 
 from __future__ import annotations
@@ -79,6 +81,53 @@ def memory_section(pg, model: str) -> None:
     shot(pg, model, "strategy_memory")
 
 
+def set_mesh(pg, mesh: str) -> None:
+    nav(pg, "Model")
+    box = pg.locator(".st-key-w-mesh_input input")
+    box.fill(mesh)
+    box.press("Enter")
+    idle(pg)
+
+
+def fill(pg, key: str, value: str) -> None:
+    box = pg.locator(f".st-key-{key} input")
+    box.fill(value)
+    box.press("Enter")
+    idle(pg)
+
+
+def fit_tour(pg) -> None:
+    """Nothing fits (GPT 1.3B on one TPU v5e): the "make it fit" panel priced; then the same
+    model's mesh shapes on 8 devices (artifacts/screenshots/fit/)."""
+    nav(pg, "Model")
+    choose(pg, "w-zoo_model", "gpt")
+    choose(pg, "w-zoo_size", "gpt-1.3b")
+    pg.locator(".st-key-load_zoo button").click()
+    idle(pg)
+    pg.get_by_text("Loaded gpt gpt-1.3b").wait_for(timeout=300_000)
+    set_mesh(pg, "data=1")
+    nav(pg, "Search")
+    run_search(pg, "3")
+    idle(pg)
+    fill(pg, "w-fit_budget_s", "2")
+    pg.locator(".st-key-fit_find button").click()
+    pg.get_by_text("Why fewer devices cannot fit").wait_for(timeout=600_000)
+    idle(pg)
+    pg.get_by_text("Why fewer devices cannot fit").scroll_into_view_if_needed()
+    pg.mouse.wheel(0, 300)
+    shot(pg, "fit", "search_make_it_fit")
+    set_mesh(pg, "data=8")
+    nav(pg, "Search")
+    fill(pg, "w-mesh_budget_s", "6")
+    pg.locator(".st-key-mesh_compare button").click()
+    pg.get_by_role("button", name="Use this mesh").wait_for(timeout=600_000)
+    idle(pg)
+    pg.wait_for_timeout(2000)  # the streamed progress table goes when the run ends
+    pg.get_by_role("button", name="Use this mesh").scroll_into_view_if_needed()
+    pg.mouse.wheel(0, 200)
+    shot(pg, "fit", "search_mesh_shapes")
+
+
 def tour(pg, model: str, search_s: str) -> None:
     for label in PAGES:
         nav(pg, label)
@@ -114,7 +163,7 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=["default", "llama"])
+    ap.add_argument("--only", choices=["default", "llama", "fit"])
     args = ap.parse_args()
     gen = server.__wrapped__()
     url = next(gen)
@@ -130,6 +179,8 @@ def main() -> None:
             if args.only in (None, "llama"):
                 load_llama(pg)
                 tour(pg, "llama3_70b", "20")
+            if args.only in (None, "fit"):
+                fit_tour(pg)
             browser.close()
     finally:
         gen.close()
