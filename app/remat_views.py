@@ -57,21 +57,23 @@ def memory_section(loaded: Loaded, strategy: tc.Strategy, report: tc.CostReport)
     prog = loaded.ana.program
     peak_label = prog.ops[report.peak_op].where() if 0 <= report.peak_op < len(prog.ops) else ""
     skey = cached.strategy_key(strategy)
-    if not strategy.remat:
-        st.plotly_chart(
-            cached.figure(
-                "memory",
-                (loaded.key, mesh_text, hw_name, skey),
-                lambda: charts.memory_figure(
-                    report.memory_timeline,
-                    report.capacity_bytes,
-                    report.persistent_bytes,
-                    report.peak_op,
-                    peak_label,
-                ),
+
+    def plain_figure():
+        """The plan's own memory timeline (cached per plan)."""
+        return cached.figure(
+            "memory",
+            (loaded.key, mesh_text, hw_name, skey),
+            lambda: charts.memory_figure(
+                report.memory_timeline,
+                report.capacity_bytes,
+                report.persistent_bytes,
+                report.peak_op,
+                peak_label,
             ),
-            width="stretch",
         )
+
+    if not strategy.remat:
+        st.plotly_chart(plain_figure(), width="stretch")
         st.caption(
             f"Inputs (parameters, optimizer state, data) take {fmt_bytes(report.persistent_bytes)} "
             f"per device; the peak {fmt_bytes(report.peak_bytes)} is reached at "
@@ -80,20 +82,7 @@ def memory_section(loaded: Loaded, strategy: tc.Strategy, report: tc.CostReport)
         return
     cmp = comparison(loaded, strategy, mesh_text, hw_name)
     if cmp is None:
-        st.plotly_chart(
-            cached.figure(
-                "memory",
-                (loaded.key, mesh_text, hw_name, skey),
-                lambda: charts.memory_figure(
-                    report.memory_timeline,
-                    report.capacity_bytes,
-                    report.persistent_bytes,
-                    report.peak_op,
-                    peak_label,
-                ),
-            ),
-            width="stretch",
-        )
+        st.plotly_chart(plain_figure(), width="stretch")
         st.info(
             "Pricing the same plan without remat, and what each remat group recomputes: "
             "drawn here when ready (a few seconds on large programs).",

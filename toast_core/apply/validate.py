@@ -53,7 +53,7 @@ from toast_core.cost import CostOptions, estimate
 from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.cost.model import evaluator, reduction_flops
 from toast_core.errors import ToastError, bad_value
-from toast_core.mesh import HardwareSpec, MeshSpec
+from toast_core.mesh import HardwareSpec, MeshSpec, hardware
 from toast_core.strategy import Strategy, remat_space
 from toast_core.strategy.remat import POLICIES
 
@@ -408,7 +408,7 @@ def validate(
     ana: Analysis,
     strategy: Strategy,
     mesh: Mesh,
-    hw: HardwareSpec,
+    hw: HardwareSpec | str,
     *,
     check_numerics: bool = True,
     numerics_args: tuple | None = None,
@@ -422,6 +422,7 @@ def validate(
     for abstract leaves), unless `check_numerics=False`.
     """
     ms = mesh_spec_of(mesh)
+    hw = hardware(hw)  # a preset name or a HardwareSpec, as everywhere
     report = estimate(ana, strategy, ms, hw, CostOptions(donate_outputs=False))
     sharded = shard(fn, ana, strategy, mesh)
     example_args = tuple(example_args)
