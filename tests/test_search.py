@@ -459,3 +459,18 @@ def test_a_frozen_plan_leaves_nothing_to_decide():
     assert again.iterations == 0
     assert again.best.shardings == found.best.shardings
     assert again.best.options == found.best.options
+
+
+def test_a_program_with_no_work_is_searched():
+    """An identity transpose costs nothing: every plan's step time and the reference are 0 (the
+    fuzzer's seed-12 #769 divided by zero in the reward)."""
+    import jax.numpy as jnp
+
+    def forward(x):
+        return (jnp.transpose(x, (0, 1)),)
+
+    ana = tc.analyze(tc.trace(forward, jax.ShapeDtypeStruct((2, 2), jnp.float32)))
+    res = tc.search(
+        ana, tc.MeshSpec({"data": 2, "model": 4}), "tpu-v5e", num_simulations=10, budget_s=None
+    )
+    assert res.report.step_time_s == 0.0 and res.iterations == 10

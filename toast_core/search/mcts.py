@@ -79,7 +79,8 @@ class _Run:
     def reward(self, s: Score) -> float:
         if not s.fits:
             return 0.1 * min(1.0, self.scorer.ev.capacity_bytes / max(s.peak_bytes, 1.0))
-        return 0.1 + 0.9 * self.ref / (self.ref + s.step_time_s)
+        total = self.ref + s.step_time_s  # 0 for a program with no work (an identity transpose)
+        return 0.1 + 0.9 * (self.ref / total if total > 0 else 1.0)
 
     def iterate(self) -> None:
         """One simulation: select, expand, roll out, back up."""
