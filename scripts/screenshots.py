@@ -58,13 +58,17 @@ def highlight_op(pg, text: str) -> None:
     pg.locator("[data-testid='stGraphVizChart'] svg").first.wait_for()
 
 
-def load_llama(pg) -> None:
+def load_zoo(pg, model: str, size: str) -> None:
     nav(pg, "Model")
-    choose(pg, "w-zoo_model", "llama")
-    choose(pg, "w-zoo_size", "llama3-70b")
+    choose(pg, "w-zoo_model", model)
+    choose(pg, "w-zoo_size", size)
     pg.locator(".st-key-load_zoo button").click()
     idle(pg)
-    pg.get_by_text("Loaded llama llama3-70b").wait_for(timeout=300_000)
+    pg.get_by_text(f"Loaded {model} {size}").wait_for(timeout=300_000)
+
+
+def load_llama(pg) -> None:
+    load_zoo(pg, "llama", "llama3-70b")
     box = pg.locator(".st-key-w-mesh_input input")
     box.fill("data=8,fsdp=8,model=8")
     box.press("Enter")
@@ -99,12 +103,7 @@ def fill(pg, key: str, value: str) -> None:
 def fit_tour(pg) -> None:
     """Nothing fits (GPT 1.3B on one TPU v5e): the "make it fit" panel priced; then the same
     model's mesh shapes on 8 devices (artifacts/screenshots/fit/)."""
-    nav(pg, "Model")
-    choose(pg, "w-zoo_model", "gpt")
-    choose(pg, "w-zoo_size", "gpt-1.3b")
-    pg.locator(".st-key-load_zoo button").click()
-    idle(pg)
-    pg.get_by_text("Loaded gpt gpt-1.3b").wait_for(timeout=300_000)
+    load_zoo(pg, "gpt", "gpt-1.3b")
     set_mesh(pg, "data=1")
     nav(pg, "Search")
     run_search(pg, "3")
