@@ -130,8 +130,8 @@ def _stream_meshes(loaded: Loaded, n: int, pins: tuple, live) -> tuple:
                     p.shape_index / max(p.n_shapes, 1),
                     text=f"Searching mesh {p.mesh} ({p.shape_index + 1}/{p.n_shapes})",
                 )
-                if ranking:
-                    _draw_ranking(ranking, capacity, str(i))
+                if ranking:  # the chart only: a streamed table outlived the run in Chromium
+                    _draw_ranking(ranking, capacity, str(i), table=False)
     return ranking
 
 
@@ -140,7 +140,7 @@ def _usable_bytes() -> float:
     return state.hardware().hbm_capacity_bytes * (1.0 - tc.CostOptions().memory_headroom)
 
 
-def _draw_ranking(ranking, capacity_bytes: float, tag: str) -> None:
+def _draw_ranking(ranking, capacity_bytes: float, tag: str, table: bool = True) -> None:
     rows = [
         {
             "mesh": str(p.mesh),
@@ -153,6 +153,8 @@ def _draw_ranking(ranking, capacity_bytes: float, tag: str) -> None:
     st.plotly_chart(
         fit_charts.mesh_figure(rows, capacity_bytes), width="stretch", key=f"mesh_chart_{tag}"
     )
+    if not table:
+        return
     st.dataframe(
         [
             {
