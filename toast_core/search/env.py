@@ -8,9 +8,9 @@ options are masked) and is the one place that says which actions are legal and w
   dims, whose parts inherit their mesh axes, so it never makes a state illegal;
 * `Shard(u, a)` adds mesh axis a to every fine class of unit u, if `legality.why_illegal_shard`
   allows it;
-* `Remat(g, p)` gives remat group g policy p (`dots`, `full`, `dots_no_batch`), once per group, unless a pin
-  fixes the group or a forbid excludes the policy; it changes only the price (recompute flops,
-  shorter activation lifetimes), never legality;
+* `Remat(g, p)` gives remat group g policy p (`dots`, `full`, `dots_no_batch`), once per group,
+  unless a pin fixes the group or a forbid excludes the policy; it changes only the price
+  (recompute flops, shorter activation lifetimes), never legality;
 * `Stop()` ends the episode.
 
 Both the tree (which lists every legal action) and the rollout (which samples a few candidates
