@@ -148,6 +148,17 @@ def test_real_plans_raise_no_alarm_and_report_the_xla_judged_time(mesh_2x4):
 
 
 @pytest.mark.slow
+def test_a_preset_name_is_taken_where_a_hardware_spec_is(mesh_2x4):
+    """Every entry point takes a preset name; validate's judge once read the name as a spec."""
+    args = mlp_args()
+    ana = tc.analyze(tc.trace(mlp, *args))
+    by_name = tc.validate(mlp, args, ana, megatron(ana), mesh_2x4, "tpu-v5e", check_numerics=False)
+    by_spec = tc.validate(mlp, args, ana, megatron(ana), mesh_2x4, HW, check_numerics=False)
+    assert by_name.compiled_step_time_s == pytest.approx(by_spec.compiled_step_time_s)
+    assert by_name.predicted_step_time_s == pytest.approx(by_spec.predicted_step_time_s)
+
+
+@pytest.mark.slow
 def test_shape_dtype_structs_compile_at_full_size_without_allocating(mesh_2x4):
     big = jax.ShapeDtypeStruct((1 << 20, 1 << 15), jnp.float32)  # 128 GiB, never allocated
 
