@@ -86,3 +86,19 @@ def test_bf16_collectives_the_cpu_promotes_are_priced_at_bf16():
     narrow_bytes = sorted(op.full_bytes for op in target_collective_ops(narrow, mesh, hw))
     wide_bytes = sorted(op.full_bytes for op in target_collective_ops(wide, mesh, hw))
     assert narrow_bytes == pytest.approx([b / 2 for b in wide_bytes])
+
+
+@pytest.mark.slow
+def test_rolled_threefry_loop_of_the_cpu_is_judged_as_one_fused_elementwise_op():
+    # JAX lowers threefry2x32 to a 5-trip loop on the CPU only; TPU/GPU unroll it and fuse the
+    # random bits into the mask: only x is read and the masked x written for the dot (2 x x).
+    def f(key, x, w):
+        return jnp.where(jax.random.bernoulli(key, 0.5, x.shape), x, 0.0) @ w
+
+    x = jax.ShapeDtypeStruct((256, 512), jnp.float32)
+    w = jax.ShapeDtypeStruct((512, 64), jnp.float32)
+    text = jax.jit(f).lower(jax.random.key(0), x, w).compile().as_text()
+    assert " while(" in text  # the CPU's rolled loop is there to be recognized
+    fusible_bytes, dots = fused_traffic(text)
+    assert fusible_bytes == pytest.approx(2 * 256 * 512 * 4, rel=1e-3)  # was 26 x (loop carries)
+    assert len(dots) == 1

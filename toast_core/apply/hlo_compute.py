@@ -36,6 +36,16 @@ instructions, shapes and loop counts (nothing comes from the cost model):
   a slice count the slice (a scan body reads one layer of a stacked parameter); a
   dynamic-update-slice (fused or not) is an in-place loop fusion: it writes its update, and what
   computes the update fuses into it;
+* JAX lowers `threefry2x32` (the random bits of `jax.random`: dropout masks, initializers) to a
+  `fori_loop` of 5 rounds on the CPU only, to keep compile times short; on TPU and GPU the same
+  rounds are unrolled into elementwise instructions that fuse with the counters feeding them and
+  the mask reading them (`jax._src.random.threefry2x32`: `_threefry2x32_cpu_lowering_rule`
+  against `_threefry2x32_lowering_rule`). The CPU's loop writes its two [N] u32 carries to memory
+  and copies them every round (a dropout MLP's step: 31 % of its re-fused bytes). Such a loop,
+  recognized by the signature of JAX's rolled state `(s32[], u32[N], u32[N], u32[], u32[], u32[],
+  u32[4], u32[4])` and its 5 trips, is judged as the one elementwise instruction it is on the
+  target: fusible, reading its tuple's operands, its results read through its
+  get-tuple-elements, its body not priced (its flops stay in XLA's count);
 * time is the roofline per instruction, `max(flops / (peak * efficiency), bytes / HBM B/s)`, for
   the dot-like instructions (their flops from the shapes: 2 x result elements x contracted size)
   and one roofline for all the rest, with XLA's own flop count (`cost_analysis()`, loop-scaled)
@@ -104,6 +114,29 @@ _DIM_LABELS = re.compile(r"dim_labels=\w+_(\w+)->")
 _GROUPS = re.compile(r"batch_group_count=(\d+)")
 
 
+_TRIP_COUNT = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"')
+_BODY = re.compile(r"\b(?:body|condition)=%?([\w.\-]+)")
+#: JAX's rolled threefry2x32 state (counter, the two [N] words, the three key words, the two
+#: rotation vectors) and its trip count (module essay).
+_ROLLED_RNG_STATE = ("s32", "u32", "u32", "u32", "u32", "u32", "u32", "u32")
+_ROLLED_RNG_TRIPS = 5
+
+
+def is_rolled_threefry(opcode: str, leaves, line: str) -> bool:
+    """Whether an instruction is JAX's CPU-only rolled `threefry2x32` loop (module essay)."""
+    if opcode != "while" or tuple(leaf.dtype for leaf in leaves) != _ROLLED_RNG_STATE:
+        return False
+    trips = _TRIP_COUNT.search(line)
+    dims = [tuple(leaf.dims) for leaf in leaves]
+    return (
+        trips is not None
+        and int(trips.group(1)) == _ROLLED_RNG_TRIPS
+        and dims[0] == () == dims[3] == dims[4] == dims[5]
+        and dims[1] == dims[2]
+        and dims[6] == (4,) == dims[7]
+    )
+
+
 def _nbytes(leaves) -> float:
     return float(sum(leaf.n_bytes for leaf in leaves))
 
@@ -125,6 +158,13 @@ class _Module:
         self.counts = computation_counts(hlo_text)
         self.fused = {c for _, _, _, line in self.ins.values() for c in _CALLS.findall(line)}
         self.fused |= set(re.findall(r"\bto_apply=%?([\w.\-]+)", hlo_text))
+        self.rolled_rng = {
+            name
+            for name, (op, leaves, _, line) in self.ins.items()
+            if is_rolled_threefry(op, leaves, line)
+        }
+        # Their bodies and conditions are priced as the loop instruction itself (module essay).
+        self.unpriced = {c for n in self.rolled_rng for c in _BODY.findall(self.ins[n][3])}
 
     def opcodes_in(self, comp: str) -> set[str]:
         out = set()
@@ -246,8 +286,12 @@ def _is_generator(module: _Module, name: str) -> bool:
 
 
 def _kind(module: _Module, name: str) -> str:
-    opcode = module.ins[name][0]
-    if opcode == "bitcast":
+    opcode, _, operands, _ = module.ins[name]
+    if name in module.rolled_rng:
+        return "fusible"
+    if opcode == "bitcast" or (
+        opcode == "get-tuple-element" and operands and operands[0] in module.rolled_rng
+    ):
         return "view"
     if opcode in FREE or _is_generator(module, name):
         return "free"
@@ -268,13 +312,33 @@ class _Computation:
                 self.readers.setdefault(o, []).append(name)
         self.root = names[-1] if names else None
         self.generated = {n for n in names if n != self.root and _is_generator(module, n)}
+        # The state tuple of a rolled threefry loop: its operands are the loop's (module essay).
+        self.packs = {
+            module.ins[n][2][0]: n
+            for n in names
+            if n in module.rolled_rng
+            and module.ins[n][2]
+            and self.readers.get(module.ins[n][2][0]) == [n]
+        }
+
+    def operands(self, name: str) -> list[str]:
+        """The values an instruction reads (a rolled threefry loop: its state tuple's)."""
+        operands = self.module.ins[name][2]
+        if name in self.module.rolled_rng and operands and operands[0] in self.packs:
+            return self.module.ins[operands[0]][2]
+        return operands
 
     def final_readers(self, value: str) -> list[str | None]:
         """Readers of a value, looking through bitcasts (views of it); the root has a reader
         outside the computation (None)."""
         out: list[str | None] = [None] if value == self.root else []
         for r in self.readers.get(value, []):
-            out += self.final_readers(r) if self.kind.get(r) == "view" else [r]
+            if self.kind.get(r) == "view":
+                out += self.final_readers(r)
+            elif r in self.packs:
+                out.append(self.packs[r])
+            else:
+                out.append(r)
         return out
 
     def in_hbm(self, value: str) -> bool:
@@ -290,8 +354,13 @@ class _Computation:
         return not users or any(r is None or self.kind.get(r) != "fusible" for r in users)
 
     def moved_bytes(self, name: str) -> float:
-        operands = self.module.ins[name][2]
-        reads = _operand_reads(self.module, name)
+        operands = self.operands(name)
+        if operands is self.module.ins[name][2]:
+            reads = _operand_reads(self.module, name)
+        else:
+            reads = [
+                _nbytes(self.module.ins[o][1]) if o in self.module.ins else 0.0 for o in operands
+            ]
         moved = sum(b for o, b in zip(operands, reads) if self.in_hbm(o))
         if self.in_hbm(name):
             moved += _result_writes(self.module, name)
@@ -306,7 +375,7 @@ def fused_traffic(hlo_text: str) -> tuple[float, list[tuple[float, float]]]:
     dots: list[tuple[float, float]] = []
     for comp, names in module.names.items():
         count = module.counts.get(comp, 0)
-        if not count or comp in module.fused:
+        if not count or comp in module.fused or comp in module.unpriced:
             continue
         computation = _Computation(module, names)
         for name in names:
