@@ -102,3 +102,22 @@ def test_rolled_threefry_loop_of_the_cpu_is_judged_as_one_fused_elementwise_op()
     fusible_bytes, dots = fused_traffic(text)
     assert fusible_bytes == pytest.approx(2 * 256 * 512 * 4, rel=1e-3)  # was 26 x (loop carries)
     assert len(dots) == 1
+
+
+@pytest.mark.slow
+def test_expanded_select_and_scatter_is_judged_as_the_native_instruction():
+    # The CPU expands a max-pool gradient into a reduce-window writing argmax coordinates, their
+    # concatenate and a scatter; TPU runs select-and-scatter: x and g in, the gradient out.
+    def pool_loss(x, g):
+        p = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        return jnp.sum(p * g)
+
+    x = jax.ShapeDtypeStruct((8, 16, 16, 32), jnp.float32)
+    g = jax.ShapeDtypeStruct((8, 8, 8, 32), jnp.float32)
+    text = jax.jit(jax.grad(pool_loss)).lower(x, g).compile().as_text()
+    assert "reduce-window" in text and "scatter" in text  # the CPU's expansion
+    fusible_bytes, heavy = fused_traffic(text)
+    x_bytes, g_bytes = 8 * 16 * 16 * 32 * 4, 8 * 8 * 8 * 32 * 4
+    assert fusible_bytes == 0.0  # the indices and the updates' layout copy move nothing
+    # x read, g read, the gradient written (plus the reduce-window's two scalar init values)
+    assert sum(b for _, b in heavy) == pytest.approx(2 * x_bytes + g_bytes + 8)
