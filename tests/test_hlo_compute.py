@@ -121,3 +121,21 @@ def test_expanded_select_and_scatter_is_judged_as_the_native_instruction():
     assert fusible_bytes == 0.0  # the indices and the updates' layout copy move nothing
     # x read, g read, the gradient written (plus the reduce-window's two scalar init values)
     assert sum(b for _, b in heavy) == pytest.approx(2 * x_bytes + g_bytes + 8)
+
+
+@pytest.mark.slow
+def test_the_cpus_conv_canonicalization_copies_are_not_charged():
+    # The filter gradient contracts the batch: the CPU transposes x into a canonical layout and
+    # the result back; TPU and GPU (cuDNN backward-filter) run it as is: x in, the gradient out.
+    def loss(w, x):
+        dims = ("NHWC", "HWIO", "NHWC")
+        return jnp.sum(jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dims))
+
+    w = jax.ShapeDtypeStruct((3, 3, 16, 32), jnp.float32)
+    x = jax.ShapeDtypeStruct((8, 16, 16, 16), jnp.float32)
+    text = jax.jit(jax.grad(loss)).lower(w, x).compile().as_text()
+    assert "transpose" in text  # the CPU's canonicalization copies
+    fusible_bytes, heavy = fused_traffic(text)
+    assert fusible_bytes == 0.0
+    ((flops, conv_bytes),) = heavy
+    assert conv_bytes == 8 * 16 * 16 * 16 * 4 + 3 * 3 * 16 * 32 * 4

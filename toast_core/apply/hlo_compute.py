@@ -46,6 +46,14 @@ instructions, shapes and loop counts (nothing comes from the cost model):
   u32[4], u32[4])` and its 5 trips, is judged as the one elementwise instruction it is on the
   target: fusible, reading its tuple's operands, its results read through its
   get-tuple-elements, its body not priced (its flops stay in XLA's count);
+* the CPU's `ConvCanonicalization` pass (`xla/service/cpu/conv_canonicalization.h`, CPU only)
+  rewrites every convolution whose dimension numbers Eigen cannot run (the backward ones: the
+  filter gradient contracts the batch) into transposes of its operands, a canonical convolution
+  and a transpose of its result. TPU convolutions take any dimension numbers, and XLA:GPU calls
+  cuDNN's backward-data and backward-filter kernels, so none of these copies exists there (a
+  U-Net's step: 16 % of its judged compute). A layout-only instruction (copies, transposes,
+  bitcasts) whose readers are all convolutions, or that reads a convolution's result, is judged
+  as a view of its operand: the convolution reads or writes that layout itself;
 * a max-pool gradient (`select-and-scatter`) is native on TPU, which reads the pooled input and
   the incoming gradient and writes the input's gradient. The CPU (and XLA:GPU: `gpu_compiler.cc`
   runs `SelectAndScatterExpander` too) expands it: a tuple reduce-window over the input and one
@@ -379,6 +387,33 @@ class _Computation:
         }
 
         self.sas_parts = _select_and_scatter_parts(module, names, self.readers)
+        for name in names:
+            if self.kind[name] == "fusible" and self._is_conv_layout(name):
+                self.kind[name] = "view"
+
+    def _holds_conv(self, name: str | None) -> bool:
+        if name is None or name not in self.module.ins:
+            return False
+        opcode, _, _, line = self.module.ins[name]
+        if opcode == "fusion":
+            return any("convolution" in self.module.opcodes_in(c) for c in _CALLS.findall(line))
+        return opcode == "convolution"
+
+    def _is_conv_layout(self, name: str) -> bool:
+        """A copy or transpose the CPU's ConvCanonicalization made (module essay)."""
+        opcode, _, operands, line = self.module.ins[name]
+        if len(operands) != 1:
+            return False
+        if opcode == "fusion":
+            inner = set().union(*(self.module.opcodes_in(c) for c in _CALLS.findall(line)))
+            if not inner <= _LAYOUT_ONLY:
+                return False
+        elif opcode not in ("copy", "transpose"):
+            return False
+        readers = self.final_readers(name)
+        return self._holds_conv(operands[0]) or (
+            bool(readers) and all(self._holds_conv(r) for r in readers)
+        )
 
     def operands(self, name: str) -> list[str]:
         """The values an instruction reads (a rolled threefry loop: its state tuple's)."""
