@@ -86,3 +86,56 @@ def test_bf16_collectives_the_cpu_promotes_are_priced_at_bf16():
     narrow_bytes = sorted(op.full_bytes for op in target_collective_ops(narrow, mesh, hw))
     wide_bytes = sorted(op.full_bytes for op in target_collective_ops(wide, mesh, hw))
     assert narrow_bytes == pytest.approx([b / 2 for b in wide_bytes])
+
+
+@pytest.mark.slow
+def test_rolled_threefry_loop_of_the_cpu_is_judged_as_one_fused_elementwise_op():
+    # JAX lowers threefry2x32 to a 5-trip loop on the CPU only; TPU/GPU unroll it and fuse the
+    # random bits into the mask: only x is read and the masked x written for the dot (2 x x).
+    def f(key, x, w):
+        return jnp.where(jax.random.bernoulli(key, 0.5, x.shape), x, 0.0) @ w
+
+    x = jax.ShapeDtypeStruct((256, 512), jnp.float32)
+    w = jax.ShapeDtypeStruct((512, 64), jnp.float32)
+    text = jax.jit(f).lower(jax.random.key(0), x, w).compile().as_text()
+    assert " while(" in text  # the CPU's rolled loop is there to be recognized
+    fusible_bytes, dots = fused_traffic(text)
+    assert fusible_bytes == pytest.approx(2 * 256 * 512 * 4, rel=1e-3)  # was 26 x (loop carries)
+    assert len(dots) == 1
+
+
+@pytest.mark.slow
+def test_expanded_select_and_scatter_is_judged_as_the_native_instruction():
+    # The CPU expands a max-pool gradient into a reduce-window writing argmax coordinates, their
+    # concatenate and a scatter; TPU runs select-and-scatter: x and g in, the gradient out.
+    def pool_loss(x, g):
+        p = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        return jnp.sum(p * g)
+
+    x = jax.ShapeDtypeStruct((8, 16, 16, 32), jnp.float32)
+    g = jax.ShapeDtypeStruct((8, 8, 8, 32), jnp.float32)
+    text = jax.jit(jax.grad(pool_loss)).lower(x, g).compile().as_text()
+    assert "reduce-window" in text and "scatter" in text  # the CPU's expansion
+    fusible_bytes, heavy = fused_traffic(text)
+    x_bytes, g_bytes = 8 * 16 * 16 * 32 * 4, 8 * 8 * 8 * 32 * 4
+    assert fusible_bytes == 0.0  # the indices and the updates' layout copy move nothing
+    # x read, g read, the gradient written (plus the reduce-window's two scalar init values)
+    assert sum(b for _, b in heavy) == pytest.approx(2 * x_bytes + g_bytes + 8)
+
+
+@pytest.mark.slow
+def test_the_cpus_conv_canonicalization_copies_are_not_charged():
+    # The filter gradient contracts the batch: the CPU transposes x into a canonical layout and
+    # the result back; TPU and GPU (cuDNN backward-filter) run it as is: x in, the gradient out.
+    def loss(w, x):
+        dims = ("NHWC", "HWIO", "NHWC")
+        return jnp.sum(jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dims))
+
+    w = jax.ShapeDtypeStruct((3, 3, 16, 32), jnp.float32)
+    x = jax.ShapeDtypeStruct((8, 16, 16, 16), jnp.float32)
+    text = jax.jit(jax.grad(loss)).lower(w, x).compile().as_text()
+    assert "transpose" in text  # the CPU's canonicalization copies
+    fusible_bytes, heavy = fused_traffic(text)
+    assert fusible_bytes == 0.0
+    ((flops, conv_bytes),) = heavy
+    assert conv_bytes == 8 * 16 * 16 * 16 * 4 + 3 * 3 * 16 * 32 * 4
