@@ -28,7 +28,7 @@ SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
 # model: (zoo name, config overrides); small, activation-heavy sizes that compile in seconds.
 CASES = {
     "gpt": ("gpt", {"batch": 64, "n_layers": 8}),
-    "flax": ("flax", {"batch": 2048, "hidden": 256, "depth": 4}),
+    "flax": ("flax", {"batch": 8192, "hidden": 256, "depth": 4}),
 }
 PLANS = ("none", "dots", "full")
 
