@@ -2,7 +2,10 @@
 
 For the GPT demo and the Flax MLP, data parallel on 8 simulated devices, each plan is compiled
 by `tc.validate` (numerics off: tests/test_remat.py checks them) without remat, with `dots` and
-with `full` remat everywhere; the table gives the predicted per-device memory (the CPU view,
+with `full` remat everywhere, and with the remat the search chooses (`searched`: `tc.search` on
+the same mesh with the device memory set halfway between the predicted peaks without and with
+full remat, so that only remat makes a plan fit; its remat policies applied to the same data
+parallel sharding); the table gives the predicted per-device memory (the CPU view,
 `ValidationReport.predicted_memory_bytes`) beside XLA's `memory_analysis()` (argument + output +
 temp - alias), and the reduction from the plan without remat, predicted and compiled.
 
@@ -30,7 +33,7 @@ CASES = {
     "gpt": ("gpt", {"batch": 64, "n_layers": 8}),
     "flax": ("flax", {"batch": 8192, "hidden": 256, "depth": 4}),
 }
-PLANS = ("none", "dots", "full")
+PLANS = ("none", "dots", "full", "searched")
 
 
 def measure(model: str, plans=PLANS, hw: str = "h100-80gb") -> list[dict]:
@@ -47,12 +50,19 @@ def measure(model: str, plans=PLANS, hw: str = "h100-80gb") -> list[dict]:
     jm = tc.jax_mesh(mesh)
     rows = []
     for plan in plans:
-        s = dp if plan == "none" else dp.with_remat(ana, plan)
+        s = (
+            dp
+            if plan == "none"
+            else dp.with_remat(
+                ana, searched_remat(ana, mesh, hw, dp) if plan == "searched" else plan
+            )
+        )
         r = tc.validate(w.fn, w.args, ana, s, jm, hw, check_numerics=False)
         rows.append(
             {
                 "model": model,
                 "plan": plan,
+                "remat": ",".join(f"{g}={p}" for g, p in s.remat) or "-",
                 "predicted_MB": r.predicted_memory_bytes / 1e6,
                 "xla_MB": r.compiled_memory_bytes / 1e6,
                 "ratio": r.memory_ratio,
@@ -69,6 +79,22 @@ def measure(model: str, plans=PLANS, hw: str = "h100-80gb") -> list[dict]:
             else float("nan")
         )
     return rows
+
+
+def searched_remat(ana, mesh, hw: str, dp) -> dict:
+    """The remat policies `tc.search` picks when the device memory lies halfway between the
+    predicted peaks of `dp` without and with full remat."""
+    import dataclasses
+
+    import toast_core as tc
+
+    spec = tc.hardware(hw)
+    none = tc.estimate(ana, dp, mesh, spec).peak_bytes
+    full = tc.estimate(ana, dp.with_remat(ana, "full"), mesh, spec).peak_bytes
+    small = dataclasses.replace(spec, name="small-hbm", hbm_capacity_bytes=int((none + full) / 2))
+    opts = tc.CostOptions(memory_headroom=0.0)
+    res = tc.search(ana, mesh, small, budget_s=None, num_simulations=60, seed=0, cost_options=opts)
+    return dict(res.best.remat)
 
 
 def main() -> None:
@@ -90,6 +116,7 @@ def main() -> None:
     cols = [
         "model",
         "plan",
+        "remat",
         "predicted_MB",
         "xla_MB",
         "ratio",
