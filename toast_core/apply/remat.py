@@ -8,7 +8,10 @@ and every backward reader gets the recomputed copy. The kept inputs of the recom
 through one `jax.lax.optimization_barrier` (what `jax.checkpoint` does) together with a
 cotangent the triggering backward op reads, so XLA can neither merge the copies back by CSE nor
 hoist the recomputation into the forward; the forward copies then die at their last forward
-reader (or are not computed at all when they only fed residuals).
+reader (or are not computed at all when they only fed residuals). The barrier also holds the
+values made so far from the copies of the blocks recomputed before (a weight's gradient), so a
+block's copies die before the next block is recomputed, as the cost model assumes, rather than
+when a scheduler gets round to the weight-gradient matmuls (`RematReplay._finished`).
 
 Works on any traced step: it needs only the forward/backward split and the remat groups, which
 come from the program, not from a model's code.
