@@ -1,12 +1,21 @@
-"""Shared helpers for the benchmark scripts: zoo loading, tables, JSON results."""
+"""Shared helpers for the benchmark scripts: zoo loading, tables, JSON results.
+
+Importing it puts this checkout's root first on `sys.path`: the editable install points at one
+checkout, and a script run by path from another (a git worktree) would otherwise measure that one's
+`toast_core` without a word.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 RESULTS = Path(__file__).parent / "results"
 
 
