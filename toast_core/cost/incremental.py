@@ -43,6 +43,10 @@ CACHE_SIZE = 8
 FULL_FRACTION = 0.1
 #: Restricted views of the evaluator kept (`Incremental._view`), each a few small arrays.
 VIEWS_KEPT = 512
+#: Communication results kept per restricted view (`Incremental._comm_of`).
+COMM_KEPT = 64
+#: Delta plans kept (`Incremental._plan`), one per set of changed fine classes.
+PLANS_KEPT = 4096
 
 
 @dataclass(slots=True)
@@ -63,6 +67,23 @@ class _Cached:
     score: Score
 
 
+@dataclass(slots=True)
+class _Plan:
+    """What changing a set of fine classes touches, whatever their new masks: the values whose
+    collectives may move (with their restricted view and as a mask over values), the values
+    whose local size may move, the ops whose time may move, and the live ranges of those
+    values."""
+
+    comm_vals: np.ndarray
+    view: _SitesOf | None
+    touched: np.ndarray  # [values] bool: comm_vals
+    size_vals: np.ndarray
+    ops: np.ndarray
+    live_ids: np.ndarray
+    born: np.ndarray
+    dies: np.ndarray
+
+
 class _SitesOf:
     """The evaluator seen through a subset of values: its collective sites restricted to those
     values, everything else (coefficients, layouts, memos of pure functions) shared. Lets the
@@ -70,6 +91,7 @@ class _SitesOf:
 
     def __init__(self, ev: Evaluator, inc: _Tables, values: np.ndarray) -> None:
         self._ev = ev
+        self.values = values
         self._last_reshards = None
         if not hasattr(ev, "_site_static"):
             ev._combine_setup()
@@ -83,6 +105,11 @@ class _SitesOf:
         rep, per = inc.rep_of.take(values), inc.per_of.take(values)
         self.rep, self._rep_site = ev.rep[rep], ev._rep_site[rep]
         self.per, self._per_site = ev.per[per], ev._per_site[per]
+        # Everything `_collective_arrays` and `_reshards` read of a state, for these values, is
+        # the masks of these fine classes (`_Tables._comm_fines`): their results are memoized
+        # by those masks (`Incremental._comm_of`).
+        self.fines = inc.value_comm_fines.cols(values)
+        self.memo: dict[bytes, tuple] = {}
 
     def __getattr__(self, name):
         return getattr(self._ev, name)
@@ -131,7 +158,9 @@ class _Tables:
         # [fine, values]: the values whose local size a fine class changes, and the values whose
         # collectives it can change (see the module essay).
         self.fine_values = _Rows(lay.value_fine.T)
-        self.fine_comm_values = _Rows(self._comm_fines(n_fine).T)
+        comm_fines = self._comm_fines(n_fine)
+        self.fine_comm_values = _Rows(comm_fines.T)
+        self.value_comm_fines = _Rows(comm_fines)
         self.fine_ops = _Rows(lay.op_work_fine.T)
         self.value_ops = _Rows(ev.op_values.T)  # [values, ops]: ops reading or writing
         self.value_fine, self.op_work_fine = _Rows(lay.value_fine), _Rows(lay.op_work_fine)
@@ -186,8 +215,10 @@ class Incremental:
         self.cache_size = cache_size
         self._cache: OrderedDict[bytes, _Cached] = OrderedDict()
         self._views: dict[bytes, _SitesOf] = {}
+        self._plans: dict[bytes, _Plan | None] = {}
         self.full_evaluations = 0
         self.delta_evaluations = 0
+        self.comm_hits = self.comm_misses = 0
 
     # -- public --------------------------------------------------------------------------------
 
@@ -259,65 +290,110 @@ class Incremental:
         changed = np.flatnonzero(base.masks != masks)
         if not len(changed):
             return base
-        # Values whose collectives may move; values whose local size moved.
-        comm_vals = self.tab.fine_comm_values.cols(changed)
-        if len(comm_vals) > self.tab.full_limit:
+        plan = self._plan(changed)
+        if plan is None:
             return None
         self.delta_evaluations += 1
         fine_logdeg = base.fine_logdeg.copy()
-        bits = ev.axes.bits(masks[changed])
-        fine_logdeg[changed] = bits.T @ ev.log2n
-        size_vals = self.tab.fine_values.cols(changed)
+        fine_logdeg[changed] = ev.axes.bits(masks[changed]).T @ ev.log2n
+        # Local sizes, then the roofline time of every op that may move (an op whose inputs
+        # kept their sizes gets its old time again: same formula, same order).
+        size_vals = plan.size_vals
         value_local = base.value_local.copy()
         if len(size_vals):
             logdeg = self.tab.value_fine.matvec(size_vals, fine_logdeg)
             value_local[size_vals] = ev.nbytes[size_vals] * np.exp2(-logdeg)
-            size_vals = size_vals[value_local[size_vals] != base.value_local[size_vals]]
-        # Compute: ops dividing work over a changed fine, ops touching a resized value.
-        ops = self.tab.fine_ops.cols(changed)
-        if len(size_vals):
-            ops = np.union1d(ops, self.tab.value_ops.cols(size_vals))
         t = base.t.copy()
-        if len(ops):
-            t[ops] = self._op_times(ops, value_local, fine_logdeg)
+        if len(plan.ops):
+            t[plan.ops] = self._op_times(plan.ops, value_local, fine_logdeg)
         # Communication of the values it may move (collectives scale with local sizes too).
         comm_v = base.comm_v.copy()
         coll = base.coll
         res = (base.res_value, base.res_lo, base.res_hi, base.res_bytes)
         delta = base.delta.copy()
+        comm_vals = plan.comm_vals
         if len(comm_vals):
-            view = self._view(comm_vals)
+            moved, new, r_value, r_lo, r_hi, new_bytes = self._comm_of(
+                plan.view, masks, value_local
+            )
             comm_v[comm_vals] = 0.0
-            moved, new = self._comm_per_value(view, masks, value_local)
-            comm_v += moved
-            stay = ~np.isin(coll[4], comm_vals)
+            comm_v[comm_vals] += moved
+            stay = ~plan.touched[coll[4]]
             coll = tuple(np.concatenate([a[stay], b]) for a, b in zip(coll, new))
             # Resharded copies of those values: out with the old, in with the new.
-            touched = np.zeros(self.tab.n_values, dtype=bool)
-            touched[comm_vals] = True
-            old = touched[base.res_value]
+            old = plan.touched[base.res_value]
             np.add.at(delta, base.res_lo[old], -base.res_bytes[old])
             np.add.at(delta, base.res_hi[old] + 1, base.res_bytes[old])
-            r = view._reshards(masks)
-            new_bytes = value_local[r.value] * r.buffer
-            np.add.at(delta, r.lo, new_bytes)
-            np.add.at(delta, r.hi + 1, -new_bytes)
+            np.add.at(delta, r_lo, new_bytes)
+            np.add.at(delta, r_hi + 1, -new_bytes)
             keep = ~old
             res = (
-                np.concatenate([base.res_value[keep], r.value]),
-                np.concatenate([base.res_lo[keep], r.lo]),
-                np.concatenate([base.res_hi[keep], r.hi]),
+                np.concatenate([base.res_value[keep], r_value]),
+                np.concatenate([base.res_lo[keep], r_lo]),
+                np.concatenate([base.res_hi[keep], r_hi]),
                 np.concatenate([base.res_bytes[keep], new_bytes]),
             )
-        # Live ranges of resized values.
-        pos = self.tab.live_pos[size_vals]
-        pos = pos[pos >= 0]
-        if len(pos):
-            vids = ev.live_ids[pos]
-            change = value_local[vids] - base.value_local[vids]
-            np.add.at(delta, ev.born[pos], change)
-            np.add.at(delta, ev.dies[pos], -change)
+        # Live ranges of resized values (a value that kept its size adds 0).
+        if len(plan.live_ids):
+            change = value_local[plan.live_ids] - base.value_local[plan.live_ids]
+            np.add.at(delta, plan.born, change)
+            np.add.at(delta, plan.dies, -change)
         return self._finish(masks, fine_logdeg, value_local, t, comm_v, coll, delta, *res)
+
+    def _plan(self, changed: np.ndarray) -> _Plan | None:
+        """What a delta touches when the fine classes `changed` change, whatever their masks
+        (memoized: a search changes the same units again and again); None when that is too
+        much for a delta."""
+        key = changed.tobytes()
+        plan = self._plans.get(key, False)
+        if plan is False:
+            tab, ev = self.tab, self.ev
+            comm_vals = tab.fine_comm_values.cols(changed)
+            plan = None
+            if len(comm_vals) <= tab.full_limit:
+                size_vals = tab.fine_values.cols(changed)
+                ops = tab.fine_ops.cols(changed)
+                if len(size_vals):
+                    ops = np.union1d(ops, tab.value_ops.cols(size_vals))
+                touched = np.zeros(tab.n_values, dtype=bool)
+                touched[comm_vals] = True
+                pos = tab.live_pos[size_vals]
+                pos = pos[pos >= 0]
+                view = self._view(comm_vals) if len(comm_vals) else None
+                plan = _Plan(
+                    comm_vals,
+                    view,
+                    touched,
+                    size_vals,
+                    ops,
+                    ev.live_ids[pos],
+                    ev.born[pos],
+                    ev.dies[pos],
+                )
+            if len(self._plans) >= PLANS_KEPT:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[key] = plan
+        return plan
+
+    def _comm_of(self, view: _SitesOf, masks: np.ndarray, value_local: np.ndarray) -> tuple:
+        """The communication of `values` under `masks`: (bandwidth seconds of each value, their
+        collectives, their resharded copies as value, first and last reader, bytes). Memoized per
+        set of values by the masks of the fine classes it reads (the values' local sizes are a
+        function of those too): a greedy descent tries the same units from states that differ
+        elsewhere, and a rollout meets the same neighbourhoods again."""
+        key = masks[view.fines].tobytes()
+        hit = view.memo.get(key)
+        if hit is None:
+            moved, new = self._comm_per_value(view, masks, value_local)
+            r = view._reshards(masks)
+            hit = (moved[view.values], new, r.value, r.lo, r.hi, value_local[r.value] * r.buffer)
+            if len(view.memo) >= COMM_KEPT:
+                view.memo.pop(next(iter(view.memo)))
+            view.memo[key] = hit
+            self.comm_misses += 1
+        else:
+            self.comm_hits += 1
+        return hit
 
     def _view(self, values: np.ndarray) -> _SitesOf:
         """The evaluator restricted to `values` (memoized: a search shards the same units again
