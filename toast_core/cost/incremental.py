@@ -58,12 +58,13 @@ class _Cached:
     value_local: np.ndarray  # [values]: per-device bytes
     t: np.ndarray  # [ops]: roofline time
     comm_v: np.ndarray  # [values]: bandwidth seconds owed to each value
-    coll: tuple  # every collective (kind, mesh axes, V, op, value, site), for the latency
+    # Every collective, for the latency: [5, n] kind, mesh axes, op, value, site; [n] V.
+    coll_i: np.ndarray
+    coll_v: np.ndarray
     delta: np.ndarray  # [ops + 2]: live-bytes timeline deltas
-    res_value: np.ndarray  # resharded copies: value, first and last reader, bytes
-    res_lo: np.ndarray
-    res_hi: np.ndarray
+    res_i: np.ndarray  # resharded copies: [3, n] value, first and last reader; [n] bytes
     res_bytes: np.ndarray
+    persistent: float  # bytes of the persistent values
     score: Score
 
 
@@ -78,10 +79,17 @@ class _Plan:
     view: _SitesOf | None
     touched: np.ndarray  # [values] bool: comm_vals
     size_vals: np.ndarray
+    size_vals_bytes: np.ndarray  # their global bytes
+    size_logdeg: _Gathered  # rows `size_vals` of value_fine
     ops: np.ndarray
+    op_share: _Gathered  # rows `ops` of op_work_fine
+    op_bytes: _Gathered  # rows `ops` of op_values
+    op_flops: np.ndarray  # of `ops`: flops, transcendentals, trip counts
+    op_trans: np.ndarray
+    op_trip: np.ndarray
     live_ids: np.ndarray
-    born: np.ndarray
-    dies: np.ndarray
+    born_dies: np.ndarray  # live_ids' births then deaths
+    persistent: bool  # whether a persistent value may change size
 
 
 class _SitesOf:
@@ -167,6 +175,8 @@ class _Tables:
         self.op_values = _Rows(ev.op_values)
         self.live_pos = np.full(n_values, -1, dtype=np.int64)
         self.live_pos[ev.live_ids] = np.arange(len(ev.live_ids))
+        self.is_persistent = np.zeros(n_values, dtype=bool)
+        self.is_persistent[ev.persistent_ids] = True
         self.n_ops = n_ops
         self.full_limit = FULL_FRACTION * n_values
 
@@ -262,7 +272,7 @@ class Incremental:
         ev = self.ev
         fine_logdeg, value_local, op_logdeg = ev._local(masks)
         _, _, _, t = ev._compute(value_local, op_logdeg)
-        comm_v, coll = self._comm_per_value(ev, masks, value_local)
+        comm_v, (coll_i, coll_v) = self._comm_per_value(ev, masks, value_local)
         delta = np.zeros(self.tab.n_ops + 2)
         b = value_local[ev.live_ids]
         np.add.at(delta, ev.born, b)
@@ -271,19 +281,31 @@ class Incremental:
         res_bytes = value_local[r.value] * r.buffer
         np.add.at(delta, r.lo, res_bytes)
         np.add.at(delta, r.hi + 1, -res_bytes)
+        res_i = np.stack([r.value, r.lo, r.hi])
+        persistent = float(value_local[ev.persistent_ids].sum())
         return self._finish(
-            masks, fine_logdeg, value_local, t, comm_v, coll, delta, r.value, r.lo, r.hi, res_bytes
+            masks,
+            fine_logdeg,
+            value_local,
+            t,
+            comm_v,
+            coll_i,
+            coll_v,
+            delta,
+            res_i,
+            res_bytes,
+            persistent,
         )
 
     def _comm_per_value(self, view, masks, value_local):
-        """(bandwidth seconds per value, the collectives as arrays). Bandwidth adds up over
-        values; latency is paid once per combined op, so it is priced over all collectives."""
+        """(bandwidth seconds per value, the collectives as arrays: [5, n] kind, mesh axes, op,
+        value, site and [n] V). Bandwidth adds up over values; latency is paid once per combined
+        op, so it is priced over all collectives."""
         ev = self.ev
-        coll = view._collective_arrays(masks, value_local)
-        kinds, ms, vs, _, vals, sites = coll
+        kinds, ms, vs, ops, vals, sites = view._collective_arrays(masks, value_local)
         times = ev.c1[kinds, ms] * vs * ev.site_trip[sites]
         out = np.bincount(vals, weights=times, minlength=self.tab.n_values)
-        return out.astype(np.float64, copy=False), coll
+        return out.astype(np.float64, copy=False), (np.stack([kinds, ms, ops, vals, sites]), vs)
 
     def _delta(self, base: _Cached, masks: np.ndarray) -> _Cached | None:
         ev = self.ev
@@ -298,47 +320,60 @@ class Incremental:
         fine_logdeg[changed] = ev.axes.bits(masks[changed]).T @ ev.log2n
         # Local sizes, then the roofline time of every op that may move (an op whose inputs
         # kept their sizes gets its old time again: same formula, same order).
-        size_vals = plan.size_vals
         value_local = base.value_local.copy()
-        if len(size_vals):
-            logdeg = self.tab.value_fine.matvec(size_vals, fine_logdeg)
-            value_local[size_vals] = ev.nbytes[size_vals] * np.exp2(-logdeg)
+        if len(plan.size_vals):
+            logdeg = plan.size_logdeg.matvec(fine_logdeg)
+            value_local[plan.size_vals] = plan.size_vals_bytes * np.exp2(-logdeg)
         t = base.t.copy()
         if len(plan.ops):
-            t[plan.ops] = self._op_times(plan.ops, value_local, fine_logdeg)
-        # Communication of the values it may move (collectives scale with local sizes too).
-        comm_v = base.comm_v.copy()
-        coll = base.coll
-        res = (base.res_value, base.res_lo, base.res_hi, base.res_bytes)
-        delta = base.delta.copy()
+            t[plan.ops] = self._op_times(plan, value_local, fine_logdeg)
+        # Communication of the values it may move (collectives scale with local sizes too);
+        # the timeline's changes are gathered (index, bytes) and added in one pass, in the
+        # order they were listed.
+        comm_v, coll_i, coll_v = base.comm_v, base.coll_i, base.coll_v
+        res_i, res_bytes = base.res_i, base.res_bytes
+        at, add = [], []
         comm_vals = plan.comm_vals
         if len(comm_vals):
-            moved, new, r_value, r_lo, r_hi, new_bytes = self._comm_of(
-                plan.view, masks, value_local
-            )
+            moved, new_i, new_v, r_i, new_bytes = self._comm_of(plan.view, masks, value_local)
+            comm_v = comm_v.copy()
             comm_v[comm_vals] = 0.0
             comm_v[comm_vals] += moved
-            stay = ~plan.touched[coll[4]]
-            coll = tuple(np.concatenate([a[stay], b]) for a, b in zip(coll, new))
+            stay = ~plan.touched[coll_i[3]]
+            coll_i = np.concatenate([coll_i[:, stay], new_i], axis=1)
+            coll_v = np.concatenate([coll_v[stay], new_v])
             # Resharded copies of those values: out with the old, in with the new.
-            old = plan.touched[base.res_value]
-            np.add.at(delta, base.res_lo[old], -base.res_bytes[old])
-            np.add.at(delta, base.res_hi[old] + 1, base.res_bytes[old])
-            np.add.at(delta, r_lo, new_bytes)
-            np.add.at(delta, r_hi + 1, -new_bytes)
+            old = plan.touched[res_i[0]]
+            old_i, old_bytes = res_i[:, old], res_bytes[old]
+            at += [old_i[1], old_i[2] + 1, r_i[1], r_i[2] + 1]
+            add += [-old_bytes, old_bytes, new_bytes, -new_bytes]
             keep = ~old
-            res = (
-                np.concatenate([base.res_value[keep], r_value]),
-                np.concatenate([base.res_lo[keep], r_lo]),
-                np.concatenate([base.res_hi[keep], r_hi]),
-                np.concatenate([base.res_bytes[keep], new_bytes]),
-            )
+            res_i = np.concatenate([res_i[:, keep], r_i], axis=1)
+            res_bytes = np.concatenate([res_bytes[keep], new_bytes])
         # Live ranges of resized values (a value that kept its size adds 0).
         if len(plan.live_ids):
             change = value_local[plan.live_ids] - base.value_local[plan.live_ids]
-            np.add.at(delta, plan.born, change)
-            np.add.at(delta, plan.dies, -change)
-        return self._finish(masks, fine_logdeg, value_local, t, comm_v, coll, delta, *res)
+            at.append(plan.born_dies)
+            add += [change, -change]
+        delta = base.delta.copy()
+        if at:
+            np.add.at(delta, np.concatenate(at), np.concatenate(add))
+        persistent = base.persistent
+        if plan.persistent:
+            persistent = float(value_local[ev.persistent_ids].sum())
+        return self._finish(
+            masks,
+            fine_logdeg,
+            value_local,
+            t,
+            comm_v,
+            coll_i,
+            coll_v,
+            delta,
+            res_i,
+            res_bytes,
+            persistent,
+        )
 
     def _plan(self, changed: np.ndarray) -> _Plan | None:
         """What a delta touches when the fine classes `changed` change, whatever their masks
@@ -365,10 +400,17 @@ class Incremental:
                     view,
                     touched,
                     size_vals,
+                    ev.nbytes[size_vals],
+                    tab.value_fine.gather(size_vals),
                     ops,
+                    tab.op_work_fine.gather(ops),
+                    tab.op_values.gather(ops),
+                    ev.op_flops[ops],
+                    ev.op_trans[ops],
+                    ev.trip[ops],
                     ev.live_ids[pos],
-                    ev.born[pos],
-                    ev.dies[pos],
+                    np.concatenate([ev.born[pos], ev.dies[pos]]),
+                    bool(tab.is_persistent[size_vals].any()),
                 )
             if len(self._plans) >= PLANS_KEPT:
                 self._plans.pop(next(iter(self._plans)))
@@ -384,9 +426,10 @@ class Incremental:
         key = masks[view.fines].tobytes()
         hit = view.memo.get(key)
         if hit is None:
-            moved, new = self._comm_per_value(view, masks, value_local)
+            moved, (new_i, new_v) = self._comm_per_value(view, masks, value_local)
             r = view._reshards(masks)
-            hit = (moved[view.values], new, r.value, r.lo, r.hi, value_local[r.value] * r.buffer)
+            r_i = np.stack([r.value, r.lo, r.hi])
+            hit = (moved[view.values], new_i, new_v, r_i, value_local[r.value] * r.buffer)
             if len(view.memo) >= COMM_KEPT:
                 view.memo.pop(next(iter(view.memo)))
             view.memo[key] = hit
@@ -406,30 +449,51 @@ class Incremental:
             view = self._views[key] = _SitesOf(self.ev, self.tab, values)
         return view
 
-    def _op_times(self, ops, value_local, fine_logdeg) -> np.ndarray:
-        """`Evaluator._compute`'s roofline time, for some ops only (same formula, same order)."""
+    def _op_times(self, plan: _Plan, value_local, fine_logdeg) -> np.ndarray:
+        """`Evaluator._compute`'s roofline time, for the plan's ops (same formula, same order)."""
         ev = self.ev
-        share = np.exp2(-self.tab.op_work_fine.matvec(ops, fine_logdeg))
-        flops_local, trans_local = ev.op_flops[ops] * share, ev.op_trans[ops] * share
-        bytes_local = self.tab.op_values.matvec(ops, value_local) * ev.trip[ops]
+        share = np.exp2(-plan.op_share.matvec(fine_logdeg))
+        flops_local, trans_local = plan.op_flops * share, plan.op_trans * share
+        bytes_local = plan.op_bytes.matvec(value_local) * plan.op_trip
         return np.maximum(
             (flops_local + trans_local) / ev.peak_flops, bytes_local / ev.hw.hbm_bytes_per_s
         )
 
     def _finish(
-        self, masks, fine_logdeg, value_local, t, comm_v, coll, delta, rv, rlo, rhi, rb
+        self,
+        masks,
+        fine_logdeg,
+        value_local,
+        t,
+        comm_v,
+        coll_i,
+        coll_v,
+        delta,
+        res_i,
+        rb,
+        persistent,
     ) -> _Cached:
         ev = self.ev
         compute_s = float(t.sum())
-        kinds, ms, vs, ops, _, sites = coll
-        comm_s = float(comm_v.sum()) + ev.latency_s(kinds, ms, vs, ops, sites)
+        kinds, ms, ops, _, sites = coll_i
+        comm_s = float(comm_v.sum()) + ev.latency_s(kinds, ms, coll_v, ops, sites)
         timeline = np.cumsum(delta)[: self.tab.n_ops]
-        persistent = float(value_local[ev.persistent_ids].sum())
         peak = persistent + (float(timeline.max()) if len(timeline) else 0.0)
         step = compute_s + (1.0 - ev.overlap) * comm_s
         score = Score(step, compute_s, comm_s, peak, peak <= ev.capacity_bytes)
         return _Cached(
-            masks.copy(), fine_logdeg, value_local, t, comm_v, coll, delta, rv, rlo, rhi, rb, score
+            masks.copy(),
+            fine_logdeg,
+            value_local,
+            t,
+            comm_v,
+            coll_i,
+            coll_v,
+            delta,
+            res_i,
+            rb,
+            persistent,
+            score,
         )
 
 
@@ -462,6 +526,12 @@ class _Rows:
         hit[self.indices[pos]] = True
         return np.flatnonzero(hit)
 
+    def gather(self, rows: np.ndarray) -> _Gathered:
+        """Rows `rows`, laid out for repeated mat-vecs (`_Gathered.matvec`)."""
+        pos, n = self._positions(rows)
+        owner = np.repeat(np.arange(len(rows)), n)
+        return _Gathered(owner, self.data[pos], self.indices[pos], len(rows))
+
     def matvec(self, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
         """`(M @ x)[rows]`, summed in the order scipy's CSR mat-vec sums (so bit-identical)."""
         pos, n = self._positions(rows)
@@ -469,3 +539,17 @@ class _Rows:
         return np.bincount(
             owner, weights=self.data[pos] * x[self.indices[pos]], minlength=len(rows)
         )
+
+
+@dataclass(slots=True)
+class _Gathered:
+    """Some rows of a `_Rows` matrix, flattened: `matvec(x)` is `_Rows.matvec(rows, x)` (the
+    same products summed in the same order) in three numpy calls."""
+
+    owner: np.ndarray
+    data: np.ndarray
+    indices: np.ndarray
+    n_rows: int
+
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        return np.bincount(self.owner, weights=self.data * x[self.indices], minlength=self.n_rows)
