@@ -15,6 +15,13 @@ the strategy as it was. Only what touches those fine classes can change price:
 * **Memory**: the live range of a value whose local size changed, and the resharded copies of the
   re-priced values, are taken out of the parent's timeline deltas and put back at their new size.
 
+A search changes the same units again and again, so two things are memoized per search: what a
+set of changed fine classes touches, whatever their masks (`_Plan`: the values, ops and live
+ranges, with the rows of the incidences its mat-vecs read), and the communication of each
+restricted view, keyed by the masks of the fine classes it reads (`Incremental._comm_of`): a greedy
+step scores the same shards from the new state, and a unit whose neighbourhood the step left
+alone gets its collectives back without pricing them.
+
 `Incremental.score` keeps the last few evaluations (an LRU) and prices a state from the cached
 one whose masks differ least (usually its parent in the tree, or the previous rollout step); when
 too much changed it evaluates in full. Numbers agree with `Evaluator.score` to rounding
