@@ -97,3 +97,36 @@ def test_the_cache_is_bounded_and_a_hit_is_not_re_evaluated():
     inc.score(masks[-1])
     assert inc.full_evaluations + inc.delta_evaluations == n
     assert np.array_equal(inc._cache[masks[-1].tobytes()].masks, masks[-1])
+
+
+@pytest.mark.parametrize("model", ["gpt", "llama"])
+def test_memoized_communication_gives_full_scores(model):
+    """Shard a unit u, then shard another unit w whose step leaves what u's communication reads
+    alone, then u again: the second time u's communication comes from the memo (keyed by the
+    masks it reads), and the score still equals a full evaluation."""
+    env, ev = _env(model, "2x4")
+    inc = Incremental(ev)
+    root = env.root
+    inc.score(root.masks)
+    shards = env.shard_actions(root)
+    hits = 0
+    for first in shards:
+        child = env.apply(root, first)
+        _same(inc.score(child.masks, root.masks), ev.score(child.masks))
+        changed = np.flatnonzero(child.masks != root.masks)
+        plan = inc._plan(changed)
+        if plan is None or plan.view is None:
+            continue
+        for other in shards:
+            side = env.apply(root, other)
+            moved = np.flatnonzero(side.masks != root.masks)
+            if np.isin(moved, plan.view.fines).any():
+                continue  # that step changes what the first one's communication reads
+            if env.why_illegal_shard(side, env.units(side)[first.unit], first.axis) is not None:
+                continue
+            both = env.apply(side, first)
+            inc.score(side.masks, root.masks)
+            before = inc.comm_hits
+            _same(inc.score(both.masks, side.masks), ev.score(both.masks))
+            hits += inc.comm_hits - before
+    assert hits > 0

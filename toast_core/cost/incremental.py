@@ -15,6 +15,13 @@ the strategy as it was. Only what touches those fine classes can change price:
 * **Memory**: the live range of a value whose local size changed, and the resharded copies of the
   re-priced values, are taken out of the parent's timeline deltas and put back at their new size.
 
+A search changes the same units again and again, so two things are memoized per search: what a
+set of changed fine classes touches, whatever their masks (`_Plan`: the values, ops and live
+ranges, with the rows of the incidences its mat-vecs read), and the communication of each
+restricted view, keyed by the masks of the fine classes it reads (`Incremental._comm_of`): a greedy
+step scores the same shards from the new state, and a unit whose neighbourhood the step left
+alone gets its collectives back without pricing them.
+
 `Incremental.score` keeps the last few evaluations (an LRU) and prices a state from the cached
 one whose masks differ least (usually its parent in the tree, or the previous rollout step); when
 too much changed it evaluates in full. Numbers agree with `Evaluator.score` to rounding
@@ -43,6 +50,10 @@ CACHE_SIZE = 8
 FULL_FRACTION = 0.1
 #: Restricted views of the evaluator kept (`Incremental._view`), each a few small arrays.
 VIEWS_KEPT = 512
+#: Communication results kept per restricted view (`Incremental._comm_of`).
+COMM_KEPT = 64
+#: Delta plans kept (`Incremental._plan`), one per set of changed fine classes.
+PLANS_KEPT = 4096
 
 
 @dataclass(slots=True)
@@ -54,13 +65,38 @@ class _Cached:
     value_local: np.ndarray  # [values]: per-device bytes
     t: np.ndarray  # [ops]: roofline time
     comm_v: np.ndarray  # [values]: bandwidth seconds owed to each value
-    coll: tuple  # every collective (kind, mesh axes, V, op, value, site), for the latency
+    # Every collective, for the latency: [5, n] kind, mesh axes, op, value, site; [n] V.
+    coll_i: np.ndarray
+    coll_v: np.ndarray
     delta: np.ndarray  # [ops + 2]: live-bytes timeline deltas
-    res_value: np.ndarray  # resharded copies: value, first and last reader, bytes
-    res_lo: np.ndarray
-    res_hi: np.ndarray
+    res_i: np.ndarray  # resharded copies: [3, n] value, first and last reader; [n] bytes
     res_bytes: np.ndarray
+    persistent: float  # bytes of the persistent values
     score: Score
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What changing a set of fine classes touches, whatever their new masks: the values whose
+    collectives may move (with their restricted view and as a mask over values), the values
+    whose local size may move, the ops whose time may move, and the live ranges of those
+    values."""
+
+    comm_vals: np.ndarray
+    view: _SitesOf | None
+    touched: np.ndarray  # [values] bool: comm_vals
+    size_vals: np.ndarray
+    size_vals_bytes: np.ndarray  # their global bytes
+    size_logdeg: _Gathered  # rows `size_vals` of value_fine
+    ops: np.ndarray
+    op_share: _Gathered  # rows `ops` of op_work_fine
+    op_bytes: _Gathered  # rows `ops` of op_values
+    op_flops: np.ndarray  # of `ops`: flops, transcendentals, trip counts
+    op_trans: np.ndarray
+    op_trip: np.ndarray
+    live_ids: np.ndarray
+    born_dies: np.ndarray  # live_ids' births then deaths
+    persistent: bool  # whether a persistent value may change size
 
 
 class _SitesOf:
@@ -70,6 +106,7 @@ class _SitesOf:
 
     def __init__(self, ev: Evaluator, inc: _Tables, values: np.ndarray) -> None:
         self._ev = ev
+        self.values = values
         self._last_reshards = None
         if not hasattr(ev, "_site_static"):
             ev._combine_setup()
@@ -83,6 +120,11 @@ class _SitesOf:
         rep, per = inc.rep_of.take(values), inc.per_of.take(values)
         self.rep, self._rep_site = ev.rep[rep], ev._rep_site[rep]
         self.per, self._per_site = ev.per[per], ev._per_site[per]
+        # Everything `_collective_arrays` and `_reshards` read of a state, for these values, is
+        # the masks of these fine classes (`_Tables._comm_fines`): their results are memoized
+        # by those masks (`Incremental._comm_of`).
+        self.fines = inc.value_comm_fines.cols(values)
+        self.memo: dict[bytes, tuple] = {}
 
     def __getattr__(self, name):
         return getattr(self._ev, name)
@@ -131,13 +173,17 @@ class _Tables:
         # [fine, values]: the values whose local size a fine class changes, and the values whose
         # collectives it can change (see the module essay).
         self.fine_values = _Rows(lay.value_fine.T)
-        self.fine_comm_values = _Rows(self._comm_fines(n_fine).T)
+        comm_fines = self._comm_fines(n_fine)
+        self.fine_comm_values = _Rows(comm_fines.T)
+        self.value_comm_fines = _Rows(comm_fines)
         self.fine_ops = _Rows(lay.op_work_fine.T)
         self.value_ops = _Rows(ev.op_values.T)  # [values, ops]: ops reading or writing
         self.value_fine, self.op_work_fine = _Rows(lay.value_fine), _Rows(lay.op_work_fine)
         self.op_values = _Rows(ev.op_values)
         self.live_pos = np.full(n_values, -1, dtype=np.int64)
         self.live_pos[ev.live_ids] = np.arange(len(ev.live_ids))
+        self.is_persistent = np.zeros(n_values, dtype=bool)
+        self.is_persistent[ev.persistent_ids] = True
         self.n_ops = n_ops
         self.full_limit = FULL_FRACTION * n_values
 
@@ -186,8 +232,10 @@ class Incremental:
         self.cache_size = cache_size
         self._cache: OrderedDict[bytes, _Cached] = OrderedDict()
         self._views: dict[bytes, _SitesOf] = {}
+        self._plans: dict[bytes, _Plan | None] = {}
         self.full_evaluations = 0
         self.delta_evaluations = 0
+        self.comm_hits = self.comm_misses = 0
 
     # -- public --------------------------------------------------------------------------------
 
@@ -231,7 +279,7 @@ class Incremental:
         ev = self.ev
         fine_logdeg, value_local, op_logdeg = ev._local(masks)
         _, _, _, t = ev._compute(value_local, op_logdeg)
-        comm_v, coll = self._comm_per_value(ev, masks, value_local)
+        comm_v, (coll_i, coll_v) = self._comm_per_value(ev, masks, value_local)
         delta = np.zeros(self.tab.n_ops + 2)
         b = value_local[ev.live_ids]
         np.add.at(delta, ev.born, b)
@@ -240,84 +288,162 @@ class Incremental:
         res_bytes = value_local[r.value] * r.buffer
         np.add.at(delta, r.lo, res_bytes)
         np.add.at(delta, r.hi + 1, -res_bytes)
+        res_i = np.stack([r.value, r.lo, r.hi])
+        persistent = float(value_local[ev.persistent_ids].sum())
         return self._finish(
-            masks, fine_logdeg, value_local, t, comm_v, coll, delta, r.value, r.lo, r.hi, res_bytes
+            masks,
+            fine_logdeg,
+            value_local,
+            t,
+            comm_v,
+            coll_i,
+            coll_v,
+            delta,
+            res_i,
+            res_bytes,
+            persistent,
         )
 
     def _comm_per_value(self, view, masks, value_local):
-        """(bandwidth seconds per value, the collectives as arrays). Bandwidth adds up over
-        values; latency is paid once per combined op, so it is priced over all collectives."""
+        """(bandwidth seconds per value, the collectives as arrays: [5, n] kind, mesh axes, op,
+        value, site and [n] V). Bandwidth adds up over values; latency is paid once per combined
+        op, so it is priced over all collectives."""
         ev = self.ev
-        coll = view._collective_arrays(masks, value_local)
-        kinds, ms, vs, _, vals, sites = coll
+        kinds, ms, vs, ops, vals, sites = view._collective_arrays(masks, value_local)
         times = ev.c1[kinds, ms] * vs * ev.site_trip[sites]
         out = np.bincount(vals, weights=times, minlength=self.tab.n_values)
-        return out.astype(np.float64, copy=False), coll
+        return out.astype(np.float64, copy=False), (np.stack([kinds, ms, ops, vals, sites]), vs)
 
     def _delta(self, base: _Cached, masks: np.ndarray) -> _Cached | None:
         ev = self.ev
         changed = np.flatnonzero(base.masks != masks)
         if not len(changed):
             return base
-        # Values whose collectives may move; values whose local size moved.
-        comm_vals = self.tab.fine_comm_values.cols(changed)
-        if len(comm_vals) > self.tab.full_limit:
+        plan = self._plan(changed)
+        if plan is None:
             return None
         self.delta_evaluations += 1
         fine_logdeg = base.fine_logdeg.copy()
-        bits = ev.axes.bits(masks[changed])
-        fine_logdeg[changed] = bits.T @ ev.log2n
-        size_vals = self.tab.fine_values.cols(changed)
+        fine_logdeg[changed] = ev.axes.bits(masks[changed]).T @ ev.log2n
+        # Local sizes, then the roofline time of every op that may move (an op whose inputs
+        # kept their sizes gets its old time again: same formula, same order).
         value_local = base.value_local.copy()
-        if len(size_vals):
-            logdeg = self.tab.value_fine.matvec(size_vals, fine_logdeg)
-            value_local[size_vals] = ev.nbytes[size_vals] * np.exp2(-logdeg)
-            size_vals = size_vals[value_local[size_vals] != base.value_local[size_vals]]
-        # Compute: ops dividing work over a changed fine, ops touching a resized value.
-        ops = self.tab.fine_ops.cols(changed)
-        if len(size_vals):
-            ops = np.union1d(ops, self.tab.value_ops.cols(size_vals))
+        if len(plan.size_vals):
+            logdeg = plan.size_logdeg.matvec(fine_logdeg)
+            value_local[plan.size_vals] = plan.size_vals_bytes * np.exp2(-logdeg)
         t = base.t.copy()
-        if len(ops):
-            t[ops] = self._op_times(ops, value_local, fine_logdeg)
-        # Communication of the values it may move (collectives scale with local sizes too).
-        comm_v = base.comm_v.copy()
-        coll = base.coll
-        res = (base.res_value, base.res_lo, base.res_hi, base.res_bytes)
-        delta = base.delta.copy()
+        if len(plan.ops):
+            t[plan.ops] = self._op_times(plan, value_local, fine_logdeg)
+        # Communication of the values it may move (collectives scale with local sizes too);
+        # the timeline's changes are gathered (index, bytes) and added in one pass, in the
+        # order they were listed.
+        comm_v, coll_i, coll_v = base.comm_v, base.coll_i, base.coll_v
+        res_i, res_bytes = base.res_i, base.res_bytes
+        at, add = [], []
+        comm_vals = plan.comm_vals
         if len(comm_vals):
-            view = self._view(comm_vals)
+            moved, new_i, new_v, r_i, new_bytes = self._comm_of(plan.view, masks, value_local)
+            comm_v = comm_v.copy()
             comm_v[comm_vals] = 0.0
-            moved, new = self._comm_per_value(view, masks, value_local)
-            comm_v += moved
-            stay = ~np.isin(coll[4], comm_vals)
-            coll = tuple(np.concatenate([a[stay], b]) for a, b in zip(coll, new))
+            comm_v[comm_vals] += moved
+            stay = ~plan.touched[coll_i[3]]
+            coll_i = np.concatenate([coll_i[:, stay], new_i], axis=1)
+            coll_v = np.concatenate([coll_v[stay], new_v])
             # Resharded copies of those values: out with the old, in with the new.
-            touched = np.zeros(self.tab.n_values, dtype=bool)
-            touched[comm_vals] = True
-            old = touched[base.res_value]
-            np.add.at(delta, base.res_lo[old], -base.res_bytes[old])
-            np.add.at(delta, base.res_hi[old] + 1, base.res_bytes[old])
-            r = view._reshards(masks)
-            new_bytes = value_local[r.value] * r.buffer
-            np.add.at(delta, r.lo, new_bytes)
-            np.add.at(delta, r.hi + 1, -new_bytes)
+            old = plan.touched[res_i[0]]
+            old_i, old_bytes = res_i[:, old], res_bytes[old]
+            at += [old_i[1], old_i[2] + 1, r_i[1], r_i[2] + 1]
+            add += [-old_bytes, old_bytes, new_bytes, -new_bytes]
             keep = ~old
-            res = (
-                np.concatenate([base.res_value[keep], r.value]),
-                np.concatenate([base.res_lo[keep], r.lo]),
-                np.concatenate([base.res_hi[keep], r.hi]),
-                np.concatenate([base.res_bytes[keep], new_bytes]),
-            )
-        # Live ranges of resized values.
-        pos = self.tab.live_pos[size_vals]
-        pos = pos[pos >= 0]
-        if len(pos):
-            vids = ev.live_ids[pos]
-            change = value_local[vids] - base.value_local[vids]
-            np.add.at(delta, ev.born[pos], change)
-            np.add.at(delta, ev.dies[pos], -change)
-        return self._finish(masks, fine_logdeg, value_local, t, comm_v, coll, delta, *res)
+            res_i = np.concatenate([res_i[:, keep], r_i], axis=1)
+            res_bytes = np.concatenate([res_bytes[keep], new_bytes])
+        # Live ranges of resized values (a value that kept its size adds 0).
+        if len(plan.live_ids):
+            change = value_local[plan.live_ids] - base.value_local[plan.live_ids]
+            at.append(plan.born_dies)
+            add += [change, -change]
+        delta = base.delta.copy()
+        if at:
+            np.add.at(delta, np.concatenate(at), np.concatenate(add))
+        persistent = base.persistent
+        if plan.persistent:
+            persistent = float(value_local[ev.persistent_ids].sum())
+        return self._finish(
+            masks,
+            fine_logdeg,
+            value_local,
+            t,
+            comm_v,
+            coll_i,
+            coll_v,
+            delta,
+            res_i,
+            res_bytes,
+            persistent,
+        )
+
+    def _plan(self, changed: np.ndarray) -> _Plan | None:
+        """What a delta touches when the fine classes `changed` change, whatever their masks
+        (memoized: a search changes the same units again and again); None when that is too
+        much for a delta."""
+        key = changed.tobytes()
+        plan = self._plans.get(key, False)
+        if plan is False:
+            tab, ev = self.tab, self.ev
+            comm_vals = tab.fine_comm_values.cols(changed)
+            plan = None
+            if len(comm_vals) <= tab.full_limit:
+                size_vals = tab.fine_values.cols(changed)
+                ops = tab.fine_ops.cols(changed)
+                if len(size_vals):
+                    ops = np.union1d(ops, tab.value_ops.cols(size_vals))
+                touched = np.zeros(tab.n_values, dtype=bool)
+                touched[comm_vals] = True
+                pos = tab.live_pos[size_vals]
+                pos = pos[pos >= 0]
+                view = self._view(comm_vals) if len(comm_vals) else None
+                plan = _Plan(
+                    comm_vals,
+                    view,
+                    touched,
+                    size_vals,
+                    ev.nbytes[size_vals],
+                    tab.value_fine.gather(size_vals),
+                    ops,
+                    tab.op_work_fine.gather(ops),
+                    tab.op_values.gather(ops),
+                    ev.op_flops[ops],
+                    ev.op_trans[ops],
+                    ev.trip[ops],
+                    ev.live_ids[pos],
+                    np.concatenate([ev.born[pos], ev.dies[pos]]),
+                    bool(tab.is_persistent[size_vals].any()),
+                )
+            if len(self._plans) >= PLANS_KEPT:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[key] = plan
+        return plan
+
+    def _comm_of(self, view: _SitesOf, masks: np.ndarray, value_local: np.ndarray) -> tuple:
+        """The communication of `values` under `masks`: (bandwidth seconds of each value, their
+        collectives, their resharded copies as value, first and last reader, bytes). Memoized per
+        set of values by the masks of the fine classes it reads (the values' local sizes are a
+        function of those too): a greedy descent tries the same units from states that differ
+        elsewhere, and a rollout meets the same neighbourhoods again."""
+        key = masks[view.fines].tobytes()
+        hit = view.memo.get(key)
+        if hit is None:
+            moved, (new_i, new_v) = self._comm_per_value(view, masks, value_local)
+            r = view._reshards(masks)
+            r_i = np.stack([r.value, r.lo, r.hi])
+            hit = (moved[view.values], new_i, new_v, r_i, value_local[r.value] * r.buffer)
+            if len(view.memo) >= COMM_KEPT:
+                view.memo.pop(next(iter(view.memo)))
+            view.memo[key] = hit
+            self.comm_misses += 1
+        else:
+            self.comm_hits += 1
+        return hit
 
     def _view(self, values: np.ndarray) -> _SitesOf:
         """The evaluator restricted to `values` (memoized: a search shards the same units again
@@ -330,30 +456,51 @@ class Incremental:
             view = self._views[key] = _SitesOf(self.ev, self.tab, values)
         return view
 
-    def _op_times(self, ops, value_local, fine_logdeg) -> np.ndarray:
-        """`Evaluator._compute`'s roofline time, for some ops only (same formula, same order)."""
+    def _op_times(self, plan: _Plan, value_local, fine_logdeg) -> np.ndarray:
+        """`Evaluator._compute`'s roofline time, for the plan's ops (same formula, same order)."""
         ev = self.ev
-        share = np.exp2(-self.tab.op_work_fine.matvec(ops, fine_logdeg))
-        flops_local, trans_local = ev.op_flops[ops] * share, ev.op_trans[ops] * share
-        bytes_local = self.tab.op_values.matvec(ops, value_local) * ev.trip[ops]
+        share = np.exp2(-plan.op_share.matvec(fine_logdeg))
+        flops_local, trans_local = plan.op_flops * share, plan.op_trans * share
+        bytes_local = plan.op_bytes.matvec(value_local) * plan.op_trip
         return np.maximum(
             (flops_local + trans_local) / ev.peak_flops, bytes_local / ev.hw.hbm_bytes_per_s
         )
 
     def _finish(
-        self, masks, fine_logdeg, value_local, t, comm_v, coll, delta, rv, rlo, rhi, rb
+        self,
+        masks,
+        fine_logdeg,
+        value_local,
+        t,
+        comm_v,
+        coll_i,
+        coll_v,
+        delta,
+        res_i,
+        rb,
+        persistent,
     ) -> _Cached:
         ev = self.ev
         compute_s = float(t.sum())
-        kinds, ms, vs, ops, _, sites = coll
-        comm_s = float(comm_v.sum()) + ev.latency_s(kinds, ms, vs, ops, sites)
+        kinds, ms, ops, _, sites = coll_i
+        comm_s = float(comm_v.sum()) + ev.latency_s(kinds, ms, coll_v, ops, sites)
         timeline = np.cumsum(delta)[: self.tab.n_ops]
-        persistent = float(value_local[ev.persistent_ids].sum())
         peak = persistent + (float(timeline.max()) if len(timeline) else 0.0)
         step = compute_s + (1.0 - ev.overlap) * comm_s
         score = Score(step, compute_s, comm_s, peak, peak <= ev.capacity_bytes)
         return _Cached(
-            masks.copy(), fine_logdeg, value_local, t, comm_v, coll, delta, rv, rlo, rhi, rb, score
+            masks.copy(),
+            fine_logdeg,
+            value_local,
+            t,
+            comm_v,
+            coll_i,
+            coll_v,
+            delta,
+            res_i,
+            rb,
+            persistent,
+            score,
         )
 
 
@@ -386,6 +533,12 @@ class _Rows:
         hit[self.indices[pos]] = True
         return np.flatnonzero(hit)
 
+    def gather(self, rows: np.ndarray) -> _Gathered:
+        """Rows `rows`, laid out for repeated mat-vecs (`_Gathered.matvec`)."""
+        pos, n = self._positions(rows)
+        owner = np.repeat(np.arange(len(rows)), n)
+        return _Gathered(owner, self.data[pos], self.indices[pos], len(rows))
+
     def matvec(self, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
         """`(M @ x)[rows]`, summed in the order scipy's CSR mat-vec sums (so bit-identical)."""
         pos, n = self._positions(rows)
@@ -393,3 +546,17 @@ class _Rows:
         return np.bincount(
             owner, weights=self.data[pos] * x[self.indices[pos]], minlength=len(rows)
         )
+
+
+@dataclass(slots=True)
+class _Gathered:
+    """Some rows of a `_Rows` matrix, flattened: `matvec(x)` is `_Rows.matvec(rows, x)` (the
+    same products summed in the same order) in three numpy calls."""
+
+    owner: np.ndarray
+    data: np.ndarray
+    indices: np.ndarray
+    n_rows: int
+
+    def matvec(self, x: np.ndarray) -> np.ndarray:
+        return np.bincount(self.owner, weights=self.data * x[self.indices], minlength=self.n_rows)

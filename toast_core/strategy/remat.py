@@ -136,14 +136,17 @@ def _group_layers(prog) -> dict[int, tuple[str, str]]:
     shapes: dict[tuple[str, str], set] = {}
     for vid, (grp, key, rest) in raw.items():
         shapes.setdefault((grp, key), set()).add((rest, prog.values[vid].shape))
+    # The distinct layer signatures of each group (counted once per group, not per parameter).
+    sigs: dict[str, set] = {}
+    for (g, _), s in shapes.items():
+        sigs.setdefault(g, set()).add(frozenset(s))
     out = {}
     for vid, (grp, key, _) in raw.items():
         if grp == key:
             out[vid] = (key, key)
             continue
-        sigs = {frozenset(s) for (g, _), s in shapes.items() if g == grp}
         indexed = _INDEXED.match(key) is not None
-        out[vid] = (grp, key) if indexed or len(sigs) == 1 else (key, key)
+        out[vid] = (grp, key) if indexed or len(sigs[grp]) == 1 else (key, key)
     return out
 
 
