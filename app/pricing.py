@@ -1,0 +1,208 @@
+"""Pricing a large program's baselines in a separate process, at a lower CPU priority.
+
+Why a process: the explorer priced the baselines of the model just loaded in a background thread
+(~10 s of CPU on llama3-70b), and Python threads share one interpreter lock, so a page run beside
+it got about half the CPU it would have had: the first Search visit after loading llama3-70b took
+2.9 s instead of 1.2 s, even with the thread waiting between baselines while a page ran (one
+estimate alone holds the lock for ~1.5 s). A process has no such lock, and its `nice` makes the
+kernel give the pages' process the CPU first while a page runs; the process takes what is left
+the rest of the time (a user reading a page leaves nearly all of it).
+
+How: one worker process per explorer process, a fresh interpreter (never a bare `fork`: JAX
+runs threads of its own, which a forked child would inherit in a broken state). It is sent only plain
+data (the model spec's fields, mesh text, hardware name), traces and analyzes the program itself
+(`app.programs`, as the pages did), keeps the last analysis for the next mesh or hardware, and
+sends back plain frozen dataclasses (`Strategy`, `CostReport` summaries) and pickled reports. Requests wait in a queue served
+newest first: after loading a model and then changing the mesh and the hardware, the current
+combination is priced first. The explorer (`app.cached`) falls back to pricing in a thread when
+the worker fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The worker's nice increment: while a page runs in the explorer's process, the kernel gives the
+#: worker ~10 % of the CPU the two would share (weights 110 and 1024), and all of it otherwise.
+NICE = 10
+
+#: The worker keeps this many analyses (one llama3-70b analysis is ~1 GB of Python objects).
+KEEP_ANALYSES = 1
+
+
+# -- the worker process (no Streamlit imported here) --------------------------------------------
+
+_analyses: dict[tuple, object] = {}
+
+
+def _analysis(spec: dict):
+    from app import programs  # imported in the worker only (it imports JAX)
+
+    key = tuple(sorted(spec.items()))
+    if key not in _analyses:
+        while len(_analyses) >= KEEP_ANALYSES:
+            _analyses.pop(next(iter(_analyses)))
+        if spec["source"] == "file":
+            _, ana = programs.user_file(spec["path"], spec["function"])
+        else:
+            _, ana = programs.zoo(spec["model"], spec["size"], spec["train"], spec["batch"])
+        _analyses[key] = ana
+    return _analyses[key]
+
+
+def price(spec: dict, fingerprint: tuple, mesh_text: str, hw_name: str) -> dict:
+    """name -> (Strategy or None, reason it does not apply, summary, full report), for every
+    baseline of `spec`'s program on the mesh (what `tc.baselines.all` and `tc.estimate` give).
+
+    The summary is the CostReport without its per-op costs and memory timeline (its text, if
+    the estimate failed; None if the baseline does not apply); the full report comes pickled,
+    for the explorer to unpickle only if a page shows it: a llama3-70b report has 31k per-op
+    costs, ~2 MB pickled and ~0.2 s to unpickle (seven of them: ~1.2 s, which a page run
+    would share the interpreter lock with), against ~4 ms for its summary.
+
+    Raises if this process's analysis differs from `fingerprint` (the explorer's): its
+    strategies would name other named dims."""
+    import toast_core as tc
+    from app import programs
+
+    ana = _analysis(spec)
+    if programs.fingerprint(ana) != tuple(fingerprint):
+        raise tc.ToastError(
+            f"expected the explorer's program {tuple(fingerprint)} in the pricing process, got "
+            f"{programs.fingerprint(ana)}"
+        )
+    mesh, hw = tc.MeshSpec.parse(mesh_text), tc.hardware(hw_name)
+    out = {}
+    for name, (strategy, reason) in tc.baselines.all(ana, mesh).items():
+        summary, full = None, None
+        if strategy is not None:
+            try:
+                report = tc.estimate(ana, strategy, mesh, hw)
+            except tc.ToastError as exc:
+                summary = str(exc)
+            else:
+                summary = summarize(report)
+                full = pickle.dumps(report, protocol=pickle.HIGHEST_PROTOCOL)
+        out[name] = (strategy, reason, summary, full)
+    return out
+
+
+def summarize(report):
+    """The report without its per-op costs and memory timeline (what tables of baselines read:
+    step time, compute, communication, peak memory, fits, the collectives)."""
+    return dataclasses.replace(report, op_costs=(), memory_timeline=())
+
+
+def _serve(conn) -> None:
+    """The worker's loop: one request at a time, until the explorer's end of the pipe closes
+    (the explorer ended)."""
+    os.nice(NICE)
+    while True:
+        try:
+            args = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply = (True, price(*args), os.getpid())
+        except Exception as exc:  # noqa: BLE001 - sent back; the explorer prices in a thread then
+            reply = (False, f"{type(exc).__name__}: {exc}", os.getpid())
+        try:
+            conn.send(reply)
+        except OSError:
+            return
+
+
+# -- the explorer's side ------------------------------------------------------------------------
+
+Done = Callable[[dict | None, str, int], None]  # (result or None, error text, worker pid)
+
+_pending: list[tuple[tuple, tuple, Done]] = []  # (key, price's args, done), newest last
+_cv = threading.Condition()
+_worker: dict = {}  # "proc", "conn" while a worker runs; "dispatcher": the thread feeding it
+
+
+def request(key: tuple, args: tuple, done: Done) -> None:
+    """Queues `price(*args)` for the worker; `done(result, error, pid)` is called from the
+    dispatcher thread when it ends (result None and the error's text if it failed)."""
+    with _cv:
+        _pending.append((key, args, done))
+        if "dispatcher" not in _worker:
+            _worker["dispatcher"] = threading.Thread(
+                target=_dispatch, name="toast-pricing", daemon=True
+            )
+            _worker["dispatcher"].start()
+        _cv.notify()
+
+
+def promote(key: tuple) -> None:
+    """Moves a queued request to the front (a page is waiting for it)."""
+    with _cv:
+        for i, item in enumerate(_pending):
+            if item[0] == key:
+                _pending.append(_pending.pop(i))
+                return
+
+
+def _connection():
+    """The worker's pipe, starting the worker if none runs.
+
+    Started as `python -m app.pricing` (fork + exec, as multiprocessing's `spawn` does, with no
+    Python run between the two), not through multiprocessing: its `spawn` re-runs the parent's
+    main module in the child, which is Streamlit's command line, or pytest, or a user's script.
+    The worker ends by itself when the explorer ends (its end of the pipe closes)."""
+    proc = _worker.get("proc")
+    if proc is None or proc.poll() is not None:
+        to_worker, from_explorer = multiprocessing.Pipe()
+        fd = from_explorer.fileno()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app.pricing", str(fd)],
+            cwd=ROOT,
+            pass_fds=(fd,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,  # a user's file may print
+        )
+        from_explorer.close()
+        _worker.update(proc=proc, conn=to_worker)
+    return _worker["conn"]
+
+
+def _dispatch() -> None:
+    while True:
+        with _cv:
+            _cv.wait_for(lambda: _pending)
+            _key, args, done = _pending.pop()
+        try:
+            conn = _connection()
+            conn.send(args)
+            ok, payload, pid = conn.recv()  # waits in the kernel, without the interpreter lock
+        except Exception as exc:  # noqa: BLE001 - the worker died (out of memory...): restart next
+            proc = _worker.pop("proc", None)
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+            ok, payload, pid = False, f"the pricing process failed: {exc!r}", 0
+        try:
+            done(payload if ok else None, "" if ok else payload, pid)
+        except Exception:  # noqa: BLE001, S110 - a callback's failure must not stop the queue
+            pass
+
+
+def worker_pid() -> int | None:
+    """The running worker's process id (None if none runs)."""
+    proc = _worker.get("proc")
+    return proc.pid if proc is not None and proc.poll() is None else None
+
+
+if __name__ == "__main__":  # the worker: python -m app.pricing FD
+    from multiprocessing.connection import Connection
+
+    _serve(Connection(int(sys.argv[1])))
