@@ -371,8 +371,8 @@ SEEDED_MAX = 16
 
 _seeded_baselines: dict[tuple, dict] = {}  # (model key, mesh text) -> baselines()
 _seeded_summaries: dict[tuple, dict] = {}  # (model, mesh, hardware) -> baseline_reports()
-#: (model, mesh, hardware, strategy key) -> CostReport, or pickled until a page asks for it
-_seeded_estimates: dict[tuple, tc.CostReport | bytes] = {}
+#: (model, mesh, hardware, strategy key) -> [summary, full CostReport or pickled until asked for]
+_seeded_estimates: dict[tuple, list] = {}
 _seeded_order: list[tuple] = []  # (model, mesh, hardware) seeded, oldest first
 _off_process: dict[tuple, threading.Event] = {}  # set when the pricing process has answered
 priced_by: dict[tuple, int] = {}  # (model, mesh, hardware) -> id of the process that priced them
@@ -391,9 +391,9 @@ def _seed(key: tuple, result: dict) -> None:
             for name, (strategy, _, summary, _) in result.items()
             if strategy is not None
         }
-        for strategy, _, _, full in result.values():
+        for strategy, _, summary, full in result.values():
             if full is not None:
-                _seeded_estimates[(*key, strategy_key(strategy))] = full
+                _seeded_estimates[(*key, strategy_key(strategy))] = [summary, full]
         _seeded_order.append(key)
         while len(_seeded_order) > SEEDED_MAX:
             old = _seeded_order.pop(0)
@@ -407,14 +407,25 @@ def _seed(key: tuple, result: dict) -> None:
 def _seeded_estimate(key: tuple) -> tc.CostReport | None:
     """A full report the pricing process sent, unpickled on first use (~0.1 s on llama3-70b)."""
     with _warming_lock:
-        found = _seeded_estimates.get(key)
-    if isinstance(found, bytes):
+        entry = _seeded_estimates.get(key)
+    if entry is None:
+        return None
+    if isinstance(entry[1], bytes):
         with gc_paused():  # 31k small objects: collections meanwhile would double the time
-            found = pickle.loads(found)
-        with _warming_lock:
-            if key in _seeded_estimates:
-                _seeded_estimates[key] = found
-    return found
+            entry[1] = pickle.loads(entry[1])
+    return entry[1]
+
+
+def summary(loaded: Loaded, strategy: tc.Strategy, mesh_text: str, hw_name: str) -> tc.CostReport:
+    """A strategy's report for a label or a table row (step time, peak, fits): a baseline's
+    summary from the pricing process when there is one, else `estimate`. The strategy picker
+    labels every baseline: unpickling their full reports would cost its page ~1 s on
+    llama3-70b."""
+    with _warming_lock:
+        entry = _seeded_estimates.get((loaded.key, mesh_text, hw_name, strategy_key(strategy)))
+    if entry is not None:
+        return entry[0]
+    return estimate(loaded, strategy, mesh_text, hw_name)
 
 
 def _await_pricing_process(key: tuple) -> None:

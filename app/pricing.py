@@ -60,7 +60,13 @@ def _analysis(spec: dict):
     return _analyses[key]
 
 
-def price(spec: dict, fingerprint: tuple, mesh_text: str, hw_name: str) -> dict:
+class Superseded(Exception):
+    """A newer request is waiting: the current one is dropped (the explorer queues it again)."""
+
+
+def price(
+    spec: dict, fingerprint: tuple, mesh_text: str, hw_name: str, superseded=lambda: False
+) -> dict:
     """name -> (Strategy or None, reason it does not apply, summary, full report), for every
     baseline of `spec`'s program on the mesh (what `tc.baselines.all` and `tc.estimate` give).
 
@@ -71,7 +77,10 @@ def price(spec: dict, fingerprint: tuple, mesh_text: str, hw_name: str) -> dict:
     would share the interpreter lock with), against ~4 ms for its summary.
 
     Raises if this process's analysis differs from `fingerprint` (the explorer's): its
-    strategies would name other named dims."""
+    strategies would name other named dims; raises `Superseded` between steps once
+    `superseded()` says a newer request waits (after loading a model, the user changes the
+    mesh within a second or two: the worker is then still tracing, and prices the new mesh
+    first instead of spending ~6 s of CPU on the old one)."""
     import toast_core as tc
     from app import programs
 
@@ -83,7 +92,11 @@ def price(spec: dict, fingerprint: tuple, mesh_text: str, hw_name: str) -> dict:
         )
     mesh, hw = tc.MeshSpec.parse(mesh_text), tc.hardware(hw_name)
     out = {}
+    if superseded():
+        raise Superseded
     for name, (strategy, reason) in tc.baselines.all(ana, mesh).items():
+        if superseded():
+            raise Superseded
         summary, full = None, None
         if strategy is not None:
             try:
@@ -103,19 +116,37 @@ def summarize(report):
     return dataclasses.replace(report, op_costs=(), memory_timeline=())
 
 
+def _watch(conn, key: tuple):
+    """A `superseded()` for `price`: true once `("newer", key)` has come down the pipe."""
+    dropped: list = []
+
+    def superseded() -> bool:
+        while not dropped and conn.poll():
+            if conn.recv() == ("newer", key):
+                dropped.append(key)
+        return bool(dropped)
+
+    return superseded
+
+
 def _serve(conn) -> None:
-    """The worker's loop: one request at a time, until the explorer's end of the pipe closes
-    (the explorer ended)."""
+    """The worker's loop: one request `(key, args)` at a time, until the explorer's end of the
+    pipe closes (the explorer ended). `("newer", key)` while `key` is priced: drop it."""
     os.nice(NICE)
     while True:
         try:
-            args = conn.recv()
+            msg = conn.recv()
         except (EOFError, OSError):
             return
+        if msg[0] == "newer":  # arrived after its request ended
+            continue
+        key, args = msg
         try:
-            reply = (True, price(*args), os.getpid())
+            reply = ("done", price(*args, superseded=_watch(conn, key)), os.getpid())
+        except Superseded:
+            reply = ("superseded", "", os.getpid())
         except Exception as exc:  # noqa: BLE001 - sent back; the explorer prices in a thread then
-            reply = (False, f"{type(exc).__name__}: {exc}", os.getpid())
+            reply = ("failed", f"{type(exc).__name__}: {exc}", os.getpid())
         try:
             conn.send(reply)
         except OSError:
@@ -132,8 +163,10 @@ _worker: dict = {}  # "proc", "conn" while a worker runs; "dispatcher": the thre
 
 
 def request(key: tuple, args: tuple, done: Done) -> None:
-    """Queues `price(*args)` for the worker; `done(result, error, pid)` is called from the
-    dispatcher thread when it ends (result None and the error's text if it failed)."""
+    """Queues `price(*args)` for the worker, ahead of the requests already waiting (and of the
+    one being priced, which is dropped and queued again last); `done(result, error, pid)` is
+    called from the dispatcher thread when it ends (result None and the error's text if it
+    failed)."""
     with _cv:
         _pending.append((key, args, done))
         if "dispatcher" not in _worker:
@@ -142,6 +175,7 @@ def request(key: tuple, args: tuple, done: Done) -> None:
             )
             _worker["dispatcher"].start()
         _cv.notify()
+    _supersede(key)
 
 
 def promote(key: tuple) -> None:
@@ -150,7 +184,23 @@ def promote(key: tuple) -> None:
         for i, item in enumerate(_pending):
             if item[0] == key:
                 _pending.append(_pending.pop(i))
-                return
+                break
+        else:
+            return
+    _supersede(key)
+
+
+def _supersede(key: tuple) -> None:
+    """Tells the worker to drop what it prices unless that is `key`."""
+    with _cv:
+        busy = _worker.get("busy")
+        if busy is None or busy == key:
+            return
+        with _worker["send"]:
+            try:
+                _worker["conn"].send(("newer", busy))
+            except OSError:
+                pass  # the dispatcher sees the worker's end
 
 
 def _connection():
@@ -172,7 +222,7 @@ def _connection():
             stdout=subprocess.DEVNULL,  # a user's file may print
         )
         from_explorer.close()
-        _worker.update(proc=proc, conn=to_worker)
+        _worker.update(proc=proc, conn=to_worker, send=threading.Lock())
     return _worker["conn"]
 
 
@@ -180,18 +230,26 @@ def _dispatch() -> None:
     while True:
         with _cv:
             _cv.wait_for(lambda: _pending)
-            _key, args, done = _pending.pop()
+            key, args, done = _pending.pop()
         try:
-            conn = _connection()
-            conn.send(args)
-            ok, payload, pid = conn.recv()  # waits in the kernel, without the interpreter lock
+            with _cv:
+                conn = _connection()
+                with _worker["send"]:
+                    conn.send((key, args))
+                _worker["busy"] = key
+            status, payload, pid = conn.recv()  # waits in the kernel, without the GIL
         except Exception as exc:  # noqa: BLE001 - the worker died (out of memory...): restart next
             proc = _worker.pop("proc", None)
             if proc is not None and proc.poll() is None:
                 proc.kill()
-            ok, payload, pid = False, f"the pricing process failed: {exc!r}", 0
+            status, payload, pid = "failed", f"the pricing process failed: {exc!r}", 0
+        with _cv:
+            _worker.pop("busy", None)
+            if status == "superseded":
+                _pending.insert(0, (key, args, done))
+                continue
         try:
-            done(payload if ok else None, "" if ok else payload, pid)
+            done(payload if status == "done" else None, "" if status == "done" else payload, pid)
         except Exception:  # noqa: BLE001, S110 - a callback's failure must not stop the queue
             pass
 

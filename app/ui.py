@@ -116,7 +116,7 @@ def strategy_picker(loaded: Loaded) -> tuple[str, tc.Strategy]:
     labels = {}
     for choice, strategy in choices.items():
         try:
-            r = cached.estimate(loaded, strategy, state.mesh_text(), state.hardware_name())
+            r = cached.summary(loaded, strategy, state.mesh_text(), state.hardware_name())
         except tc.ToastError:
             labels[choice] = f"{choice} (illegal on this mesh)"
             continue

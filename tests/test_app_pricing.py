@@ -100,3 +100,33 @@ def test_search_page_draws_the_lines_when_the_pricing_process_answers(off_proces
     chart = at.get("plotly_chart")[0].proto.spec
     assert "being priced" not in chart and "data_parallel" in chart
     assert not at.exception
+
+
+def test_a_newer_request_is_priced_first_and_the_older_one_after():
+    """Loading a model and then changing the mesh: the worker drops the old mesh's pricing for
+    the new one, then prices the old one too (the user may come back to it)."""
+    import threading
+
+    from app import programs
+
+    _, ana = programs.zoo("gpt", "tiny", True)
+    spec = {"source": "zoo", "model": "gpt", "size": "tiny", "train": True, "path": "",
+            "function": "", "digest": "", "batch": 0}  # fmt: skip
+    ended: list[tuple] = []
+    both = threading.Event()
+
+    def done_for(mesh_text: str):
+        def done(result, error, pid):
+            assert result is not None, error
+            ended.append((mesh_text, sorted(result)))
+            if len(ended) == 2:
+                both.set()
+
+        return done
+
+    for mesh_text in ("data=2,model=4", "data=4,model=2"):
+        args = (spec, programs.fingerprint(ana), mesh_text, "tpu-v5e")
+        pricing.request(("test", mesh_text), args, done_for(mesh_text))
+    assert both.wait(120)
+    assert [m for m, _ in ended] == ["data=4,model=2", "data=2,model=4"]
+    assert "data_parallel" in ended[0][1]
