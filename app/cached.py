@@ -439,6 +439,19 @@ def _await_pricing_process(key: tuple) -> None:
     answered.wait(PRICING_WAIT_S)
 
 
+def pricing_pending(loaded: Loaded, mesh_text: str, hw_name: str) -> bool:
+    """True while the pricing process still prices these baselines (a page can show the rest at
+    once and draw them later, see `ui.rerun_when_priced`)."""
+    with _warming_lock:
+        answered = _off_process.get((loaded.key, mesh_text, hw_name))
+    return answered is not None and not answered.is_set()
+
+
+def await_pricing(loaded: Loaded, mesh_text: str, hw_name: str) -> None:
+    """Waits (bounded) for the pricing process's answer on these baselines, if it is at work."""
+    _await_pricing_process((loaded.key, mesh_text, hw_name))
+
+
 def warm(loaded: Loaded, mesh_text: str, hw_name: str) -> bool:
     """Prices the baselines in the background, once per (model, mesh, hardware), so the pages
     that show them open at once: on llama3-70b that is ~10 s of baselines and ~1.5 s per

@@ -130,3 +130,28 @@ def test_a_newer_request_is_priced_first_and_the_older_one_after():
     assert both.wait(120)
     assert [m for m, _ in ended] == ["data=4,model=2", "data=2,model=4"]
     assert "data_parallel" in ended[0][1]
+
+
+def test_strategy_page_does_not_wait_for_the_pricing_process(off_process, monkeypatch):
+    """After a search, the Strategy page shows the search's best at once; the baselines join
+    the picker and the side-by-side table when the pricing process answers."""
+    answers: list = []
+    monkeypatch.setattr(pricing, "request", lambda key, args, done: answers.append((args, done)))
+    at = goto(start(), "search")
+    at.number_input(key="w.budget_s").set_value(0.5).run()
+    at.button(key="run_search").click().run()
+    began = time.perf_counter()
+    goto(at, "strategy")
+    assert time.perf_counter() - began < 10
+    assert any("being priced" in c.value for c in at.caption)
+    picker = at.selectbox(key="w.strategy_choice")
+    assert picker.value == "search best"
+    assert not [o for o in picker.options if "baseline" in o]
+    [(args, done)] = answers
+    done(pricing.price(*args), "", 1)  # the worker's answer, computed here
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    picker = at.selectbox(key="w.strategy_choice")
+    assert picker.value == "search best"
+    assert [o for o in picker.options if "baseline: data_parallel" in o]
+    assert not any("being priced" in c.value for c in at.caption)
