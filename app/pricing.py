@@ -1,21 +1,23 @@
 """Pricing a large program's baselines in a separate process, at a lower CPU priority.
 
-Why a process: the explorer priced the baselines of the model just loaded in a background thread
-(~10 s of CPU on llama3-70b), and Python threads share one interpreter lock, so a page run beside
-it got about half the CPU it would have had: the first Search visit after loading llama3-70b took
-2.9 s instead of 1.2 s, even with the thread waiting between baselines while a page ran (one
-estimate alone holds the lock for ~1.5 s). A process has no such lock, and its `nice` makes the
-kernel give the pages' process the CPU first while a page runs; the process takes what is left
+Why a process: the explorer priced the baselines of the model just loaded in a background
+thread (~5 s of CPU on llama3-70b for a mesh: `tc.baselines.all` 3.6 s in one call, the first
+estimate 1 s, the others 0.1 s), and Python threads share one interpreter lock, so a page run
+beside it got about half the CPU it would have had: the first Search visit after loading
+llama3-70b took 2.9 s instead of 1.2 s, even with the thread waiting between baselines while a
+page ran (it cannot stop inside one call). A process has no such lock, and its `nice` makes the
+kernel give the pages' process the CPU first while a page runs; the worker takes what is left
 the rest of the time (a user reading a page leaves nearly all of it).
 
 How: one worker process per explorer process, a fresh interpreter (never a bare `fork`: JAX
-runs threads of its own, which a forked child would inherit in a broken state). It is sent only plain
-data (the model spec's fields, mesh text, hardware name), traces and analyzes the program itself
-(`app.programs`, as the pages did), keeps the last analysis for the next mesh or hardware, and
-sends back plain frozen dataclasses (`Strategy`, `CostReport` summaries) and pickled reports. Requests wait in a queue served
-newest first: after loading a model and then changing the mesh and the hardware, the current
-combination is priced first. The explorer (`app.cached`) falls back to pricing in a thread when
-the worker fails.
+runs threads of its own, which a forked child would inherit in a broken state). It is sent only
+plain data (the model spec's fields, mesh text, hardware name), traces and analyzes the program
+itself (`app.programs`, as the pages did; ~6 s of CPU more in all, import included), keeps the
+last analysis for the next mesh or hardware, and sends back plain frozen dataclasses
+(`Strategy`, `CostReport` summaries) and pickled full reports. Requests are served newest
+first, and a newer one supersedes the one being priced: after loading a model and then changing
+the mesh and the hardware, the current combination is priced first. The explorer (`app.cached`)
+prices in a thread when the worker fails.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: worker ~10 % of the CPU the two would share (weights 110 and 1024), and all of it otherwise.
 NICE = 10
 
-#: The worker keeps this many analyses (one llama3-70b analysis is ~1 GB of Python objects).
+#: The worker keeps this many analyses (with one of llama3-70b it holds ~0.5 GB resident).
 KEEP_ANALYSES = 1
 
 
