@@ -155,14 +155,19 @@ def picked_strategy_report(loaded: Loaded) -> tuple[str, tc.Strategy, tc.CostRep
     return name, strategy, report
 
 
-@st.fragment(run_every=1.0)
+#: Seconds between two polls of a page waiting for the pricing process: each poll is a script
+#: run (the page shows "running"), and the pricing takes 10 s or more under load.
+POLL_S = 2.0
+
+
+@st.fragment(run_every=POLL_S)
 def _rerun_once_priced(loaded: Loaded, mesh_text: str, hw_name: str) -> None:
     if not cached.pricing_pending(loaded, mesh_text, hw_name):
         st.rerun()
 
 
 def rerun_when_priced(loaded: Loaded) -> bool:
-    """While the pricing process prices the baselines, polls (a fragment, once a second) and
+    """While the pricing process prices the baselines, polls (a fragment, every `POLL_S`) and
     reruns the page when they arrive; True if they are still being priced. A page shows what
     it has meanwhile (`strategy_choices` leaves the baselines out) instead of waiting."""
     mesh_text, hw_name = state.mesh_text(), state.hardware_name()

@@ -398,7 +398,7 @@ else:
         st.plotly_chart(charts.progress_figure([], *baseline_lines()), key="progress_empty")
 
 
-@st.fragment(run_every=1.0)
+@st.fragment(run_every=ui.POLL_S)
 def _await_baselines() -> None:
     """Redraws the page once the background pricing of the baselines has ended (the page then
     renders without this fragment)."""
