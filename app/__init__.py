@@ -2,5 +2,7 @@
 
 `streamlit run app/streamlit_app.py` starts it. Pages live in `app_pages/` (one thin file each);
 `state` keeps what the user loaded, pinned and found across reruns; `cached` holds the cached
-loaders; `charts` and `reports` are pure builders of figures, graphs and exported text.
+loaders (`programs` traces and analyzes, without Streamlit); `pricing` prices a large program's
+baselines in a separate process, so that page runs keep the CPU; `charts` and `reports` are pure
+builders of figures, graphs and exported text.
 """

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import hashlib
+import pickle
 import threading
 import time
 from dataclasses import dataclass
@@ -18,9 +20,9 @@ from dataclasses import dataclass
 import streamlit as st
 
 import toast_core as tc
-from app import reports
-from app.user_model import UserCodeError, load_user_function, user_line
-from demos import MODEL_ZOO, NUMERICS_TWINS, SIZES
+from app import pricing, programs, reports
+from demos import MODEL_ZOO, NUMERICS_TWINS
+from toast_core.gcpause import gc_paused
 
 #: Programs with more ops than this get only a syntax check of pins before Run (the full check
 #: scores the baselines, which takes seconds on the largest models).
@@ -82,20 +84,8 @@ def load(spec: ModelSpec) -> Loaded:
 
 @st.cache_resource(show_spinner=False, max_entries=24)
 def _load_zoo(model: str, size: str, train: bool, batch: int = 0) -> Loaded:
-    if model not in MODEL_ZOO:
-        raise tc.ToastError(f"expected a zoo model in {sorted(MODEL_ZOO)}, got `model={model!r}`")
-    if size not in SIZES[model]:
-        raise tc.ToastError(f"expected a size in {SIZES[model]}, got `size={size!r}`")
     start = time.perf_counter()
-    if not batch:
-        w = MODEL_ZOO[model](size=size, train=train)
-    else:
-        try:
-            w = MODEL_ZOO[model](size=size, train=train, batch=batch)
-        except (TypeError, ValueError) as exc:
-            raise tc.ToastError(f"expected a model with a batch setting, got `{exc}`") from None
-    prog = tc.trace(w.fn, *w.args, param_argnums=w.param_argnums)
-    ana = tc.analyze(prog)
+    w, ana = programs.zoo(model, size, train, batch)
     spec = ModelSpec("zoo", model, size, train, batch=batch)
     return Loaded(
         spec,
@@ -113,14 +103,7 @@ def _load_zoo(model: str, size: str, train: bool, batch: int = 0) -> Loaded:
 @st.cache_resource(show_spinner=False, max_entries=8)
 def _load_file(path: str, function: str, digest: str) -> Loaded:
     start = time.perf_counter()
-    user = load_user_function(path, function)
-    try:
-        prog = tc.trace(user.fn, *user.args, param_argnums=user.param_argnums)
-    except tc.TraceError as exc:
-        line = user_line(exc, path)
-        name = path.rsplit("/", 1)[-1]
-        raise UserCodeError(f"{name}:{line}: {exc}" if line else f"{name}: {exc}") from None
-    ana = tc.analyze(prog)
+    user, ana = programs.user_file(path, function)
     spec = ModelSpec("file", path=path, function=function, digest=digest)
     return Loaded(
         spec,
@@ -205,9 +188,17 @@ def mesh_of(text: str) -> tc.MeshSpec:
     return tc.MeshSpec.parse(text)
 
 
+def baselines(key: str, mesh_text: str, ana: tc.Analysis) -> dict:
+    """name -> (Strategy or None, reason it does not apply); from the pricing process when it
+    priced them (`warm`)."""
+    seeded = _seeded_baselines.get((key, mesh_text))
+    if seeded is not None:
+        return seeded
+    return _baselines(key, mesh_text, ana)
+
+
 @st.cache_resource(show_spinner=False, max_entries=64)
-def baselines(key: str, mesh_text: str, _ana: tc.Analysis) -> dict:
-    """name -> (Strategy or None, reason it does not apply)."""
+def _baselines(key: str, mesh_text: str, _ana: tc.Analysis) -> dict:
     return tc.baselines.all(_ana, mesh_of(mesh_text))
 
 
@@ -226,7 +217,11 @@ def _estimate(key: str, mesh_text: str, hw_name: str, skey: str, _ana, _strategy
 
 def estimate(loaded: Loaded, strategy: tc.Strategy, mesh_text: str, hw_name: str) -> tc.CostReport:
     """The cost report of a strategy (cached by its decisions); raises StrategyError if illegal."""
-    return _estimate(loaded.key, mesh_text, hw_name, strategy_key(strategy), loaded.ana, strategy)
+    skey = strategy_key(strategy)
+    seeded = _seeded_estimate((loaded.key, mesh_text, hw_name, skey))
+    if seeded is not None:
+        return seeded
+    return _estimate(loaded.key, mesh_text, hw_name, skey, loaded.ana, strategy)
 
 
 @st.cache_resource(show_spinner=False, max_entries=16)
@@ -265,7 +260,19 @@ def explain(loaded: Loaded, strategy: tc.Strategy, mesh_text: str, hw_name: str)
 
 def baseline_reports(loaded: Loaded, mesh_text: str, hw_name: str, polite: bool = False) -> dict:
     """name -> (Strategy, CostReport) or (None, reason). `polite` (the background pricing):
-    before each baseline, wait while a page runs (`foreground`)."""
+    before each baseline, wait while a page runs (`foreground`). Reports priced in the pricing
+    process are summaries (`pricing.summarize`: no per-op costs nor memory timeline), which is
+    what tables of baselines read; `estimate` gives a strategy's full report."""
+    key = (loaded.key, mesh_text, hw_name)
+    if not polite:
+        _await_pricing_process(key)
+    with _warming_lock:
+        summaries = _seeded_summaries.get(key)
+    if summaries is not None:
+        return {
+            name: summaries.get(name, (None, reason))
+            for name, (strategy, reason) in baselines(loaded.key, mesh_text, loaded.ana).items()
+        }
     out = {}
     for name, (strategy, reason) in baselines(loaded.key, mesh_text, loaded.ana).items():
         if strategy is None:
@@ -353,18 +360,111 @@ def _yield_to_pages() -> None:
         _pages_idle.wait_for(lambda: _pages_running == 0, timeout=YIELD_MAX_S)
 
 
+#: Programs with more ops than this get their baselines priced in a separate process
+#: (`app.pricing`): ~10 s of CPU on llama3-70b, which a thread would take from the page runs.
+#: Smaller ones are priced in a thread (a second process would trace the program again).
+OFF_PROCESS_OPS = 2_000
+#: The longest a page waits for the pricing process before pricing in its own run.
+PRICING_WAIT_S = 180.0
+#: The most (model, mesh, hardware) combinations whose baselines from the pricing process are kept.
+SEEDED_MAX = 16
+
+_seeded_baselines: dict[tuple, dict] = {}  # (model key, mesh text) -> baselines()
+_seeded_summaries: dict[tuple, dict] = {}  # (model, mesh, hardware) -> baseline_reports()
+#: (model, mesh, hardware, strategy key) -> [summary, full CostReport or pickled until asked for]
+_seeded_estimates: dict[tuple, list] = {}
+_seeded_order: list[tuple] = []  # (model, mesh, hardware) seeded, oldest first
+_off_process: dict[tuple, threading.Event] = {}  # set when the pricing process has answered
+priced_by: dict[tuple, int] = {}  # (model, mesh, hardware) -> id of the process that priced them
+
+
+def _seed(key: tuple, result: dict) -> None:
+    """Keeps what the pricing process sent where `baselines`, `baseline_reports` and `estimate`
+    look first (full reports still pickled: `estimate` unpickles one when a page asks)."""
+    model_key, mesh_text, hw_name = key
+    with _warming_lock:
+        _seeded_baselines[(model_key, mesh_text)] = {
+            name: (strategy, reason) for name, (strategy, reason, _, _) in result.items()
+        }
+        _seeded_summaries[key] = {
+            name: (strategy, summary) if isinstance(summary, tc.CostReport) else (None, summary)
+            for name, (strategy, _, summary, _) in result.items()
+            if strategy is not None
+        }
+        for strategy, _, summary, full in result.values():
+            if full is not None:
+                _seeded_estimates[(*key, strategy_key(strategy))] = [summary, full]
+        _seeded_order.append(key)
+        while len(_seeded_order) > SEEDED_MAX:
+            old = _seeded_order.pop(0)
+            if not any(k[:2] == old[:2] for k in _seeded_order):
+                _seeded_baselines.pop(old[:2], None)
+            _seeded_summaries.pop(old, None)
+            for k in [k for k in _seeded_estimates if k[:3] == old]:
+                del _seeded_estimates[k]
+
+
+def _seeded_estimate(key: tuple) -> tc.CostReport | None:
+    """A full report the pricing process sent, unpickled on first use (~0.1 s on llama3-70b)."""
+    with _warming_lock:
+        entry = _seeded_estimates.get(key)
+    if entry is None:
+        return None
+    if isinstance(entry[1], bytes):
+        with gc_paused():  # 31k small objects: collections meanwhile would double the time
+            entry[1] = pickle.loads(entry[1])
+    return entry[1]
+
+
+def summary(loaded: Loaded, strategy: tc.Strategy, mesh_text: str, hw_name: str) -> tc.CostReport:
+    """A strategy's report for a label or a table row (step time, peak, fits): a baseline's
+    summary from the pricing process when there is one, else `estimate`. The strategy picker
+    labels every baseline: unpickling their full reports would cost its page ~1 s on
+    llama3-70b."""
+    with _warming_lock:
+        entry = _seeded_estimates.get((loaded.key, mesh_text, hw_name, strategy_key(strategy)))
+    if entry is not None:
+        return entry[0]
+    return estimate(loaded, strategy, mesh_text, hw_name)
+
+
+def _await_pricing_process(key: tuple) -> None:
+    """Waits (bounded) while the pricing process still prices `key`, moving it to the front of
+    its queue: a page that needs the baselines now gets them from there, not twice."""
+    with _warming_lock:
+        answered = _off_process.get(key)
+    if answered is None or answered.is_set():
+        return
+    pricing.promote(key)
+    answered.wait(PRICING_WAIT_S)
+
+
+def pricing_pending(loaded: Loaded, mesh_text: str, hw_name: str) -> bool:
+    """True while the pricing process still prices these baselines (a page can show the rest at
+    once and draw them later, see `ui.rerun_when_priced`)."""
+    with _warming_lock:
+        answered = _off_process.get((loaded.key, mesh_text, hw_name))
+    return answered is not None and not answered.is_set()
+
+
+def await_pricing(loaded: Loaded, mesh_text: str, hw_name: str) -> None:
+    """Waits (bounded) for the pricing process's answer on these baselines, if it is at work."""
+    _await_pricing_process((loaded.key, mesh_text, hw_name))
+
+
 def warm(loaded: Loaded, mesh_text: str, hw_name: str) -> bool:
-    """Prices the baselines in a background thread, once per (model, mesh, hardware), so the
-    pages that show them open at once: on llama3-70b that is ~10 s of baselines and ~1.5 s per
-    estimate, spent while the user reads the Model page. A page that needs them meanwhile waits
-    for the same cache entry (Streamlit computes a key once). True if it started a thread."""
+    """Prices the baselines in the background, once per (model, mesh, hardware), so the pages
+    that show them open at once: on llama3-70b that is ~10 s of baselines and ~1.5 s per
+    estimate, spent while the user reads the Model page. Large programs are priced in a separate
+    process (`app.pricing`: a thread would slow every page run meanwhile), small ones in a
+    thread. A page that needs them meanwhile waits for them. True if it started the pricing."""
     key = (loaded.key, mesh_text, hw_name)
     with _warming_lock:
         if key in _warming:
             return False
         _warming.add(key)
 
-    def run() -> None:
+    def in_thread() -> None:
         try:
             baseline_reports(loaded, mesh_text, hw_name, polite=True)
         except Exception:  # noqa: BLE001 - a page shows the error when it asks again
@@ -373,7 +473,27 @@ def warm(loaded: Loaded, mesh_text: str, hw_name: str) -> bool:
         with _warming_lock:
             _priced.add(key)
 
-    threading.Thread(target=run, name="toast-warm", daemon=True).start()
+    if len(loaded.ana.program.ops) <= OFF_PROCESS_OPS:
+        threading.Thread(target=in_thread, name="toast-warm", daemon=True).start()
+        return True
+
+    answered = threading.Event()
+
+    def done(result: dict | None, error: str, pid: int) -> None:
+        if result is None:  # the process failed: price here, as for a small program
+            answered.set()
+            threading.Thread(target=in_thread, name="toast-warm", daemon=True).start()
+            return
+        _seed(key, result)
+        with _warming_lock:
+            priced_by[key] = pid
+            _priced.add(key)
+        answered.set()
+
+    with _warming_lock:
+        _off_process[key] = answered
+    spec = dataclasses.asdict(loaded.spec)
+    pricing.request(key, (spec, programs.fingerprint(loaded.ana), mesh_text, hw_name), done)
     return True
 
 

@@ -78,7 +78,8 @@ def table(rows: list[dict], height: int | str = "auto", key: str | None = None) 
 
 
 def strategy_choices(loaded: Loaded) -> dict[str, tc.Strategy]:
-    """Label -> Strategy: the search's best, the previous best, imports, then the baselines."""
+    """Label -> Strategy: the search's best, the previous best, imports, then the baselines
+    (not yet while the pricing process prices them: `cached.pricing_pending`)."""
     out: dict[str, tc.Strategy] = {}
     slot = state.run_slot()
     if slot["best"] is not None:
@@ -87,6 +88,8 @@ def strategy_choices(loaded: Loaded) -> dict[str, tc.Strategy]:
         out["previous search best"] = slot["previous"]["strategy"]
     for name, strategy in state.workspace()["imported"].items():
         out[f"imported: {name}"] = strategy
+    if cached.pricing_pending(loaded, state.mesh_text(), state.hardware_name()):
+        return out
     for name, (strategy, _) in cached.baselines(loaded.key, state.mesh_text(), loaded.ana).items():
         if strategy is not None:
             out[f"baseline: {name}"] = strategy
@@ -109,6 +112,13 @@ def default_choice(loaded: Loaded, choices: dict[str, tc.Strategy]) -> str:
 def strategy_picker(loaded: Loaded) -> tuple[str, tc.Strategy]:
     """Selectbox over `strategy_choices`; the choice is shared by Strategy, Validate and Export."""
     choices = strategy_choices(loaded)
+    mesh_text, hw_name = state.mesh_text(), state.hardware_name()
+    if st.session_state.strategy_choice not in choices and cached.pricing_pending(
+        loaded, mesh_text, hw_name
+    ):
+        # A baseline is picked, or there is nothing but baselines to pick: they are needed now.
+        cached.await_pricing(loaded, mesh_text, hw_name)
+        choices = strategy_choices(loaded)
     if st.session_state.strategy_choice not in choices:
         state.set_setting("strategy_choice", default_choice(loaded, choices))
     wkey = state.keep("strategy_choice")
@@ -116,7 +126,7 @@ def strategy_picker(loaded: Loaded) -> tuple[str, tc.Strategy]:
     labels = {}
     for choice, strategy in choices.items():
         try:
-            r = cached.estimate(loaded, strategy, state.mesh_text(), state.hardware_name())
+            r = cached.summary(loaded, strategy, mesh_text, hw_name)
         except tc.ToastError:
             labels[choice] = f"{choice} (illegal on this mesh)"
             continue
@@ -143,3 +153,25 @@ def picked_strategy_report(loaded: Loaded) -> tuple[str, tc.Strategy, tc.CostRep
         st.error(str(exc))
         st.stop()
     return name, strategy, report
+
+
+#: Seconds between two polls of a page waiting for the pricing process: each poll is a script
+#: run (the page shows "running"), and the pricing takes 10 s or more under load.
+POLL_S = 2.0
+
+
+@st.fragment(run_every=POLL_S)
+def _rerun_once_priced(loaded: Loaded, mesh_text: str, hw_name: str) -> None:
+    if not cached.pricing_pending(loaded, mesh_text, hw_name):
+        st.rerun()
+
+
+def rerun_when_priced(loaded: Loaded) -> bool:
+    """While the pricing process prices the baselines, polls (a fragment, every `POLL_S`) and
+    reruns the page when they arrive; True if they are still being priced. A page shows what
+    it has meanwhile (`strategy_choices` leaves the baselines out) instead of waiting."""
+    mesh_text, hw_name = state.mesh_text(), state.hardware_name()
+    if not cached.pricing_pending(loaded, mesh_text, hw_name):
+        return False
+    _rerun_once_priced(loaded, mesh_text, hw_name)
+    return True

@@ -313,8 +313,13 @@ def draw(n: int) -> None:
             st.dataframe(rows, hide_index=True, width="stretch", key=f"best_table_{n}")
         else:
             st.caption("Everything replicated: no named dim sharded.")
+        priced = None
         if not rows and status in ("done", "stopped") and not slot["pins"]:
-            priced = cached.baseline_reports(loaded, state.mesh_text(), state.hardware_name())
+            # Not waiting for the baselines: the page redraws when they arrive.
+            priced = cached.baseline_reports_if_ready(
+                loaded, state.mesh_text(), state.hardware_name()
+            )
+        if priced is not None:
             st.info(reports.why_replicated(priced))
         else:
             st.empty()
@@ -393,7 +398,7 @@ else:
         st.plotly_chart(charts.progress_figure([], *baseline_lines()), key="progress_empty")
 
 
-@st.fragment(run_every=1.0)
+@st.fragment(run_every=ui.POLL_S)
 def _await_baselines() -> None:
     """Redraws the page once the background pricing of the baselines has ended (the page then
     renders without this fragment)."""

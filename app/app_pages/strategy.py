@@ -81,14 +81,21 @@ if kind_rows:
 remat_views.memory_section(loaded, strategy, report)  # with and without the plan's remat
 
 st.subheader("Baselines side by side")
-bl = cached.baseline_reports(loaded, state.mesh_text(), state.hardware_name())
+if ui.rerun_when_priced(loaded):
+    st.caption(
+        "The baselines are being priced in the background (seconds on large models); they "
+        "appear here, and in the strategy picker, when ready."
+    )
+    bl = {}
+else:
+    bl = cached.baseline_reports(loaded, state.mesh_text(), state.hardware_name())
 compare = [("this: " + name, report)] + [
     (f"{b}", r) for b, (s, r) in bl.items() if s is not None and f"baseline: {b}" != name
 ]
 # How a baseline departs from the textbook (e.g. the batch on fewer mesh axes than asked).
 notes = {
     b: why
-    for b, (s, why) in cached.baselines(loaded.key, state.mesh_text(), loaded.ana).items()
+    for b, (s, why) in (cached.baselines(loaded.key, state.mesh_text(), ana) if bl else {}).items()
     if s is not None and why
 }
 chart_rows = [
