@@ -90,6 +90,8 @@ class _SitesOf:
         return getattr(self._ev, name)
 
     _collective_arrays = Evaluator._collective_arrays
+    _replicate_collectives = Evaluator._replicate_collectives
+    _concat_result_collectives = Evaluator._concat_result_collectives
     _reshards = Evaluator._reshards
     _compute_reshards = Evaluator._compute_reshards
 
