@@ -155,3 +155,38 @@ def test_concatenate_and_split_collectives_match_xla():
         assert check.predicted_collective_bytes.get(kind, 0) == pytest.approx(
             check.compiled_collective_bytes.get(kind, 0)
         ), kind
+
+
+def window(params, x):
+    """A column-parallel projection, a window of its columns, a row-parallel projection."""
+    y = x @ params["w1"]  # [B, 64]
+    return y[:, 16:48] @ params["w2"]  # [B, 32] @ [32, 8]
+
+
+def _window_program():
+    k = jax.random.split(jax.random.PRNGKey(1), 3)
+    params = {"w1": jax.random.normal(k[0], (16, 64)), "w2": jax.random.normal(k[1], (32, 8))}
+    x = jax.random.normal(k[2], (32, 16))
+    ana = tc.analyze(tc.trace(window, params, x, param_argnums=(0,)))
+    s = tc.Strategy.make(
+        ana, {dim_name(ana, "params.w1", 1): "model", dim_name(ana, "params.w2", 0): "model"}
+    )
+    return ana, s, (params, x)
+
+
+def test_slice_of_a_sharded_dim_exchanges_halos_with_both_neighbours():
+    ana, s, _ = _window_program()
+    report = tc.estimate(ana, s, MESH, HW)
+    got = [(c.kind, c.bytes) for c in report.collectives if c.kind != "all-reduce"]
+    # 16 columns per shard, 8 per result shard starting at 16: 8 columns from each side.
+    assert slice_halo_permutes(64, 4, 16, 32) == (8, 8)
+    assert got == [("collective-permute", 32 * 8 * F32)] * 2
+
+
+@pytest.mark.slow
+def test_slice_collectives_match_xla():
+    ana, s, args = _window_program()
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+    check = tc.validate(window, args, ana, s, mesh, HW, check_numerics=False)
+    assert check.predicted_collective_ops_target == check.compiled_collective_ops_target
+    assert check.predicted_collective_bytes == pytest.approx(check.compiled_collective_bytes)

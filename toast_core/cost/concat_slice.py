@@ -54,17 +54,16 @@ def _single_fine(dims, d: int) -> int:
     return int(fines[0]) if len(fines) == 1 else -1
 
 
-def _sliced_pieces(op, pos: int, d: int, lay) -> tuple | None:
+def _sliced_pieces(op, pos: int, d: int, dim_size: int, lay) -> tuple | None:
     """(result value, result fine, dim size, start, size) of each piece a split / slice takes
-    out of dim d of its operand, or None when it is not a plain unit-stride slice of d."""
+    out of dim d (of `dim_size` elements) of its operand, or None when it is not a plain
+    unit-stride slice of d."""
     if pos != 0:
         return None
     if op.primitive == "split" and op.param("axis", 0) == d:
-        sizes = [int(s) for s in op.param("sizes", ())]
-        total = sum(sizes)
         out, start = [], 0
-        for vid, size in zip(op.results, sizes):
-            out.append((vid, _single_fine(lay.value_dim_fine[vid], d), total, start, size))
+        for vid, size in zip(op.results, (int(s) for s in op.param("sizes", ()))):
+            out.append((vid, _single_fine(lay.value_dim_fine[vid], d), dim_size, start, size))
             start += size
         return tuple(out)
     if op.primitive == "slice":
@@ -75,9 +74,8 @@ def _sliced_pieces(op, pos: int, d: int, lay) -> tuple | None:
         if d >= len(lo):
             return None
         vid = op.results[0]
-        full = int(hi[d]) - int(lo[d])
-        shape_d = None
-        return ((vid, _single_fine(lay.value_dim_fine[vid], d), shape_d, int(lo[d]), full),)
+        start, size = int(lo[d]), int(hi[d]) - int(lo[d])
+        return ((vid, _single_fine(lay.value_dim_fine[vid], d), dim_size, start, size),)
     return None
 
 
@@ -100,10 +98,9 @@ def concat_slice_sites(ana, lay, rep_rows: list[tuple[int, int, int, int, int]])
             if opi not in cat and rf >= 0:
                 cat[opi] = (opi, res, rf, f, room[k])
             continue
-        got = _sliced_pieces(op, pos, d, lay)
+        got = _sliced_pieces(op, pos, d, int(shape[d]), lay)
         if got is None or any(p[1] < 0 for p in got):
             continue
-        got = tuple((v, rf, int(shape[d]), s, n) for v, rf, _, s, n in got)
         style[k], pieces_id[k] = SLICE, len(pieces)
         pieces.append(got)
     return ConcatSliceSites(

@@ -16,8 +16,11 @@ per-device shapes follow, and every cut and every sharded reduction implies a co
   per mesh axis: held by the value and not the use -> all-gather; moved to another dim ->
   all-to-all; only the use -> a local slice (free); a dim that trades some mesh axes for others
   -> a collective-permute of shards (plus an all-gather when it ends up coarser), as XLA does.
-* **Replicate factors** on sharded dims force an all-gather of the operand; **permute** factors a
-  collective-permute of a one-row halo.
+* **Replicate factors** on sharded dims force an all-gather of the operand, except where XLA
+  reshards otherwise (`concat_slice.py`): a concatenate's operands move their shards to another dim
+  (all-to-all) and its result is moved back (all-to-all) or gathered; a split / slice piece sharded
+  like its operand takes halos (collective-permutes, sized as XLA's halo exchange, `halo.py`).
+  **Permute** factors a collective-permute of a one-row halo.
 * Collective times use the ring alpha-beta model of `collectives.py`, composed per mesh axis. They
   are linear in bytes for given mesh axes, so the evaluator precomputes `t = c0 + c1 * V` per kind
   and axis set. XLA's combiners then merge independent collectives of one kind and mesh axes into
