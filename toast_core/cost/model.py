@@ -1245,8 +1245,12 @@ class Evaluator:
                 "all-reduce": f"partial sum of {value.display()} from {op.where()}",
                 "reduce-scatter": f"partial sum of {value.display()} from {op.where()}, "
                 "scattered into its sharded consumers",
-                "all-gather": f"{value.display()} gathered before {op.where()}",
-                "all-to-all": f"{value.display()} resharded (dim moved) before {op.where()}",
+                "all-gather": f"{value.display()} gathered before {op.where()}"
+                if vid not in op.results
+                else f"{value.display()} gathered after {op.where()} (concatenated on another dim)",
+                "all-to-all": f"{value.display()} resharded (dim moved) before {op.where()}"
+                if vid not in op.results
+                else f"{value.display()} resharded (dim moved back) after {op.where()}",
                 "collective-permute": f"halo of {value.display()} at {op.where()}"
                 if (opi, vid) in self.halos
                 else f"{value.display()} resharded (shards permuted between mesh axes) before "
