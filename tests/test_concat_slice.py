@@ -190,3 +190,26 @@ def test_slice_collectives_match_xla():
     check = tc.validate(window, args, ana, s, mesh, HW, check_numerics=False)
     assert check.predicted_collective_ops_target == check.compiled_collective_ops_target
     assert check.predicted_collective_bytes == pytest.approx(check.compiled_collective_bytes)
+
+
+def test_incremental_evaluation_prices_them_like_the_full_evaluator():
+    """A delta re-prices the concatenate's and the split's values through the evaluator's own
+    code, restricted to those values (cost/incremental.py)."""
+    from toast_core.cost import evaluator
+    from toast_core.cost.incremental import Incremental
+
+    ana, _ = _program()
+    ev = evaluator(ana, MESH, HW)
+    masks = _megatron(ana).fine_masks(ana, MESH)
+    for k in range(1, int(np.count_nonzero(masks)) + 1):
+        parent = masks.copy()
+        parent[np.flatnonzero(masks)[:k]] = 0  # the megatron plan less its first k shardings
+        inc = Incremental(ev)
+        inc.score(parent)
+        limit, inc.tab.full_limit = inc.tab.full_limit, float("inf")
+        try:
+            got = inc.score(masks, parent)
+        finally:
+            inc.tab.full_limit = limit
+        assert inc.delta_evaluations == 1
+        assert got.comm_s == pytest.approx(ev.score(masks).comm_s, rel=1e-12)
