@@ -823,19 +823,19 @@ class Evaluator:
     def _concat_result_collectives(self, masks: np.ndarray, value_local: np.ndarray) -> list:
         """XLA's reshard of a concatenate's result after its operands' shards moved to another
         dim (concat_slice.py): an all-to-all back onto the concatenated dim when the result is
-        sharded there on the same mesh axes, an all-gather of the whole result when it is
-        replicated there; nothing when the operands were not sharded on that dim."""
+        sharded there on the same mesh axes, an all-gather of the whole result otherwise
+        (replicated there, or sharded on other mesh axes: then sliced locally, priced
+        pessimistically); nothing when the operands were not sharded on that dim."""
         cat = self.cat
         m = masks[cat[:, 3]] & self.real_axes
         r = masks[cat[:, 2]] & self.real_axes
         ways = self.mask_ways[m]
         movable = (m != 0) & (cat[:, 4] % ways == 0)
         back = movable & (r == m)
-        gather = movable & (r == 0)
-        kinds = np.where(back, A2A, AG)[back | gather]
-        sel = back | gather
+        sel = movable
+        kinds = np.where(back, A2A, AG)[sel]
         res = cat[:, 1]
-        v = value_local[res] * np.where(back, ways, 1.0)
+        v = value_local[res] * np.where(back, ways, self.mask_ways[r])
         return [(kinds, m[sel], v[sel], cat[sel, 0], res[sel], self._cat_site[sel])]
 
     def _reshards(self, masks: np.ndarray):
