@@ -43,7 +43,7 @@ def _same(got, want) -> None:
 
 @settings(max_examples=30)
 @given(
-    model=st.sampled_from(["gpt", "mlp", "unet", "moe", "llama", "grad-accum"]),
+    model=st.sampled_from(["gpt", "mlp", "unet", "gns", "moe", "llama", "grad-accum"]),
     mesh=st.sampled_from(sorted(MESHES)),
     data=st.data(),
 )

@@ -120,6 +120,8 @@ class _SitesOf:
         rep, per = inc.rep_of.take(values), inc.per_of.take(values)
         self.rep, self._rep_site = ev.rep[rep], ev._rep_site[rep]
         self.per, self._per_site = ev.per[per], ev._per_site[per]
+        cat = inc.cat_of.take(values)
+        self.cat, self._cat_site = ev.cat[cat], ev._cat_site[cat]
         # Everything `_collective_arrays` and `_reshards` read of a state, for these values, is
         # the masks of these fine classes (`_Tables._comm_fines`): their results are memoized
         # by those masks (`Incremental._comm_of`).
@@ -130,6 +132,8 @@ class _SitesOf:
         return getattr(self._ev, name)
 
     _collective_arrays = Evaluator._collective_arrays
+    _replicate_collectives = Evaluator._replicate_collectives
+    _concat_result_collectives = Evaluator._concat_result_collectives
     _reshards = Evaluator._reshards
     _compute_reshards = Evaluator._compute_reshards
 
@@ -168,6 +172,7 @@ class _Tables:
         self.sites_of = _Groups(ev.site_value, n_values)
         self.rep_of = _Groups(ev.rep[:, 1], n_values)
         self.per_of = _Groups(ev.per[:, 1], n_values)
+        self.cat_of = _Groups(ev.cat[:, 1], n_values)
         lay = ev.lay
         n_fine = ev.ana.n_fine
         # [fine, values]: the values whose local size a fine class changes, and the values whose
@@ -200,6 +205,12 @@ class _Tables:
         rows.append(ev.red_value), cols.append(ev.red_fine)
         rows.append(ev.rep[:, 1]), cols.append(ev.rep[:, 2])
         rows.append(ev.per[:, 1]), cols.append(ev.per[:, 2])
+        # A concatenate's result reshard follows its operand's mesh axes; a split / slice
+        # piece's halos follow its result's (concat_slice.py).
+        rows.append(ev.cat[:, 1]), cols.append(ev.cat[:, 3])
+        for value, pid in ev.rep[ev.rep[:, 5] >= 0][:, [1, 5]].tolist():
+            for _, result_fine, *_ in ev.rep_pieces[pid]:
+                rows.append([value]), cols.append([result_fine])
         r = np.concatenate([np.asarray(x, dtype=np.int64) for x in rows])
         c = np.concatenate([np.asarray(x, dtype=np.int64) for x in cols])
         m = sp.csr_matrix((np.ones(len(r)), (r, c)), shape=(len(ev.ana.program.values), n_fine))

@@ -16,8 +16,11 @@ per-device shapes follow, and every cut and every sharded reduction implies a co
   per mesh axis: held by the value and not the use -> all-gather; moved to another dim ->
   all-to-all; only the use -> a local slice (free); a dim that trades some mesh axes for others
   -> a collective-permute of shards (plus an all-gather when it ends up coarser), as XLA does.
-* **Replicate factors** on sharded dims force an all-gather of the operand; **permute** factors a
-  collective-permute of a one-row halo.
+* **Replicate factors** on sharded dims force an all-gather of the operand, except where XLA
+  reshards otherwise (`concat_slice.py`): a concatenate's operands move their shards to another dim
+  (all-to-all) and its result is moved back (all-to-all) or gathered; a split / slice piece sharded
+  like its operand takes halos (collective-permutes, sized as XLA's halo exchange, `halo.py`).
+  **Permute** factors a collective-permute of a one-row halo.
 * Collective times use the ring alpha-beta model of `collectives.py`, composed per mesh axis. They
   are linear in bytes for given mesh axes, so the evaluator precomputes `t = c0 + c1 * V` per kind
   and axis set. XLA's combiners then merge independent collectives of one kind and mesh axes into
@@ -49,8 +52,10 @@ import scipy.sparse as sp
 from toast_core.analysis import Analysis
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
+from toast_core.cost.concat_slice import CONCAT, SLICE, concat_slice_sites
 from toast_core.cost.flops import op_flops, op_transcendentals
 from toast_core.cost.fusion import fused_away, fusion_copies, materialized
+from toast_core.cost.halo import slice_halo_permutes
 from toast_core.cost.hoist import use_counts
 from toast_core.cost.loop_buffers import buffer_aliases
 from toast_core.cost.remat import (
@@ -403,19 +408,44 @@ class Evaluator:
     def _replicate_and_permute_sites(self) -> None:
         ana, prog = self.ana, self.ana.program
         fine = ana.fine_of_atom
-        rep, per = [], []
+        rep, per, rep_at = [], [], []
         for (opi, pos), dims in ana.nda.use_atoms.items():
             vid = prog.ops[opi].operands[pos]
-            for atoms in dims:
+            for d, atoms in enumerate(dims):
                 for a in atoms:
                     kind = ana.nda.atom_kind[a]
                     if kind == "replicate":
                         rep.append((opi, vid, int(fine[a])))
+                        rep_at.append((opi, vid, int(fine[a]), pos, d))
                     elif kind == "permute":
                         per.append((opi, vid, int(fine[a]), int(ana.nda.atom_size[a])))
-        self.rep = np.array(rep, dtype=np.int64).reshape(-1, 3)
+        # Columns: op, value, fine, style, room, piece list id (see concat_slice.py), and
+        # below a partial-sum id.
+        cs = concat_slice_sites(ana, self.lay, rep_at)
+        self.rep = np.column_stack(
+            [np.array(rep, dtype=np.int64).reshape(-1, 3), cs.style, cs.room, cs.pieces_id]
+        ).astype(np.int64)
+        self.rep_pieces, self.cat = cs.pieces, cs.cat
+        # Column 6: for a slice row whose operand is a reduction's result read by that op
+        # alone, the index of its reduction fine classes in `_partial_fines`, else -1
+        # (see `_partial_target`).
+        uses = prog.uses()
+        red_fines: dict[int, list[int]] = {}
+        for opr in prog.ops:
+            for a in ana.nda.op_atoms[opr.index]:
+                if ana.nda.atom_kind[a] == "reduction":
+                    for vid in opr.results:
+                        red_fines.setdefault(vid, []).append(int(fine[a]))
+        partial_id, partial_fines = np.full(len(self.rep), -1, dtype=np.int64), []
+        for k, (v, style) in enumerate(self.rep[:, [1, 3]].tolist()):
+            if style == SLICE and v in red_fines and len(uses[v]) == 1:
+                partial_id[k] = len(partial_fines)
+                partial_fines.append(tuple(red_fines[v]))
+        self.rep = np.column_stack([self.rep, partial_id])
+        self._partial_fines = tuple(partial_fines)
         self.per = np.array(per, dtype=np.int64).reshape(-1, 4)
         self.halos = {(opi, vid) for opi, vid, _, _ in per}
+        self.halos |= {(int(o), int(v)) for o, v, *_ in self.rep[self.rep[:, 3] == SLICE].tolist()}
 
     def _liveness(self, is_mat: list[bool]) -> None:
         """Live ranges of the intermediates that take memory: from the producer to the last
@@ -684,20 +714,12 @@ class Evaluator:
             v = value_local[vals] * r.factor
             ops = r.op[r.of]
             parts.append((r.kind, r.mask, v, ops, vals, self._use_site(ops, vals)))
-        # Replicate factors on sharded dims -> all-gather of the operand.
+        # Replicate factors on sharded dims -> all-gather of the operand; XLA's own resharding
+        # of a concatenate's operands and a split / slice's operand (concat_slice.py).
         if len(self.rep):
-            m = masks[self.rep[:, 2]]
-            vals = self.rep[:, 1]
-            parts.append(
-                (
-                    np.full(len(m), AG),
-                    m,
-                    value_local[vals] * self.mask_ways[m],
-                    self.rep[:, 0],
-                    vals,
-                    self._rep_site,
-                )
-            )
+            parts += self._replicate_collectives(masks, value_local)
+        if len(self.cat):
+            parts += self._concat_result_collectives(masks, value_local)
         # Permute factors on sharded dims -> a one-row halo exchange.
         if len(self.per):
             m = masks[self.per[:, 2]]
@@ -720,6 +742,101 @@ class Evaluator:
         ms = ms & self.real_axes  # a collective over a size-1 mesh axis is no collective at all
         keep = (ms != 0) & (vs > 0)
         return kinds[keep], ms[keep], vs[keep], ops[keep], vals[keep], sites[keep]
+
+    def _replicate_collectives(self, masks: np.ndarray, value_local: np.ndarray) -> list:
+        """Collectives of the replicate rows (kind, axes, V, op, value, site arrays): an
+        all-gather of the operand, except where XLA reshards otherwise (concat_slice.py): a
+        concatenate's operand moves its shards to another dim (all-to-all, same V); a split /
+        slice piece whose result stays sharded alike takes halos (collective-permutes)."""
+        rep = self.rep
+        m = masks[rep[:, 2]]
+        vals = rep[:, 1]
+        ways = self.mask_ways[m]
+        kinds = np.full(len(m), AG)
+        kinds[(rep[:, 3] == CONCAT) & (rep[:, 4] % ways == 0)] = A2A
+        keep = np.ones(len(m), dtype=bool)
+        extra: list[tuple[int, int, float, int, int, int]] = []
+        slices = (rep[:, 3] == SLICE) & (((m & self.real_axes) != 0) | (rep[:, 6] >= 0))
+        for k in np.flatnonzero(slices).tolist():
+            pieces = self.rep_pieces[int(rep[k, 5])]
+            held = int(m[k]) & self.real_axes
+            mk = held or self._partial_target(int(rep[k, 6]), pieces, masks)
+            if not mk:
+                continue
+            n = int(self.mask_ways[mk])
+            local_len = pieces[0][2] / self.mask_ways[held]
+            gather = False
+            for _, rf, dim_size, start, size in pieces:
+                sizes = None
+                if int(masks[rf]) & self.real_axes == mk:
+                    sizes = slice_halo_permutes(dim_size, n, start, size)
+                if sizes is None:
+                    gather = True
+                    continue
+                for s in sizes:
+                    v = float(value_local[vals[k]]) * s / local_len
+                    extra.append((CP, mk, v, int(rep[k, 0]), int(vals[k]), int(self._rep_site[k])))
+            keep[k] = gather
+        out = [
+            (
+                kinds[keep],
+                m[keep],
+                (value_local[vals] * ways)[keep],
+                rep[keep, 0],
+                vals[keep],
+                self._rep_site[keep],
+            )
+        ]
+        if extra:
+            cols = list(zip(*extra))
+            out.append(
+                (
+                    np.array(cols[0], dtype=np.int64),
+                    np.array(cols[1], dtype=np.int64),
+                    np.array(cols[2], dtype=np.float64),
+                    np.array(cols[3], dtype=np.int64),
+                    np.array(cols[4], dtype=np.int64),
+                    np.array(cols[5], dtype=np.int64),
+                )
+            )
+        return out
+
+    def _partial_target(self, pid: int, pieces: tuple, masks: np.ndarray) -> int:
+        """Mesh axes XLA shards the sliced dim of a replicate row's operand on although the
+        strategy leaves it whole: the operand is a partial sum (over those axes) read only by
+        the split / slice, whose pieces are all sharded on them. XLA's propagation gives the
+        partial sum the pieces' sharding (all-reduce then dynamic-slice on CPU, a reduce-scatter
+        elsewhere; the all-reduce is priced at the reduction already) and then takes the halos.
+        0 when that does not apply."""
+        if pid < 0:
+            return 0
+        fines = self._partial_fines[pid]
+        partial = 0
+        for f in fines:
+            partial |= int(masks[f])
+        want = {int(masks[rf]) & self.real_axes for _, rf, *_ in pieces}
+        if len(want) != 1:
+            return 0
+        mk = want.pop()
+        return mk if mk and (mk & ~partial) == 0 else 0
+
+    def _concat_result_collectives(self, masks: np.ndarray, value_local: np.ndarray) -> list:
+        """XLA's reshard of a concatenate's result after its operands' shards moved to another
+        dim (concat_slice.py): an all-to-all back onto the concatenated dim when the result is
+        sharded there on the same mesh axes, an all-gather of the whole result otherwise
+        (replicated there, or sharded on other mesh axes: then sliced locally, priced
+        pessimistically); nothing when the operands were not sharded on that dim."""
+        cat = self.cat
+        m = masks[cat[:, 3]] & self.real_axes
+        r = masks[cat[:, 2]] & self.real_axes
+        ways = self.mask_ways[m]
+        movable = (m != 0) & (cat[:, 4] % ways == 0)
+        back = movable & (r == m)
+        sel = movable
+        kinds = np.where(back, A2A, AG)[sel]
+        res = cat[:, 1]
+        v = value_local[res] * np.where(back, ways, self.mask_ways[r])
+        return [(kinds, m[sel], v[sel], cat[sel, 0], res[sel], self._cat_site[sel])]
 
     def _reshards(self, masks: np.ndarray):
         """Memoized for the last mask vector: communication and memory both need it. The memo is
@@ -959,6 +1076,9 @@ class Evaluator:
         self._per_site = np.array(
             [site("use", o, v) for o, v in self.per[:, :2].tolist()], dtype=np.int64
         )
+        self._cat_site = np.array(
+            [site("result", o, v) for o, v in self.cat[:, :2].tolist()], dtype=np.int64
+        )
         n_values = len(prog.values)
         codes = sorted((o * n_values + v, k) for (w, o, v), k in index.items() if w == "use")
         self._use_codes = np.array([c for c, _ in codes], dtype=np.int64)
@@ -1125,8 +1245,12 @@ class Evaluator:
                 "all-reduce": f"partial sum of {value.display()} from {op.where()}",
                 "reduce-scatter": f"partial sum of {value.display()} from {op.where()}, "
                 "scattered into its sharded consumers",
-                "all-gather": f"{value.display()} gathered before {op.where()}",
-                "all-to-all": f"{value.display()} resharded (dim moved) before {op.where()}",
+                "all-gather": f"{value.display()} gathered before {op.where()}"
+                if vid not in op.results
+                else f"{value.display()} gathered after {op.where()} (concatenated on another dim)",
+                "all-to-all": f"{value.display()} resharded (dim moved) before {op.where()}"
+                if vid not in op.results
+                else f"{value.display()} resharded (dim moved back) after {op.where()}",
                 "collective-permute": f"halo of {value.display()} at {op.where()}"
                 if (opi, vid) in self.halos
                 else f"{value.display()} resharded (shards permuted between mesh axes) before "

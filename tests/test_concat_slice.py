@@ -1,0 +1,215 @@
+"""Concatenate / split / slice along a sharded dim, priced as XLA's SPMD partitioner reshards them
+(toast_core/cost/concat_slice.py, halo.py): all-to-alls and halo collective-permutes, not
+all-gathers."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from lookup import dim_name
+
+import toast_core as tc
+from toast_core.cost.halo import slice_halo_permutes
+from toast_core.errors import ToastError
+
+HW = tc.hardware("tpu-v5e")
+MESH = tc.MeshSpec({"data": 2, "model": 4})
+F32 = 4
+
+
+# -- XLA's halo exchange, measured on the zoo (HLO of jax 0.10.2, CPU) ------------------------
+
+
+@pytest.mark.parametrize(
+    "dim_size, n, start, size, expected",
+    [
+        # GNS edge split [256, 192] -> 3 x [256, 64], 4 shards: compact, neighbour, compact.
+        (192, 4, 0, 64, (32, 16)),
+        (192, 4, 64, 64, (32, 32)),
+        (192, 4, 128, 64, (16, 16, 16)),
+        # GNS node split [64, 128] -> 2 x [64, 64].
+        (128, 4, 0, 64, (32, 16)),
+        (128, 4, 64, 64, (16, 16)),
+        # U-Net skip splits (channels 96 -> 64 + 32, 48 -> 32 + 16).
+        (96, 4, 0, 64, (24,)),
+        (96, 4, 64, 32, (8, 8, 8)),
+        (48, 4, 0, 32, (12,)),
+        (48, 4, 32, 16, (4, 4, 4)),
+    ],
+)
+def test_slice_halo_permutes_match_the_compiled_zoo(dim_size, n, start, size, expected):
+    assert slice_halo_permutes(dim_size, n, start, size) == expected
+
+
+def test_slice_halo_permutes_edge_cases():
+    assert slice_halo_permutes(64, 1, 0, 32) == ()  # unsharded: nothing to exchange
+    assert slice_halo_permutes(63, 4, 0, 32) is None  # uneven shards: gathered
+    assert slice_halo_permutes(64, 4, 0, 64) == ()  # the whole dim: every shard is local
+    with pytest.raises(ToastError, match="slice_halo_permutes"):
+        slice_halo_permutes(64, 4, 40, 32)
+
+
+# -- the cost model on a small program --------------------------------------------------------
+
+
+def step(params, x):
+    """Two column-parallel projections concatenated on the sharded dim, then a row-parallel
+    projection of the concatenation: the GNS message pattern. Its gradient splits the
+    concatenation's gradient back (a split on the sharded dim)."""
+
+    def loss(p):
+        a = x @ p["w1"]  # [B, 32]
+        b = x @ p["w2"]  # [B, 32]
+        h = jnp.concatenate([a, b], axis=1)  # [B, 64]
+        return jnp.sum((h @ p["w3"]) ** 2)
+
+    return jax.grad(loss)(params)
+
+
+def _program():
+    k = jax.random.split(jax.random.PRNGKey(0), 4)
+    params = {
+        "w1": jax.random.normal(k[0], (16, 32)),
+        "w2": jax.random.normal(k[1], (16, 32)),
+        "w3": jax.random.normal(k[2], (64, 8)),
+    }
+    x = jax.random.normal(k[3], (32, 16))
+    ana = tc.analyze(tc.trace(step, params, x, param_argnums=(0,)))
+    return ana, (params, x)
+
+
+def _megatron(ana):
+    """w1, w2 column-parallel, w3 row-parallel, their gradients alike."""
+    dims = {}
+    for prefix in ("params", "out"):
+        dims[dim_name(ana, f"{prefix}.w1", 1)] = "model"
+        dims[dim_name(ana, f"{prefix}.w2", 1)] = "model"
+        dims[dim_name(ana, f"{prefix}.w3", 0)] = "model"
+    return tc.Strategy.make(ana, dims)
+
+
+def _by_kind(report, primitive: str, prog) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in report.collectives:
+        if prog.ops[c.op].primitive == primitive:
+            out[c.kind] = out.get(c.kind, 0) + 1
+    return out
+
+
+def test_concatenate_on_a_sharded_dim_moves_shards_by_all_to_all():
+    ana, _ = _program()
+    report = tc.estimate(ana, _megatron(ana), MESH, HW)
+    # Each operand's shards move to the batch dim, then the result's move back: 3 all-to-alls,
+    # each of a local buffer (a, b: [32, 32/4]; h: [32, 64/4]).
+    assert _by_kind(report, "concatenate", ana.program) == {"all-to-all": 3}
+    got = sorted(
+        c.result_bytes
+        for c in report.collectives
+        if ana.program.ops[c.op].primitive == "concatenate"
+    )
+    assert got == [32 * 8 * F32, 32 * 8 * F32, 32 * 16 * F32]
+
+
+def test_split_on_a_sharded_dim_exchanges_halos():
+    ana, _ = _program()
+    report = tc.estimate(ana, _megatron(ana), MESH, HW)
+    halos = [c for c in report.collectives if ana.program.ops[c.op].primitive == "split"]
+    assert {c.kind for c in halos} == {"collective-permute"}
+    want = slice_halo_permutes(64, 4, 0, 32) + slice_halo_permutes(64, 4, 32, 32)
+    # Columns of the local [32, 16] gradient shard, 32 rows of f32 each.
+    assert sorted(c.bytes for c in halos) == sorted(32 * s * F32 for s in want)
+    assert not [c for c in report.collectives if c.kind == "all-gather"]
+
+
+def test_concatenate_into_a_replicated_result_gathers_the_result_once():
+    ana, _ = _program()
+    # w3's input dim left whole: the concatenation's dim 1 is replicated.
+    s = tc.Strategy.make(
+        ana, {dim_name(ana, "params.w1", 1): "model", dim_name(ana, "params.w2", 1): "model"}
+    )
+    report = tc.estimate(ana, s, MESH, HW)
+    fwd = [
+        (c.kind, c.bytes)
+        for c in report.collectives
+        if ana.program.ops[c.op].primitive == "concatenate"
+    ]
+    assert sorted(fwd) == [
+        ("all-gather", 32 * 64 * F32),
+        ("all-to-all", 32 * 32 * F32),
+        ("all-to-all", 32 * 32 * F32),
+    ]
+
+
+@pytest.mark.slow
+def test_concatenate_and_split_collectives_match_xla():
+    ana, args = _program()
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+    check = tc.validate(step, args, ana, _megatron(ana), mesh, HW, check_numerics=False)
+    for kind in ("all-to-all", "collective-permute", "all-gather"):
+        assert check.predicted_collective_ops_target.get(kind, 0) == (
+            check.compiled_collective_ops_target.get(kind, 0)
+        ), kind
+        assert check.predicted_collective_bytes.get(kind, 0) == pytest.approx(
+            check.compiled_collective_bytes.get(kind, 0)
+        ), kind
+
+
+def window(params, x):
+    """A column-parallel projection, a window of its columns, a row-parallel projection."""
+    y = x @ params["w1"]  # [B, 64]
+    return y[:, 16:48] @ params["w2"]  # [B, 32] @ [32, 8]
+
+
+def _window_program():
+    k = jax.random.split(jax.random.PRNGKey(1), 3)
+    params = {"w1": jax.random.normal(k[0], (16, 64)), "w2": jax.random.normal(k[1], (32, 8))}
+    x = jax.random.normal(k[2], (32, 16))
+    ana = tc.analyze(tc.trace(window, params, x, param_argnums=(0,)))
+    s = tc.Strategy.make(
+        ana, {dim_name(ana, "params.w1", 1): "model", dim_name(ana, "params.w2", 0): "model"}
+    )
+    return ana, s, (params, x)
+
+
+def test_slice_of_a_sharded_dim_exchanges_halos_with_both_neighbours():
+    ana, s, _ = _window_program()
+    report = tc.estimate(ana, s, MESH, HW)
+    got = [(c.kind, c.bytes) for c in report.collectives if c.kind != "all-reduce"]
+    # 16 columns per shard, 8 per result shard starting at 16: 8 columns from each side.
+    assert slice_halo_permutes(64, 4, 16, 32) == (8, 8)
+    assert got == [("collective-permute", 32 * 8 * F32)] * 2
+
+
+@pytest.mark.slow
+def test_slice_collectives_match_xla():
+    ana, s, args = _window_program()
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+    check = tc.validate(window, args, ana, s, mesh, HW, check_numerics=False)
+    assert check.predicted_collective_ops_target == check.compiled_collective_ops_target
+    assert check.predicted_collective_bytes == pytest.approx(check.compiled_collective_bytes)
+
+
+def test_incremental_evaluation_prices_them_like_the_full_evaluator():
+    """A delta re-prices the concatenate's and the split's values through the evaluator's own
+    code, restricted to those values (cost/incremental.py)."""
+    from toast_core.cost import evaluator
+    from toast_core.cost.incremental import Incremental
+
+    ana, _ = _program()
+    ev = evaluator(ana, MESH, HW)
+    masks = _megatron(ana).fine_masks(ana, MESH)
+    for k in range(1, int(np.count_nonzero(masks)) + 1):
+        parent = masks.copy()
+        parent[np.flatnonzero(masks)[:k]] = 0  # the megatron plan less its first k shardings
+        inc = Incremental(ev)
+        inc.score(parent)
+        limit, inc.tab.full_limit = inc.tab.full_limit, float("inf")
+        try:
+            got = inc.score(masks, parent)
+        finally:
+            inc.tab.full_limit = limit
+        assert inc.delta_evaluations == 1
+        assert got.comm_s == pytest.approx(ev.score(masks).comm_s, rel=1e-12)
