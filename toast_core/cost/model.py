@@ -976,7 +976,9 @@ class Evaluator:
         # Executions per step and computation of each site: a collective on the use of a loop
         # constant is hoisted out of the loop (hoist.py), a partial sum runs where its op does.
         trips, regions = use_counts(prog, [(o, v) for _, o, v in sites])
-        region = region_of_ops([op.primitive for op in prog.ops])
+        region = region_of_ops(
+            [op.primitive for op in prog.ops], [op.region_depth for op in prog.ops]
+        )
         for k, (where, o, _) in enumerate(sites):
             if where == "result":
                 trips[k], regions[k] = self.trip[o], region[o]
