@@ -43,3 +43,21 @@ def test_top_k_operand_is_gathered_whole_under_data_parallel():
     )
     assert rep.compiled_collective_ops["all-gather"] == 1
     _assert_same_collectives(rep)
+
+
+@pytest.mark.slow
+def test_a_loop_constant_gathered_at_the_loop_is_gathered_once_before_it():
+    """FSDP over a gradient-accumulation `fori_loop`: the plan gathers the weights where the loop
+    reads them (once, hoisted) and all-reduces the gradients in the body. `tc.shard` constrains
+    the loop's operands at its start op, so XLA does that too (unconstrained, it propagated the
+    weights' sharding into the body and gathered activations every iteration instead)."""
+    from demos import MODEL_ZOO
+
+    w = MODEL_ZOO["grad-accum"](size="tiny", train=True)
+    ana = tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
+    mesh = tc.MeshSpec({"data": 2, "model": 4})
+    strategy = tc.baselines.all(ana, mesh)["fsdp"][0]
+    rep = tc.validate(w.fn, w.args, ana, strategy, tc.jax_mesh(mesh), HW, check_numerics=False)
+    _assert_same_collectives(rep)
+    assert rep.predicted_collective_ops_target == rep.compiled_collective_ops_target
+    assert rep.step_time_ratio == pytest.approx(1.0, abs=0.1)

@@ -59,6 +59,9 @@ class _Step:
     operands: tuple
     results: tuple[int, ...]
     op_index: int = -1
+    # Per operand, the (op index, operand position) of the IR op that reads it; a loop's operands
+    # are read by its `*_start` op (None: no op reads it, e.g. a while's cond consts).
+    readers: tuple[tuple[int, int] | None, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -232,10 +235,14 @@ class _Builder:
                 return
         if prim in REGION_PRIMITIVES:
             operand_ids = [self.read(env, a) for a in eqn.invars]
+            start = len(self.ops)  # the region's (first) `*_start` op
             getattr(self, f"_region_{prim}")(eqn, env, operand_ids, trip_count, depth, kw)
             if top_level:
                 result_ids = [env.get(v, -1) for v in eqn.outvars]
-                self.steps.append(_Step(eqn, _step_operands(eqn, operand_ids), tuple(result_ids)))
+                readers = _region_readers(eqn, start)
+                self.steps.append(
+                    _Step(eqn, _step_operands(eqn, operand_ids), tuple(result_ids), -1, readers)
+                )
             return
         operand_ids = [self.read(env, a) for a in eqn.invars]
         result_ids = self._bind_results(eqn, env, prim, source)
@@ -249,8 +256,9 @@ class _Builder:
             **kw,
         )
         if top_level:
+            readers = tuple((op_index, pos) for pos in range(len(operand_ids)))
             self.steps.append(
-                _Step(eqn, _step_operands(eqn, operand_ids), tuple(result_ids), op_index)
+                _Step(eqn, _step_operands(eqn, operand_ids), tuple(result_ids), op_index, readers)
             )
 
     def _inline(self, eqn, sub, env, call_path, trip_count, depth, top_level) -> None:
@@ -366,6 +374,19 @@ class _Builder:
 
 def _renamed(value: Value, name: str) -> Value:
     return Value(value.id, value.shape, value.dtype, value.role, name, value.source)
+
+
+def _region_readers(eqn, start: int) -> tuple[tuple[int, int] | None, ...]:
+    """Which operand of the `*_start` op at index `start` each operand of a loop eqn is: a scan's
+    operands in order; a while's body consts and carries (its cond consts feed no op). A cond's
+    operands are read by one start op per branch, whose shardings may differ: none is chosen."""
+    n = len(eqn.invars)
+    if eqn.primitive.name == "scan":
+        return tuple((start, pos) for pos in range(n))
+    if eqn.primitive.name == "while":
+        cond_n = int(eqn.params["cond_nconsts"])
+        return tuple(None if pos < cond_n else (start, pos - cond_n) for pos in range(n))
+    return (None,) * n
 
 
 def _step_operands(eqn, operand_ids) -> tuple:
@@ -540,7 +561,7 @@ def _trace(fn: Callable, args: tuple, param_argnums: tuple[int, ...] | None) -> 
             src = vid
             vid = b.new_value(_AvalLike(b.values[src]), "intermediate", "")
             op_index = b.add_op("copy", [src], [vid], source="")
-            b.steps.append(_Step(None, (src,), (vid,), op_index))
+            b.steps.append(_Step(None, (src,), (vid,), op_index, ((op_index, 0),)))
         v = b.values[vid]
         path, _ = out_leaves_with_path[k]
         updates = persistent_by_key.get((_keystr(path[1:]), v.shape, v.dtype))
@@ -587,7 +608,8 @@ def run_with_constraints(
     """Replays the traced program on `flat_args` (flattened inputs, traced or concrete).
 
     `before_use(op_index, operand_position, value_id, array) -> array` may replace an operand just
-    before an op reads it (a cut: the use is resharded; region ops report op_index -1);
+    before an op reads it (a cut: the use is resharded; a scan's or while's operands are read
+    by its `*_start` op, a cond's by none);
     `after_value(value_id, array) -> array` may replace a value once it is defined (constrain it to
     its planned sharding). Returns the flattened outputs.
     """
@@ -604,8 +626,9 @@ def run_with_constraints(
                 ins.append(ref[1])
                 continue
             arr = env[ref]
-            if before_use is not None:
-                arr = before_use(step.op_index, pos, ref, arr)
+            reader = step.readers[pos] if step.readers else None
+            if before_use is not None and reader is not None:
+                arr = before_use(reader[0], reader[1], ref, arr)
             ins.append(arr)
         if step.eqn is None:  # an output copy
             outs = ins
