@@ -61,3 +61,26 @@ def test_a_loop_constant_gathered_at_the_loop_is_gathered_once_before_it():
     _assert_same_collectives(rep)
     assert rep.predicted_collective_ops_target == rep.compiled_collective_ops_target
     assert rep.step_time_ratio == pytest.approx(1.0, abs=0.1)
+
+
+@pytest.mark.slow
+def test_a_use_sharded_on_two_dims_is_gathered_one_dim_at_a_time_last_dim_first():
+    """top_k reads its operand whole: sharded [a, -, b], XLA gathers dim 2 over b (V = 1/4 of the
+    operand), then dim 0 over a (V = all of it); the model prices each gather's growing V."""
+    from lookup import dim_name
+
+    def fn(x):
+        return jax.lax.top_k(jnp.tanh(x), 2)[0] * 2.0
+
+    args = (jax.ShapeDtypeStruct((8, 32, 8), jnp.float32),)
+    ana = tc.analyze(tc.trace(fn, *args, param_argnums=()))
+    mesh = tc.MeshSpec({"a": 4, "b": 2})
+    x = ana.program.values[ana.program.inputs[0]].name
+    shardings = {dim_name(ana, x, 0): "a", dim_name(ana, x, 2): "b"}
+    strategy = tc.Strategy.make(ana, shardings)
+    rep = tc.validate(fn, args, ana, strategy, tc.jax_mesh(mesh), HW, check_numerics=False)
+    assert rep.compiled_collective_bytes["all-gather"] == (8 * 32 * 8 + 2 * 32 * 8) * 4
+    _assert_same_collectives(rep)
+    assert (
+        rep.predicted_collective_bytes["all-gather"] == rep.compiled_collective_bytes["all-gather"]
+    )

@@ -403,17 +403,31 @@ class Evaluator:
     def _replicate_and_permute_sites(self) -> None:
         ana, prog = self.ana, self.ana.program
         fine = ana.fine_of_atom
-        rep, per = [], []
+        rep, per, before = [], [], []
         for (opi, pos), dims in ana.nda.use_atoms.items():
             vid = prog.ops[opi].operands[pos]
-            for atoms in dims:
+            later: list[int] = []  # replicate fines of this use's later dims
+            for atoms in reversed(dims):
+                here = []
                 for a in atoms:
                     kind = ana.nda.atom_kind[a]
                     if kind == "replicate":
                         rep.append((opi, vid, int(fine[a])))
+                        before.append(tuple(later))
+                        here.append(int(fine[a]))
                     elif kind == "permute":
                         per.append((opi, vid, int(fine[a]), int(ana.nda.atom_size[a])))
+                later += here
         self.rep = np.array(rep, dtype=np.int64).reshape(-1, 3)
+        # XLA gathers a use's sharded dims one all-gather per dim, the last dim first (measured:
+        # f32[8, 32, 8] sharded [a, -, b] on a {a: 4, b: 2} mesh, replicated for a top_k: an
+        # all-gather on b to f32[2, 32, 8], then one on a to f32[8, 32, 8]); each gathers what
+        # the ones before it grew. `rep_before[k]`: fines of the replicate factors gathered
+        # before entry k (later dims of the same use), -1 padded.
+        width = max((len(b) for b in before), default=0)
+        self.rep_before = np.full((len(before), max(width, 1)), -1, dtype=np.int64)
+        for k, b in enumerate(before):
+            self.rep_before[k, : len(b)] = b
         self.per = np.array(per, dtype=np.int64).reshape(-1, 4)
         self.halos = {(opi, vid) for opi, vid, _, _ in per}
 
@@ -688,11 +702,13 @@ class Evaluator:
         if len(self.rep):
             m = masks[self.rep[:, 2]]
             vals = self.rep[:, 1]
+            before = self.rep_before
+            grown = np.where(before >= 0, self.mask_ways[masks[np.maximum(before, 0)]], 1.0)
             parts.append(
                 (
                     np.full(len(m), AG),
                     m,
-                    value_local[vals] * self.mask_ways[m],
+                    value_local[vals] * self.mask_ways[m] * grown.prod(axis=1),
                     self.rep[:, 0],
                     vals,
                     self._rep_site,
