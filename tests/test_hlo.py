@@ -208,6 +208,45 @@ ENTRY %main (p0: f32[4,16], p1: f32[4,16], p2: f32[64,16]) -> (f32[32,16], f32[2
 """
 
 
+LOOP_BODY_TEXT = """HloModule m, num_partitions=4
+%fused_piece (param_0: f32[2,8,16], param_1: s32[], param_2: f32[16,16], param_3: s32[]) -> f32[2,8,16] {
+  %param_0 = f32[2,8,16]{2,1,0} parameter(0)
+  %param_2 = f32[16,16]{1,0} parameter(2)
+  %param_3 = s32[] parameter(3)
+  %zero = s32[] constant(0)
+  %piece = f32[4,16]{1,0} dynamic-slice(%param_2, %param_3, %zero), dynamic_slice_sizes={4,16}
+  %wide = f32[1,4,16]{2,1,0} bitcast(%piece)
+  %param_1 = s32[] parameter(1)
+  ROOT %dus = f32[2,8,16]{2,1,0} dynamic-update-slice(%param_0, %wide, %param_1, %zero, %zero)
+}
+%fused_whole (param_0.1: f32[16,16]) -> f32[16,16] {
+  %param_0.1 = f32[16,16]{1,0} parameter(0)
+  ROOT %neg = f32[16,16]{1,0} negate(%param_0.1)
+}
+%body (p: (f32[16,16], s32[], f32[2,8,16], s32[])) -> (f32[16,16], s32[], f32[2,8,16], s32[]) {
+  %p = (f32[16,16], s32[], f32[2,8,16], s32[]) parameter(0)
+  %x = f32[16,16]{1,0} get-tuple-element(%p), index=0
+  %i = s32[] get-tuple-element(%p), index=1
+  %ys = f32[2,8,16]{2,1,0} get-tuple-element(%p), index=2
+  %offset = s32[] get-tuple-element(%p), index=3
+  %ar = f32[16,16]{1,0} all-reduce(%x), replica_groups=[1,4]<=[4], to_apply=%add
+  %ar2 = f32[16,16]{1,0} all-reduce(%x), replica_groups=[1,4]<=[4], to_apply=%add
+  %own = f32[4,16]{1,0} dynamic-slice(%ar, %offset, %offset), dynamic_slice_sizes={4,16}
+  %stacked = f32[2,8,16]{2,1,0} fusion(%ys, %i, %ar, %offset), kind=kLoop, calls=%fused_piece
+  %whole = f32[16,16]{1,0} fusion(%ar2), kind=kLoop, calls=%fused_whole
+  ROOT %t = (f32[16,16], s32[], f32[2,8,16], s32[]) tuple(%whole, %i, %stacked, %offset)
+}
+"""
+
+
+def test_a_reduce_scatter_in_a_loop_body_is_seen_whatever_computes_the_offset():
+    """In a loop body XLA passes the partition's offset in the loop tuple (hoisted out of the
+    body), and fuses the own piece into a scan's stacked-output write: each reader still takes a
+    1/n dynamic-slice of the all-reduce, so the target runs a reduce-scatter. An all-reduce read
+    whole stays one."""
+    assert scattered_elements(LOOP_BODY_TEXT) == {"ar": {0}}
+
+
 def test_the_xla_judged_comm_combines_as_the_target_and_sees_cpu_reduce_scatters():
     """XLA CPU keeps all-gathers apart and lowers a reduce-scatter to all-reduce + own slice; on
     the target the two independent all-gathers merge (the third reads the first: it cannot),

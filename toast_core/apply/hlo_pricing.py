@@ -79,12 +79,15 @@ def scattered_elements(hlo_text: str) -> dict[str, set[int]]:
     buffer and each device then slices its 1/n piece (a dynamic slice at an offset computed from
     `partition-id`, usually fused). An element every reader of which takes `partition-id` and
     returns 1/n of it (n the group size) is such a reduce-scatter; on TPU and GPU it runs as one.
+    So is an element every reader of which only takes a 1/n dynamic-slice of it, itself or in a
+    fusion (`_slices_piece_of`: in a loop body the offset comes from the loop's tuple).
     """
     by_name = instructions(hlo_text)
     readers: dict[str, list[str]] = {}
     for name, (_, _, operands, _) in by_name.items():
         for operand in set(operands):
             readers.setdefault(operand, []).append(name)
+    fused_slices = _fused_parameter_slices(hlo_text, by_name)
     out: dict[str, set[int]] = {}
     for c in parse_collectives(hlo_text):
         if c.kind != "all-reduce" or c.name not in by_name or c.group_size < 2:
@@ -102,9 +105,71 @@ def scattered_elements(hlo_text: str) -> dict[str, set[int]]:
                 continue
             size = math.prod(c.result_shapes[k][1])
             users = readers.get(element, [])
-            if users and all(_slices_own_piece(by_name[u], size, c.group_size) for u in users):
+            if users and all(
+                _slices_own_piece(by_name[u], size, c.group_size)
+                or _slices_piece_of(u, element, by_name, fused_slices, size, c.group_size)
+                for u in users
+            ):
                 out.setdefault(c.name, set()).add(k)
     return out
+
+
+def _fused_parameter_slices(hlo_text: str, by_name: dict) -> dict[tuple[str, int], set[int]]:
+    """(fused computation, parameter number) -> the element counts of everything it is read as
+    there (a dynamic-slice's result, or the parameter's whole size for any other reader)."""
+    from toast_core.apply.hlo_loops import _computations
+
+    _, lines_of = _computations(hlo_text)
+    out: dict[tuple[str, int], set[int]] = {}
+    for computation, lines in lines_of.items():
+        params: dict[str, int] = {}
+        for line in lines:
+            found = _PARAMETER.match(line)
+            if found is not None:
+                params[found.group(1)] = int(found.group(2))
+        for line in lines:
+            found = _DEFINED.match(line)
+            if found is None or found.group(1) not in by_name or found.group(1) in params:
+                continue
+            opcode, leaves, operands, _ = by_name[found.group(1)]
+            for pos, operand in enumerate(operands):
+                if operand not in params:
+                    continue
+                if opcode == "dynamic-slice" and pos == 0 and len(leaves) == 1:
+                    count = math.prod(leaves[0].dims)
+                else:
+                    count = -1  # read whole (or as an index)
+                out.setdefault((computation, params[operand]), set()).add(count)
+    return out
+
+
+_PARAMETER = re.compile(r"\s*%?([\w.\-]+)\s*=\s*\S+\s+parameter\((\d+)\)")
+_DEFINED = re.compile(r"\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=")
+
+
+def _slices_piece_of(
+    reader: str, element: str, by_name: dict, fused_slices: dict, size: int, n: int
+) -> bool:
+    """Whether `reader` reads only a 1/n piece of `element` through a dynamic-slice, directly or
+    inside a fusion, whatever computes the offset. In a loop body XLA hoists the offset (a
+    function of `partition-id`) out of the loop and passes it in the loop's tuple, so the slice
+    no longer reads `partition-id` itself; and the piece may be fused into a write of a scan's
+    stacked output (a dynamic-update-slice), whose result is not the piece."""
+    opcode, leaves, operands, line = by_name[reader]
+    if opcode == "dynamic-slice":
+        return (
+            operands[:1] == [element] and len(leaves) == 1 and math.prod(leaves[0].dims) * n == size
+        )
+    if opcode != "fusion":
+        return False
+    called = _CALLS.findall(line)
+    if len(called) != 1:
+        return False
+    counts = set()
+    for pos, operand in enumerate(operands):
+        if operand == element:
+            counts |= fused_slices.get((called[0], pos), {-1})
+    return counts == {size // n} and size % n == 0
 
 
 #: Instructions an upcast-only producer may hold besides the convert (no arithmetic).
