@@ -23,7 +23,12 @@ from toast_core.apply.hlo import (
     parse_collectives,
     shape_bytes,
 )
-from toast_core.apply.hlo_pricing import price_collectives, scattered_elements, target_comm_s
+from toast_core.apply.hlo_pricing import (
+    price_collectives,
+    scattered_elements,
+    target_collective_ops,
+    target_comm_s,
+)
 from toast_core.cost.collectives import collective_time_s, hlo_result_bytes
 from toast_core.errors import ToastError
 
@@ -245,6 +250,33 @@ def test_a_reduce_scatter_in_a_loop_body_is_seen_whatever_computes_the_offset():
     1/n dynamic-slice of the all-reduce, so the target runs a reduce-scatter. An all-reduce read
     whole stays one."""
     assert scattered_elements(LOOP_BODY_TEXT) == {"ar": {0}}
+
+
+ELEMENT_TEXT = """HloModule m, num_partitions=4
+ENTRY %main (p0: f32[16,16], p1: f32[8]) -> (f32[8], f32[4,16]) {
+  %p0 = f32[16,16]{1,0} parameter(0)
+  %p1 = f32[8]{0} parameter(1)
+  %x = (f32[16,16]{1,0}, f32[8]{0}) all-reduce(%p0, %p1), replica_groups=[1,4]<=[4], to_apply=%add
+  %e0 = f32[16,16]{1,0} get-tuple-element(%x), index=0
+  %e1 = f32[8]{0} get-tuple-element(%x), index=1
+  %partition-id = u32[] partition-id()
+  %own = f32[4,16]{1,0} fusion(%e0, %partition-id), kind=kLoop, calls=%fused_slice
+  %y = f32[4,16]{1,0} all-reduce(%own), replica_groups=[1,4]<=[4], to_apply=%add
+  ROOT %t = (f32[8]{0}, f32[4,16]{1,0}) tuple(%e1, %y)
+}
+"""
+
+
+def test_the_target_combiner_sees_each_element_of_a_cpu_combined_collective_apart():
+    """The CPU merged a reduce-scatter (element 0, sliced) with an all-reduce (element 1); `y`
+    reads only element 0. On the target the reduce-scatter runs alone and `y`, independent of
+    element 1, combines with it: two ops, not three."""
+    mesh, hw = tc.MeshSpec({"data": 4}), tc.hardware("tpu-v5e")
+    ops = target_collective_ops(ELEMENT_TEXT, mesh, hw)
+    assert sorted((op.kind, op.n_tensors) for op in ops) == [
+        ("all-reduce", 2),
+        ("reduce-scatter", 1),
+    ]
 
 
 def test_the_xla_judged_comm_combines_as_the_target_and_sees_cpu_reduce_scatters():

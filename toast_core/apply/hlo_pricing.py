@@ -332,20 +332,46 @@ def _at_logical_width(
 _COMBINABLE = ("all-gather", "all-reduce", "reduce-scatter")
 
 
-def _collective_dependences(hlo_text: str, collectives: tuple[HloCollective, ...]) -> list[int]:
-    """Per collective, the bitset (over collective indices) of collectives its operands depend
-    on, following operands through the text (instruction names are unique in a module and an
-    instruction's operands are printed before it)."""
-    index = {c.name: i for i, c in enumerate(collectives)}
+def _part_dependences(hlo_text: str, element_part: dict[tuple[str, int], int]) -> dict[int, int]:
+    """Per part (a collective's tuple element k, or the whole collective as k = -1:
+    `element_part[(name, k)]`), the bitset of parts its input depends on, following operands
+    through the text (instruction names are unique in a module and an instruction's operands are
+    printed before it).
+
+    Element k of a combined collective reads only operand k, and a `get-tuple-element` of it
+    gives only element k: the target's combiner sees the collectives before the CPU combined
+    them, so a value computed from one element does not depend on the others merged with it.
+    """
+    parts_of: dict[str, list[tuple[int, int]]] = {}
+    for (name, k), j in element_part.items():
+        parts_of.setdefault(name, []).append((k, j))
     reach: dict[str, int] = {}
-    depends = [0] * len(collectives)
-    for name, (_, _, operands, _) in instructions(hlo_text).items():
+    element_reach: dict[tuple[str, int], int] = {}
+    depends: dict[int, int] = {}
+    for name, (opcode, _, operands, line) in instructions(hlo_text).items():
+        if name in parts_of:
+            whole = 0
+            for k, j in parts_of[name]:
+                if 0 <= k < len(operands):
+                    deps = reach.get(operands[k], 0)
+                else:
+                    deps = 0
+                    for operand in operands:
+                        deps |= reach.get(operand, 0)
+                depends[j] = deps
+                element_reach[(name, k)] = deps | 1 << j
+                whole |= deps | 1 << j
+            reach[name] = whole
+            continue
+        if opcode == "get-tuple-element" and operands:
+            index = _INDEX.search(line)
+            element = (operands[0], int(index.group(1))) if index is not None else None
+            if element in element_reach:
+                reach[name] = element_reach[element]
+                continue
         bits = 0
         for operand in operands:
             bits |= reach.get(operand, 0)
-        if name in index:
-            depends[index[name]] = bits
-            bits |= 1 << index[name]
         reach[name] = bits
     return depends
 
@@ -385,13 +411,14 @@ def target_collective_ops(hlo_text: str, mesh: MeshSpec, hw: HardwareSpec) -> tu
     promoted = promoted_elements(hlo_text)
     priced = _at_logical_width(price_collectives(collectives, mesh, hw), promoted, mesh, hw)
     scattered = scattered_elements(hlo_text)
-    depends = _collective_dependences(hlo_text, collectives)
     # Parts: (kind, V, result bytes, key, collective index).
     parts: list[tuple[str, float, float, tuple, int]] = []
+    element_part: dict[tuple[str, int], int] = {}  # (collective, tuple element or -1) -> part
     for i, (c, p) in enumerate(zip(collectives, priced)):
         n = max(c.group_size, 1)
         groups = p.mesh_axes if p.mesh_axes is not None else c.raw_groups
         if c.kind not in _COMBINABLE or not c.result_shapes:
+            element_part[(c.name, -1)] = len(parts)
             parts.append((c.kind, p.full_bytes, float(c.result_bytes), ("alone", i), i))
             continue
         hidden = scattered.get(c.name, set())
@@ -404,18 +431,10 @@ def target_collective_ops(hlo_text: str, mesh: MeshSpec, hw: HardwareSpec) -> tu
                 full, result = nbytes, nbytes / n
             else:
                 full, result = _full_bytes(kind, nbytes, n), nbytes
+            element_part[(c.name, k if len(c.result_shapes) > 1 else -1)] = len(parts)
             parts.append((kind, full, result, (kind, groups, dtype, c.computation), i))
-    part_bits = [0] * len(collectives)
-    for j, part in enumerate(parts):
-        part_bits[part[4]] |= 1 << j
-    inputs = []
-    for part in parts:
-        bits, dep = 0, depends[part[4]]
-        while dep:
-            low = dep & -dep
-            bits |= part_bits[low.bit_length() - 1]
-            dep ^= low
-        inputs.append(bits)
+    depends = _part_dependences(hlo_text, element_part)
+    inputs = [depends.get(j, 0) for j in range(len(parts))]
     group = combine(
         [part[0] for part in parts],
         [part[3] for part in parts],
