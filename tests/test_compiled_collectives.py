@@ -84,3 +84,21 @@ def test_a_use_sharded_on_two_dims_is_gathered_one_dim_at_a_time_last_dim_first(
     assert (
         rep.predicted_collective_bytes["all-gather"] == rep.compiled_collective_bytes["all-gather"]
     )
+
+
+@pytest.mark.slow
+def test_the_plan_holds_inside_a_scanned_body():
+    """Sequence parallel over a scanned GPT: `tc.shard` replays the scan's body with the plan's
+    constraints inside it. Unconstrained, XLA kept the body's stacked residual sharded on the
+    sequence and gathered it again after the loop (one all-gather and 2x its bytes more)."""
+    from demos import MODEL_ZOO
+
+    w = MODEL_ZOO["gpt-scan"](size="tiny", train=True)
+    ana = tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
+    mesh = tc.MeshSpec({"data": 2, "model": 4})
+    strategy = tc.baselines.all(ana, mesh)["sequence_parallel"][0]
+    rep = tc.validate(w.fn, w.args, ana, strategy, tc.jax_mesh(mesh), HW)
+    assert rep.numerics_ok
+    _assert_same_collectives(rep)
+    assert rep.predicted_collective_ops_target == rep.compiled_collective_ops_target
+    assert rep.step_time_ratio == pytest.approx(1.0, abs=0.1)
