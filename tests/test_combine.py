@@ -94,7 +94,32 @@ def test_post_order_visits_operands_depth_first_from_the_outputs():
 
 def test_regions_are_the_computations_xla_combines_within():
     primitives = ["add", "scan_start", "mul", "scan_end", "add"]
-    assert region_of_ops(primitives) == [-1, -1, 1, -1, -1]
+    assert region_of_ops(primitives, [0, 0, 1, 0, 0]) == [-1, -1, 1, -1, -1]
+
+
+def test_each_branch_of_a_cond_is_its_own_region_and_the_cond_closes_them_all():
+    """The tracer opens one `cond_start` per branch and closes them with one `cond_end`: ops
+    after a two-branch cond are top level again, and a nested cond inside the first branch
+    closes before the second branch opens."""
+    primitives = ["cond_start", "mul", "cond_start", "add", "cond_end", "neg"]
+    assert region_of_ops(primitives, [0, 1, 0, 1, 0, 0]) == [-1, 0, -1, 2, -1, -1]
+    primitives = ["cond_start", "cond_start", "mul", "cond_start", "add", "cond_end"]
+    primitives += ["cond_start", "sub", "cond_end", "neg"]
+    depths = [0, 1, 2, 1, 2, 1, 0, 1, 0, 0]
+    assert region_of_ops(primitives, depths) == [-1, 0, 1, 0, 3, 0, -1, 6, -1, -1]
+
+
+def test_a_program_after_a_two_branch_cond_is_priced_at_top_level():
+    """Loop constants after a cond hoist to the top level, not into the cond's first branch."""
+
+    def fn(p, x):
+        y = jax.lax.cond(x[0, 0] > 0, lambda v: v * 2.0, lambda v: v - 1.0, x)
+        return y @ p
+
+    prog = tc.trace(fn, jnp.ones((8, 8)), jnp.ones((16, 8)), param_argnums=(0,))
+    regions = region_of_ops([op.primitive for op in prog.ops], [op.region_depth for op in prog.ops])
+    dot = next(i for i, op in enumerate(prog.ops) if op.primitive == "dot_general")
+    assert regions[dot] == -1
 
 
 # -- thresholds per backend -----------------------------------------------------------------------

@@ -23,7 +23,12 @@ from toast_core.apply.hlo import (
     parse_collectives,
     shape_bytes,
 )
-from toast_core.apply.hlo_pricing import price_collectives, scattered_elements, target_comm_s
+from toast_core.apply.hlo_pricing import (
+    price_collectives,
+    scattered_elements,
+    target_collective_ops,
+    target_comm_s,
+)
 from toast_core.cost.collectives import collective_time_s, hlo_result_bytes
 from toast_core.errors import ToastError
 
@@ -206,6 +211,72 @@ ENTRY %main (p0: f32[4,16], p1: f32[4,16], p2: f32[64,16]) -> (f32[32,16], f32[2
   ROOT %t = (f32[32,16]{1,0}, f32[256,16]{1,0}, f32[8,16]{1,0}) tuple(%ag1, %ag2, %slice)
 }
 """
+
+
+LOOP_BODY_TEXT = """HloModule m, num_partitions=4
+%fused_piece (param_0: f32[2,8,16], param_1: s32[], param_2: f32[16,16], param_3: s32[]) -> f32[2,8,16] {
+  %param_0 = f32[2,8,16]{2,1,0} parameter(0)
+  %param_2 = f32[16,16]{1,0} parameter(2)
+  %param_3 = s32[] parameter(3)
+  %zero = s32[] constant(0)
+  %piece = f32[4,16]{1,0} dynamic-slice(%param_2, %param_3, %zero), dynamic_slice_sizes={4,16}
+  %wide = f32[1,4,16]{2,1,0} bitcast(%piece)
+  %param_1 = s32[] parameter(1)
+  ROOT %dus = f32[2,8,16]{2,1,0} dynamic-update-slice(%param_0, %wide, %param_1, %zero, %zero)
+}
+%fused_whole (param_0.1: f32[16,16]) -> f32[16,16] {
+  %param_0.1 = f32[16,16]{1,0} parameter(0)
+  ROOT %neg = f32[16,16]{1,0} negate(%param_0.1)
+}
+%body (p: (f32[16,16], s32[], f32[2,8,16], s32[])) -> (f32[16,16], s32[], f32[2,8,16], s32[]) {
+  %p = (f32[16,16], s32[], f32[2,8,16], s32[]) parameter(0)
+  %x = f32[16,16]{1,0} get-tuple-element(%p), index=0
+  %i = s32[] get-tuple-element(%p), index=1
+  %ys = f32[2,8,16]{2,1,0} get-tuple-element(%p), index=2
+  %offset = s32[] get-tuple-element(%p), index=3
+  %ar = f32[16,16]{1,0} all-reduce(%x), replica_groups=[1,4]<=[4], to_apply=%add
+  %ar2 = f32[16,16]{1,0} all-reduce(%x), replica_groups=[1,4]<=[4], to_apply=%add
+  %own = f32[4,16]{1,0} dynamic-slice(%ar, %offset, %offset), dynamic_slice_sizes={4,16}
+  %stacked = f32[2,8,16]{2,1,0} fusion(%ys, %i, %ar, %offset), kind=kLoop, calls=%fused_piece
+  %whole = f32[16,16]{1,0} fusion(%ar2), kind=kLoop, calls=%fused_whole
+  ROOT %t = (f32[16,16], s32[], f32[2,8,16], s32[]) tuple(%whole, %i, %stacked, %offset)
+}
+"""
+
+
+def test_a_reduce_scatter_in_a_loop_body_is_seen_whatever_computes_the_offset():
+    """In a loop body XLA passes the partition's offset in the loop tuple (hoisted out of the
+    body), and fuses the own piece into a scan's stacked-output write: each reader still takes a
+    1/n dynamic-slice of the all-reduce, so the target runs a reduce-scatter. An all-reduce read
+    whole stays one."""
+    assert scattered_elements(LOOP_BODY_TEXT) == {"ar": {0}}
+
+
+ELEMENT_TEXT = """HloModule m, num_partitions=4
+ENTRY %main (p0: f32[16,16], p1: f32[8]) -> (f32[8], f32[4,16]) {
+  %p0 = f32[16,16]{1,0} parameter(0)
+  %p1 = f32[8]{0} parameter(1)
+  %x = (f32[16,16]{1,0}, f32[8]{0}) all-reduce(%p0, %p1), replica_groups=[1,4]<=[4], to_apply=%add
+  %e0 = f32[16,16]{1,0} get-tuple-element(%x), index=0
+  %e1 = f32[8]{0} get-tuple-element(%x), index=1
+  %partition-id = u32[] partition-id()
+  %own = f32[4,16]{1,0} fusion(%e0, %partition-id), kind=kLoop, calls=%fused_slice
+  %y = f32[4,16]{1,0} all-reduce(%own), replica_groups=[1,4]<=[4], to_apply=%add
+  ROOT %t = (f32[8]{0}, f32[4,16]{1,0}) tuple(%e1, %y)
+}
+"""
+
+
+def test_the_target_combiner_sees_each_element_of_a_cpu_combined_collective_apart():
+    """The CPU merged a reduce-scatter (element 0, sliced) with an all-reduce (element 1); `y`
+    reads only element 0. On the target the reduce-scatter runs alone and `y`, independent of
+    element 1, combines with it: two ops, not three."""
+    mesh, hw = tc.MeshSpec({"data": 4}), tc.hardware("tpu-v5e")
+    ops = target_collective_ops(ELEMENT_TEXT, mesh, hw)
+    assert sorted((op.kind, op.n_tensors) for op in ops) == [
+        ("all-reduce", 2),
+        ("reduce-scatter", 1),
+    ]
 
 
 def test_the_xla_judged_comm_combines_as_the_target_and_sees_cpu_reduce_scatters():

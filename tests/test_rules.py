@@ -263,6 +263,22 @@ def test_sort_needs_its_dim_whole_in_every_operand():
     }
 
 
+def test_top_k_gathers_every_dim_and_approx_top_k_only_its_reduced_dim():
+    """XLA's partitioner replicates `topk` whole (tests/test_workloads.py measures it)."""
+    x3 = sds(4, 6, 8)
+    got = rule_table(lambda x: jax.lax.top_k(x, 2), x3, primitive="top_k")
+    assert got == {
+        F("replicate", 4, "o0.0"), F("replicate", 6, "o0.1"), F("replicate", 8, "o0.2"),
+        F("replicate", 4, "r0.0"), F("replicate", 6, "r0.1"), F("replicate", 2, "r0.2"),
+        F("replicate", 4, "r1.0"), F("replicate", 6, "r1.1"), F("replicate", 2, "r1.2"),
+    }  # fmt: skip
+    got = rule_table(lambda x: jax.lax.approx_max_k(x, 2), x3, primitive="approx_top_k")
+    assert got == {
+        F("pass", 4, "o0.0", "r0.0", "r1.0"), F("pass", 6, "o0.1", "r0.1", "r1.1"),
+        F("replicate", 8, "o0.2"), F("pass", 2, "r0.2"), F("pass", 2, "r1.2"),
+    }  # fmt: skip
+
+
 # --- slicing, concatenation, padding -----------------------------------------------------------
 
 

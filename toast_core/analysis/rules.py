@@ -292,8 +292,10 @@ def sort_rule(op, operand_shapes, result_shapes) -> OpFactors:
     return fb.build()
 
 
-@rule("top_k", "approx_top_k")
-def top_k_rule(op, operand_shapes, result_shapes) -> OpFactors:
+@rule("approx_top_k")
+def approx_top_k_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """The reduced (last) dim is whole on every device; other dims pass to both results
+    (measured: f32[8, 32, 8] sharded on dim 0 over 8 devices compiles with no collective)."""
     fb = FactorBuilder(operand_shapes, result_shapes)
     last = len(operand_shapes[0]) - 1
     for d, size in enumerate(operand_shapes[0]):
@@ -301,6 +303,21 @@ def top_k_rule(op, operand_shapes, result_shapes) -> OpFactors:
             fb.set_operand(0, d, fb.factor(size, "replicate"))
         else:
             fb.shared(size, operands=[(0, d)], results=[(i, d) for i in range(len(result_shapes))])
+    return fb.build()
+
+
+@rule("top_k")
+def top_k_rule(op, operand_shapes, result_shapes) -> OpFactors:
+    """Every dim `replicate`: XLA's SPMD partitioner has no handler for the `topk` instruction, so
+    it gathers the whole operand, runs top_k undivided on every device and slices the results
+    (jax 0.10.2, before any backend pass: f32[8, 32, 8] sharded on dim 0 or 1 over 8 devices
+    compiles to an all-gather of the full f32[8, 32, 8], then `topk`, then dynamic-slices)."""
+    fb = FactorBuilder(operand_shapes, result_shapes)
+    for d, size in enumerate(operand_shapes[0]):
+        fb.set_operand(0, d, fb.factor(size, "replicate"))
+    for i, shape in enumerate(result_shapes):
+        for d, size in enumerate(shape):
+            fb.set_result(i, d, fb.factor(size, "replicate"))
     return fb.build()
 
 

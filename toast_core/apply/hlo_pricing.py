@@ -79,12 +79,15 @@ def scattered_elements(hlo_text: str) -> dict[str, set[int]]:
     buffer and each device then slices its 1/n piece (a dynamic slice at an offset computed from
     `partition-id`, usually fused). An element every reader of which takes `partition-id` and
     returns 1/n of it (n the group size) is such a reduce-scatter; on TPU and GPU it runs as one.
+    So is an element every reader of which only takes a 1/n dynamic-slice of it, itself or in a
+    fusion (`_slices_piece_of`: in a loop body the offset comes from the loop's tuple).
     """
     by_name = instructions(hlo_text)
     readers: dict[str, list[str]] = {}
     for name, (_, _, operands, _) in by_name.items():
         for operand in set(operands):
             readers.setdefault(operand, []).append(name)
+    fused_slices = _fused_parameter_slices(hlo_text, by_name)
     out: dict[str, set[int]] = {}
     for c in parse_collectives(hlo_text):
         if c.kind != "all-reduce" or c.name not in by_name or c.group_size < 2:
@@ -102,9 +105,71 @@ def scattered_elements(hlo_text: str) -> dict[str, set[int]]:
                 continue
             size = math.prod(c.result_shapes[k][1])
             users = readers.get(element, [])
-            if users and all(_slices_own_piece(by_name[u], size, c.group_size) for u in users):
+            if users and all(
+                _slices_own_piece(by_name[u], size, c.group_size)
+                or _slices_piece_of(u, element, by_name, fused_slices, size, c.group_size)
+                for u in users
+            ):
                 out.setdefault(c.name, set()).add(k)
     return out
+
+
+def _fused_parameter_slices(hlo_text: str, by_name: dict) -> dict[tuple[str, int], set[int]]:
+    """(fused computation, parameter number) -> the element counts of everything it is read as
+    there (a dynamic-slice's result, or the parameter's whole size for any other reader)."""
+    from toast_core.apply.hlo_loops import _computations
+
+    _, lines_of = _computations(hlo_text)
+    out: dict[tuple[str, int], set[int]] = {}
+    for computation, lines in lines_of.items():
+        params: dict[str, int] = {}
+        for line in lines:
+            found = _PARAMETER.match(line)
+            if found is not None:
+                params[found.group(1)] = int(found.group(2))
+        for line in lines:
+            found = _DEFINED.match(line)
+            if found is None or found.group(1) not in by_name or found.group(1) in params:
+                continue
+            opcode, leaves, operands, _ = by_name[found.group(1)]
+            for pos, operand in enumerate(operands):
+                if operand not in params:
+                    continue
+                if opcode == "dynamic-slice" and pos == 0 and len(leaves) == 1:
+                    count = math.prod(leaves[0].dims)
+                else:
+                    count = -1  # read whole (or as an index)
+                out.setdefault((computation, params[operand]), set()).add(count)
+    return out
+
+
+_PARAMETER = re.compile(r"\s*%?([\w.\-]+)\s*=\s*\S+\s+parameter\((\d+)\)")
+_DEFINED = re.compile(r"\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=")
+
+
+def _slices_piece_of(
+    reader: str, element: str, by_name: dict, fused_slices: dict, size: int, n: int
+) -> bool:
+    """Whether `reader` reads only a 1/n piece of `element` through a dynamic-slice, directly or
+    inside a fusion, whatever computes the offset. In a loop body XLA hoists the offset (a
+    function of `partition-id`) out of the loop and passes it in the loop's tuple, so the slice
+    no longer reads `partition-id` itself; and the piece may be fused into a write of a scan's
+    stacked output (a dynamic-update-slice), whose result is not the piece."""
+    opcode, leaves, operands, line = by_name[reader]
+    if opcode == "dynamic-slice":
+        return (
+            operands[:1] == [element] and len(leaves) == 1 and math.prod(leaves[0].dims) * n == size
+        )
+    if opcode != "fusion":
+        return False
+    called = _CALLS.findall(line)
+    if len(called) != 1:
+        return False
+    counts = set()
+    for pos, operand in enumerate(operands):
+        if operand == element:
+            counts |= fused_slices.get((called[0], pos), {-1})
+    return counts == {size // n} and size % n == 0
 
 
 #: Instructions an upcast-only producer may hold besides the convert (no arithmetic).
@@ -267,20 +332,46 @@ def _at_logical_width(
 _COMBINABLE = ("all-gather", "all-reduce", "reduce-scatter")
 
 
-def _collective_dependences(hlo_text: str, collectives: tuple[HloCollective, ...]) -> list[int]:
-    """Per collective, the bitset (over collective indices) of collectives its operands depend
-    on, following operands through the text (instruction names are unique in a module and an
-    instruction's operands are printed before it)."""
-    index = {c.name: i for i, c in enumerate(collectives)}
+def _part_dependences(hlo_text: str, element_part: dict[tuple[str, int], int]) -> dict[int, int]:
+    """Per part (a collective's tuple element k, or the whole collective as k = -1:
+    `element_part[(name, k)]`), the bitset of parts its input depends on, following operands
+    through the text (instruction names are unique in a module and an instruction's operands are
+    printed before it).
+
+    Element k of a combined collective reads only operand k, and a `get-tuple-element` of it
+    gives only element k: the target's combiner sees the collectives before the CPU combined
+    them, so a value computed from one element does not depend on the others merged with it.
+    """
+    parts_of: dict[str, list[tuple[int, int]]] = {}
+    for (name, k), j in element_part.items():
+        parts_of.setdefault(name, []).append((k, j))
     reach: dict[str, int] = {}
-    depends = [0] * len(collectives)
-    for name, (_, _, operands, _) in instructions(hlo_text).items():
+    element_reach: dict[tuple[str, int], int] = {}
+    depends: dict[int, int] = {}
+    for name, (opcode, _, operands, line) in instructions(hlo_text).items():
+        if name in parts_of:
+            whole = 0
+            for k, j in parts_of[name]:
+                if 0 <= k < len(operands):
+                    deps = reach.get(operands[k], 0)
+                else:
+                    deps = 0
+                    for operand in operands:
+                        deps |= reach.get(operand, 0)
+                depends[j] = deps
+                element_reach[(name, k)] = deps | 1 << j
+                whole |= deps | 1 << j
+            reach[name] = whole
+            continue
+        if opcode == "get-tuple-element" and operands:
+            index = _INDEX.search(line)
+            element = (operands[0], int(index.group(1))) if index is not None else None
+            if element in element_reach:
+                reach[name] = element_reach[element]
+                continue
         bits = 0
         for operand in operands:
             bits |= reach.get(operand, 0)
-        if name in index:
-            depends[index[name]] = bits
-            bits |= 1 << index[name]
         reach[name] = bits
     return depends
 
@@ -320,13 +411,14 @@ def target_collective_ops(hlo_text: str, mesh: MeshSpec, hw: HardwareSpec) -> tu
     promoted = promoted_elements(hlo_text)
     priced = _at_logical_width(price_collectives(collectives, mesh, hw), promoted, mesh, hw)
     scattered = scattered_elements(hlo_text)
-    depends = _collective_dependences(hlo_text, collectives)
     # Parts: (kind, V, result bytes, key, collective index).
     parts: list[tuple[str, float, float, tuple, int]] = []
+    element_part: dict[tuple[str, int], int] = {}  # (collective, tuple element or -1) -> part
     for i, (c, p) in enumerate(zip(collectives, priced)):
         n = max(c.group_size, 1)
         groups = p.mesh_axes if p.mesh_axes is not None else c.raw_groups
         if c.kind not in _COMBINABLE or not c.result_shapes:
+            element_part[(c.name, -1)] = len(parts)
             parts.append((c.kind, p.full_bytes, float(c.result_bytes), ("alone", i), i))
             continue
         hidden = scattered.get(c.name, set())
@@ -339,18 +431,10 @@ def target_collective_ops(hlo_text: str, mesh: MeshSpec, hw: HardwareSpec) -> tu
                 full, result = nbytes, nbytes / n
             else:
                 full, result = _full_bytes(kind, nbytes, n), nbytes
+            element_part[(c.name, k if len(c.result_shapes) > 1 else -1)] = len(parts)
             parts.append((kind, full, result, (kind, groups, dtype, c.computation), i))
-    part_bits = [0] * len(collectives)
-    for j, part in enumerate(parts):
-        part_bits[part[4]] |= 1 << j
-    inputs = []
-    for part in parts:
-        bits, dep = 0, depends[part[4]]
-        while dep:
-            low = dep & -dep
-            bits |= part_bits[low.bit_length() - 1]
-            dep ^= low
-        inputs.append(bits)
+    depends = _part_dependences(hlo_text, element_part)
+    inputs = [depends.get(j, 0) for j in range(len(parts))]
     group = combine(
         [part[0] for part in parts],
         [part[3] for part in parts],

@@ -71,7 +71,10 @@ class RematReplay:
     def read(self, opi: int, vid: int, arr, before_use: Callable, after_value: Callable):
         """The array a backward op reads for `vid`: the recomputed copy of a dropped residual."""
         b = self.block_of.get(vid)
-        if opi < self.first_backward or not is_backward(self.prog.ops[opi]):
+        # A loop's `*_start` op (no step of its own: the loop is bound whole) reads the original.
+        if opi < self.first_backward or opi not in self.steps:
+            return arr
+        if not is_backward(self.prog.ops[opi]):
             return arr
         if b is None:
             if self.prog.producers()[vid] in self.readers:

@@ -3,7 +3,11 @@
 `shard(fn, ana, strategy, mesh)` returns a jitted function whose inputs and outputs carry the
 strategy's `NamedSharding`s and which replays the traced program with `with_sharding_constraint`
 on every value (its planned sharding) and at every cut use (the consumer's sharding), so XLA's SPMD
-partitioner follows the plan rather than propagating its own. The same function runs on any
+partitioner follows the plan rather than propagating its own. That holds inside `scan` and `while`
+bodies too: a loop is bound with its body replayed under the same constraints, and its operands
+are constrained where its start op reads them (unconstrained, XLA re-planned gradient
+accumulation and scanned layers: FSDP weights gathered every iteration, a stacked residual
+gathered again after the loop). A `cond`'s branches are not constrained. The same function runs on any
 `jax.sharding.Mesh` with the strategy's axis names: simulated CPU devices here, a TPU pod or a GPU
 cluster there.
 

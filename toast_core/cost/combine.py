@@ -73,18 +73,25 @@ class CombinedOp:
     count: int = 1  # executions per step (loop trip count)
 
 
-def region_of_ops(primitives: Sequence[str]) -> list[int]:
+def region_of_ops(primitives: Sequence[str], depths: Sequence[int]) -> list[int]:
     """Index of the innermost region start op (`scan_start`, `while_start`, `cond_start`) around
     each op, -1 at top level: the computation XLA puts it in (combiners work per computation).
-    A `*_start` / `*_end` op itself belongs to the enclosing computation."""
-    stack: list[int] = []
+    A `*_start` / `*_end` op itself belongs to the enclosing computation.
+
+    `depths[i]` is op i's `region_depth`. The depth, not a stack of starts and ends, tells which
+    start an op belongs to: the tracer opens a cond with one `cond_start` per branch and closes
+    all of them with a single `cond_end`, so the next branch's start replaces the previous one at
+    its depth (a nested cond inside a branch is closed before the next branch opens).
+    """
+    if len(depths) != len(primitives):
+        raise ToastError(bad_value("depths", len(depths), f"{len(primitives)} entries"))
+    open_at: list[int] = []  # open_at[d]: the start op of the computation at depth d + 1
     out = []
-    for index, primitive in enumerate(primitives):
-        if primitive.endswith("_end") and stack:
-            stack.pop()
-        out.append(stack[-1] if stack else -1)
+    for index, (primitive, depth) in enumerate(zip(primitives, depths)):
+        out.append(open_at[depth - 1] if depth > 0 else -1)
         if primitive.endswith("_start"):
-            stack.append(index)
+            del open_at[depth:]
+            open_at.append(index)
     return out
 
 

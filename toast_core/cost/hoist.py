@@ -42,7 +42,9 @@ def definitions(prog: Program) -> tuple[np.ndarray, np.ndarray, list[int]]:
     enclosing trip count is followed by nesting depth: a scan's body runs `length` times per
     execution of the scan.
     """
-    op_region = region_of_ops([op.primitive for op in prog.ops])
+    op_region = region_of_ops(
+        [op.primitive for op in prog.ops], [op.region_depth for op in prog.ops]
+    )
     n = len(prog.values)
     trip = np.ones(n, dtype=np.float64)
     region = np.full(n, -1, dtype=np.int64)

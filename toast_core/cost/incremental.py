@@ -119,6 +119,7 @@ class _SitesOf:
         self.site_value, self.site_op = ev.site_value[sites], ev.site_op[sites]
         rep, per = inc.rep_of.take(values), inc.per_of.take(values)
         self.rep, self._rep_site = ev.rep[rep], ev._rep_site[rep]
+        self.rep_before = ev.rep_before[rep]
         self.per, self._per_site = ev.per[per], ev._per_site[per]
         cat = inc.cat_of.take(values)
         self.cat, self._cat_site = ev.cat[cat], ev._cat_site[cat]

@@ -408,17 +408,22 @@ class Evaluator:
     def _replicate_and_permute_sites(self) -> None:
         ana, prog = self.ana, self.ana.program
         fine = ana.fine_of_atom
-        rep, per, rep_at = [], [], []
+        rep, per, rep_at, before = [], [], [], []
         for (opi, pos), dims in ana.nda.use_atoms.items():
             vid = prog.ops[opi].operands[pos]
-            for d, atoms in enumerate(dims):
-                for a in atoms:
+            later: list[int] = []  # replicate fines of this use's later dims
+            for d in reversed(range(len(dims))):
+                here = []
+                for a in dims[d]:
                     kind = ana.nda.atom_kind[a]
                     if kind == "replicate":
                         rep.append((opi, vid, int(fine[a])))
                         rep_at.append((opi, vid, int(fine[a]), pos, d))
+                        before.append(tuple(later))
+                        here.append(int(fine[a]))
                     elif kind == "permute":
                         per.append((opi, vid, int(fine[a]), int(ana.nda.atom_size[a])))
+                later += here
         # Columns: op, value, fine, style, room, piece list id (see concat_slice.py), and
         # below a partial-sum id.
         cs = concat_slice_sites(ana, self.lay, rep_at)
@@ -426,6 +431,15 @@ class Evaluator:
             [np.array(rep, dtype=np.int64).reshape(-1, 3), cs.style, cs.room, cs.pieces_id]
         ).astype(np.int64)
         self.rep_pieces, self.cat = cs.pieces, cs.cat
+        # XLA gathers a use's sharded dims one all-gather per dim, the last dim first (measured:
+        # f32[8, 32, 8] sharded [a, -, b] on a {a: 4, b: 2} mesh, replicated for a top_k: an
+        # all-gather on b to f32[2, 32, 8], then one on a to f32[8, 32, 8]); each gathers what
+        # the ones before it grew. `rep_before[k]`: fines of the replicate factors gathered
+        # before entry k (later dims of the same use), -1 padded.
+        width = max((len(b) for b in before), default=0)
+        self.rep_before = np.full((len(before), max(width, 1)), -1, dtype=np.int64)
+        for k, b in enumerate(before):
+            self.rep_before[k, : len(b)] = b
         # Column 6: for a slice row whose operand is a reduction's result read by that op
         # alone, the index of its reduction fine classes in `_partial_fines`, else -1
         # (see `_partial_target`).
@@ -752,6 +766,9 @@ class Evaluator:
         m = masks[rep[:, 2]]
         vals = rep[:, 1]
         ways = self.mask_ways[m]
+        before = self.rep_before
+        # The operand as the gathers of its later dims left it (see `rep_before`).
+        grown = np.where(before >= 0, self.mask_ways[masks[np.maximum(before, 0)]], 1.0)
         kinds = np.full(len(m), AG)
         kinds[(rep[:, 3] == CONCAT) & (rep[:, 4] % ways == 0)] = A2A
         keep = np.ones(len(m), dtype=bool)
@@ -781,7 +798,7 @@ class Evaluator:
             (
                 kinds[keep],
                 m[keep],
-                (value_local[vals] * ways)[keep],
+                (value_local[vals] * ways * grown.prod(axis=1))[keep],
                 rep[keep, 0],
                 vals[keep],
                 self._rep_site[keep],
@@ -1096,7 +1113,9 @@ class Evaluator:
         # Executions per step and computation of each site: a collective on the use of a loop
         # constant is hoisted out of the loop (hoist.py), a partial sum runs where its op does.
         trips, regions = use_counts(prog, [(o, v) for _, o, v in sites])
-        region = region_of_ops([op.primitive for op in prog.ops])
+        region = region_of_ops(
+            [op.primitive for op in prog.ops], [op.region_depth for op in prog.ops]
+        )
         for k, (where, o, _) in enumerate(sites):
             if where == "result":
                 trips[k], regions[k] = self.trip[o], region[o]

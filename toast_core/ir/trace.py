@@ -59,6 +59,12 @@ class _Step:
     operands: tuple
     results: tuple[int, ...]
     op_index: int = -1
+    # Per operand, the (op index, operand position) of the IR op that reads it; a loop's operands
+    # are read by its `*_start` op (None: no op reads it, e.g. a while's cond consts).
+    readers: tuple[tuple[int, int] | None, ...] = ()
+    # A scan's or while's body, replayed with the plan's constraints inside it: (ids of the
+    # body's inputs, its steps, ids of its outputs); None for other steps.
+    body: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -177,6 +183,7 @@ class _Builder:
         self.steps: list[_Step] = []
         self.consts: list[tuple[int, Any]] = []
         self.diagnostics: list[str] = []
+        self.bodies: dict[int, tuple] = {}  # start op index -> (body inputs, steps, outputs)
 
     def new_value(self, aval, role: str, name: str = "", source: str = "") -> int:
         vid = len(self.values)
@@ -232,10 +239,17 @@ class _Builder:
                 return
         if prim in REGION_PRIMITIVES:
             operand_ids = [self.read(env, a) for a in eqn.invars]
+            start = len(self.ops)  # the region's (first) `*_start` op
             getattr(self, f"_region_{prim}")(eqn, env, operand_ids, trip_count, depth, kw)
             if top_level:
                 result_ids = [env.get(v, -1) for v in eqn.outvars]
-                self.steps.append(_Step(eqn, _step_operands(eqn, operand_ids), tuple(result_ids)))
+                readers = _region_readers(eqn, start)
+                body = self.bodies.get(start)
+                self.steps.append(
+                    _Step(
+                        eqn, _step_operands(eqn, operand_ids), tuple(result_ids), -1, readers, body
+                    )
+                )
             return
         operand_ids = [self.read(env, a) for a in eqn.invars]
         result_ids = self._bind_results(eqn, env, prim, source)
@@ -249,8 +263,9 @@ class _Builder:
             **kw,
         )
         if top_level:
+            readers = tuple((op_index, pos) for pos in range(len(operand_ids)))
             self.steps.append(
-                _Step(eqn, _step_operands(eqn, operand_ids), tuple(result_ids), op_index)
+                _Step(eqn, _step_operands(eqn, operand_ids), tuple(result_ids), op_index, readers)
             )
 
     def _inline(self, eqn, sub, env, call_path, trip_count, depth, top_level) -> None:
@@ -290,6 +305,16 @@ class _Builder:
             ids.append(vid)
         return env, ids
 
+    def _walk_body(self, jaxpr, env, call_path, trip_count: int, depth: int) -> tuple:
+        """Walks a loop body one level deeper and returns its replay steps (kept apart from the
+        enclosing computation's)."""
+        outer, self.steps = self.steps, []
+        try:
+            self.walk(jaxpr, env, call_path, trip_count, depth + 1, True)
+            return tuple(self.steps)
+        finally:
+            self.steps = outer
+
     def _body_outputs(self, jaxpr: jex.Jaxpr, env: dict) -> list[int]:
         return [self.read(env, v) for v in jaxpr.outvars]
 
@@ -298,9 +323,10 @@ class _Builder:
         length = int(eqn.params["length"])
         body_env, body_in = self._body_inputs(closed.jaxpr, closed.consts, "scan_in", kw["source"])
         params = _plain_params(eqn.params)
-        self.add_op(prim.SCAN_START, operand_ids, body_in, params, region_depth=depth, **kw)
-        self.walk(closed.jaxpr, body_env, kw["call_path"], trip_count * length, depth + 1, False)
+        start = self.add_op(prim.SCAN_START, operand_ids, body_in, params, region_depth=depth, **kw)
+        steps = self._walk_body(closed.jaxpr, body_env, kw["call_path"], trip_count * length, depth)
         body_out = self._body_outputs(closed.jaxpr, body_env)
+        self.bodies[start] = (tuple(body_in), steps, tuple(body_out))
         n_consts, n_carry = int(eqn.params["num_consts"]), int(eqn.params["num_carry"])
         carry_in = body_in[n_consts : n_consts + n_carry]
         results = self._bind_results(eqn, env, "scan", kw["source"])
@@ -320,12 +346,15 @@ class _Builder:
         body_operands = operand_ids[cond_n : cond_n + body_n] + carry_ids
         body_env, body_in = self._body_inputs(body.jaxpr, body.consts, "while_in", kw["source"])
         params = _plain_params(eqn.params) + (("num_consts", body_n),)
-        self.add_op(prim.WHILE_START, body_operands, body_in, params, region_depth=depth, **kw)
+        start = self.add_op(
+            prim.WHILE_START, body_operands, body_in, params, region_depth=depth, **kw
+        )
         self.diagnostics.append(
             f"while loop at {kw['source'] or '?'}: trip count unknown, its body is costed once"
         )
-        self.walk(body.jaxpr, body_env, kw["call_path"], trip_count, depth + 1, False)
+        steps = self._walk_body(body.jaxpr, body_env, kw["call_path"], trip_count, depth)
         body_out = self._body_outputs(body.jaxpr, body_env)
+        self.bodies[start] = (tuple(body_in), steps, tuple(body_out))
         results = self._bind_results(eqn, env, "while", kw["source"])
         self.add_op(
             prim.WHILE_END,
@@ -366,6 +395,19 @@ class _Builder:
 
 def _renamed(value: Value, name: str) -> Value:
     return Value(value.id, value.shape, value.dtype, value.role, name, value.source)
+
+
+def _region_readers(eqn, start: int) -> tuple[tuple[int, int] | None, ...]:
+    """Which operand of the `*_start` op at index `start` each operand of a loop eqn is: a scan's
+    operands in order; a while's body consts and carries (its cond consts feed no op). A cond's
+    operands are read by one start op per branch, whose shardings may differ: none is chosen."""
+    n = len(eqn.invars)
+    if eqn.primitive.name == "scan":
+        return tuple((start, pos) for pos in range(n))
+    if eqn.primitive.name == "while":
+        cond_n = int(eqn.params["cond_nconsts"])
+        return tuple(None if pos < cond_n else (start, pos - cond_n) for pos in range(n))
+    return (None,) * n
 
 
 def _step_operands(eqn, operand_ids) -> tuple:
@@ -540,7 +582,7 @@ def _trace(fn: Callable, args: tuple, param_argnums: tuple[int, ...] | None) -> 
             src = vid
             vid = b.new_value(_AvalLike(b.values[src]), "intermediate", "")
             op_index = b.add_op("copy", [src], [vid], source="")
-            b.steps.append(_Step(None, (src,), (vid,), op_index))
+            b.steps.append(_Step(None, (src,), (vid,), op_index, ((op_index, 0),)))
         v = b.values[vid]
         path, _ = out_leaves_with_path[k]
         updates = persistent_by_key.get((_keystr(path[1:]), v.shape, v.dtype))
@@ -587,7 +629,8 @@ def run_with_constraints(
     """Replays the traced program on `flat_args` (flattened inputs, traced or concrete).
 
     `before_use(op_index, operand_position, value_id, array) -> array` may replace an operand just
-    before an op reads it (a cut: the use is resharded; region ops report op_index -1);
+    before an op reads it (a cut: the use is resharded; a scan's or while's operands are read
+    by its `*_start` op, a cond's by none);
     `after_value(value_id, array) -> array` may replace a value once it is defined (constrain it to
     its planned sharding). Returns the flattened outputs.
     """
@@ -597,18 +640,28 @@ def run_with_constraints(
     env: dict[int, Any] = dict(handle.consts)
     for vid, arr in zip(handle.input_ids, flat_args):
         env[vid] = after_value(vid, arr) if after_value else arr
-    for step in handle.steps:
+    _replay(handle.steps, env, handle.consts, before_use, after_value)
+    return [env[vid] for vid in handle.output_ids]
+
+
+def _replay(steps, env: dict, consts, before_use, after_value) -> None:
+    """Binds `steps` in order on `env` (value id -> array), constraining as `run_with_constraints`
+    says; a loop with a recorded body is bound with that body replayed the same way."""
+    for step in steps:
         ins = []
         for pos, ref in enumerate(step.operands):
             if isinstance(ref, tuple):
                 ins.append(ref[1])
                 continue
             arr = env[ref]
-            if before_use is not None:
-                arr = before_use(step.op_index, pos, ref, arr)
+            reader = step.readers[pos] if step.readers else None
+            if before_use is not None and reader is not None:
+                arr = before_use(reader[0], reader[1], ref, arr)
             ins.append(arr)
         if step.eqn is None:  # an output copy
             outs = ins
+        elif step.body is not None and (before_use is not None or after_value is not None):
+            outs = _bind_loop(step, ins, consts, before_use, after_value)
         else:
             outs = step.eqn.primitive.bind(*ins, **step.eqn.params)
             if not step.eqn.primitive.multiple_results:
@@ -617,7 +670,36 @@ def run_with_constraints(
             if vid < 0:
                 continue
             env[vid] = after_value(vid, arr) if after_value else arr
-    return [env[vid] for vid in handle.output_ids]
+
+
+def _type_of(var) -> tuple:
+    return (tuple(var.aval.shape), var.aval.dtype, getattr(var.aval, "weak_type", False))
+
+
+def _bind_loop(step: _Step, ins: list, consts, before_use, after_value) -> list:
+    """Binds a scan or while whose body replays the traced body with the constraints inside it
+    (a new body jaxpr of the same signature), so that XLA follows the plan within the loop
+    rather than propagating its own shardings into it."""
+    body_in, body_steps, body_out = step.body
+    eqn = step.eqn
+    key = "jaxpr" if eqn.primitive.name == "scan" else "body_jaxpr"
+    closed = eqn.params[key]
+
+    def body(*args):
+        env = dict(consts)
+        for vid, arr in zip(body_in, args):
+            env[vid] = after_value(vid, arr) if after_value else arr
+        _replay(body_steps, env, consts, before_use, after_value)
+        return [env[vid] for vid in body_out]
+
+    avals = [
+        jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype, weak_type=v.aval.weak_type)
+        for v in closed.jaxpr.invars
+    ]
+    new_body = jax.make_jaxpr(body)(*avals)
+    if list(map(_type_of, new_body.jaxpr.outvars)) != list(map(_type_of, closed.jaxpr.outvars)):
+        return eqn.primitive.bind(*ins, **eqn.params)  # keep the original body: same outputs
+    return eqn.primitive.bind(*ins, **{**eqn.params, key: new_body})
 
 
 def xla_hlo_cost_analysis(hlo_text: str) -> dict[str, float]:
