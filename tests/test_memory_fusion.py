@@ -47,16 +47,17 @@ def test_the_broadcast_mask_is_fused_away_and_takes_no_memory(masked):
     fused = fused_away(prog, materialized(prog))
     masks = [v for v in prog.values if v.dtype == "bool" and v.shape == (B, H, S, S)]
     assert masks and all(fused[v.id] for v in masks)
-    # The scores are a buffer: their transpose is the same size as what it reads (only
-    # expansions, like the broadcast -1e9 or the softmax max, are fused away).
+    # The masked scores are a buffer: the select is read by the softmax's max and by its exp,
+    # two fusions, so XLA stores it (the transpose feeding it is fused into that select's loop).
     producers = prog.producers()
     scores = [
         v
         for v in prog.values
         if v.rank == 4
+        and v.dtype == "float32"
         and producers[v.id] is not None
-        and prog.ops[producers[v.id]].primitive == "transpose"
-        and "transpose(" not in prog.ops[producers[v.id]].name_stack
+        and prog.ops[producers[v.id]].primitive == "select_n"
+        and len(prog.uses()[v.id]) > 1
     ]
     assert scores and not any(fused[v.id] for v in scores)
     ev = evaluator(ana, MESH, HW)
@@ -76,11 +77,12 @@ def test_the_whole_mask_is_recomputed_from_iotas(masked):
 
 
 def test_a_fused_value_keeps_its_operands_live_until_its_last_reader():
-    """x * 2 broadcast from [S] to [B, S] is fused into both its readers; the backward one
-    recomputes it, so the [S] source lives into the backward part."""
+    """exp(w) broadcast from [S] to [B, S] is fused into both its readers; the backward one
+    recomputes it, so the [S] source lives into the backward part. (exp is computed once and
+    stored, being read by two fusions; a cheap `sin(w)` would be recomputed from w in each.)"""
 
     def f(w, x):
-        scale = jnp.broadcast_to(jnp.sin(w)[None, :], x.shape)  # [B, S] from [S]
+        scale = jnp.broadcast_to(jnp.exp(w)[None, :], x.shape)  # [B, S] from [S]
         return jnp.sum(jnp.tanh(x * scale) * scale)
 
     S, B = 256, 64
@@ -103,9 +105,13 @@ def test_a_fused_value_keeps_its_operands_live_until_its_last_reader():
         and prog.ops[producers[v.id]].primitive == "broadcast_in_dim"
     ]
     assert big and all(fused[v.id] for v in big)
-    src = prog.ops[producers[big[0].id]].operands[0]
-    readers = [o for v in big for o, _ in prog.uses()[v.id]]
     pos = {v: i for i, v in enumerate(ev.live_ids.tolist())}
+    src = prog.ops[producers[big[0].id]].operands[0]
+    while src not in pos:  # through the [1, S] reshape-like broadcast, fused too: to exp(w)
+        assert fused[src]
+        src = prog.ops[producers[src]].operands[0]
+    assert prog.ops[producers[src]].primitive == "exp"
+    readers = [o for v in big for o, _ in prog.uses()[v.id]]
     assert any(ev.direction[o] == "backward" for o in readers)
     assert ev.dies[pos[src]] >= max(readers) + 1
 
