@@ -140,3 +140,32 @@ def test_gpt_memory_close_to_xla_at_a_sequence_where_the_mask_matters():
         check.compiled_memory_bytes,
     )
     assert np.isfinite(check.memory_ratio)
+
+
+def _intermediates_live(fn, *shapes) -> list[tuple[int, ...]]:
+    """Shapes of the non-output intermediates the cost model holds as buffers."""
+    args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+    ana = tc.analyze(tc.trace(fn, *args))
+    ev = evaluator(ana, MESH, HW)
+    vals = ana.program.values
+    return [vals[v].shape for v in ev.live_ids.tolist() if not vals[v].is_output]
+
+
+def test_a_reductions_elementwise_producers_take_no_buffer():
+    """var(x): the centred [N, D] values and their squares exist only inside the reduction's
+    loop (XLA:CPU: one scalar temporary for var of f32[4]); they were counted as buffers."""
+    live = _intermediates_live(lambda x: jnp.var(x, axis=0), (64, 256))
+    assert (64, 256) not in live
+
+
+def _adam_update(p, m, v, g):
+    m = 0.9 * m + 0.1 * g
+    v = 0.999 * v + 0.001 * g * g
+    return p - 1e-3 * (m / 0.1) / (jnp.sqrt(v / 0.001) + 1e-8), m, v
+
+
+def test_an_elementwise_update_chain_is_one_loop():
+    """Adam's update writes its three outputs and no [D, D] temporary (XLA: one loop fusion per
+    output); each intermediate of the chain was a buffer."""
+    live = _intermediates_live(_adam_update, *[(128, 128)] * 4)
+    assert (128, 128) not in live
