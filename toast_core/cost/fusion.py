@@ -80,8 +80,8 @@ def fused_away(prog: Program, is_materialized: list[bool]) -> list[bool]:
       None], scores, -inf)` broadcast to [B, H, S, S] never exists, forward or backward, only
       the [S, S] one (measured with `memory_analysis()`; tests/test_memory_fusion.py);
     * a value that one fusion alone computes (one reader, or readers all fused into the same
-      one), other than a reduction's result (a loop fusion ends at its reduction, whose readers
-      read a buffer): an elementwise chain is one loop. Adam's update `p - lr * (m / c1) /
+      one), other than a reduction's result read by a wider loop or another reduction
+      (`_widens`: a softmax's max is a buffer): an elementwise chain is one loop. Adam's update `p - lr * (m / c1) /
       (sqrt(v / c2) + eps)` writes only the new parameters (a train step's temporaries were 324
       bytes where counting each [24, 16] intermediate predicted 7.7 KB), and `var(x)`'s centred
       squares exist only inside its reduction (XLA: one 4-byte temporary).
@@ -122,17 +122,32 @@ def _fusion_roots(
     prog: Program, is_materialized: list[bool], expansion: list[bool]
 ) -> list[frozenset[int]]:
     """For each op, the ops whose fusions compute it (itself when it roots its own fusion, and
-    its result is a buffer): reductions and ops with a materialized result root their own; an
-    expansion is fused into all its readers' fusions, any other op only when they are one."""
+    its result is a buffer): ops with a materialized result, and reductions read by a wider
+    loop or another reduction, root their own; an expansion is fused into all its readers'
+    fusions, any other op only when they are one."""
     uses = prog.uses()
     roots: list[frozenset[int]] = [frozenset()] * len(prog.ops)
     for op in reversed(prog.ops):
         readers = frozenset().union(*(roots[o] for r in op.results for o, _ in uses[r]))
         own = (
             op.primitive not in FUSIBLE
-            or op.primitive in _REDUCTIONS
             or any(is_materialized[r] for r in op.results)
             or (len(readers) > 1 and not expansion[op.index])
+            or (op.primitive in _REDUCTIONS and _widens(prog, op, readers))
         )
         roots[op.index] = frozenset((op.index,)) if own or not readers else readers
     return roots
+
+
+def _widens(prog: Program, op, readers: frozenset[int]) -> bool:
+    """Whether a reduction's reader fusion writes more elements than the reduction makes: XLA
+    then keeps the reduction apart (a softmax's max read by the [B, S, V] subtraction would be
+    recomputed per element), as it does when the reader is another reduction; else it computes
+    the reduction inside the reader's loop (a loss `mean(a) + mean(b)` is one fusion with both
+    reductions inside: XLA:CPU's buffer assignment, one scalar temporary)."""
+    size = max(prog.values[r].size for r in op.results)
+    return any(
+        prog.ops[root].primitive in _REDUCTIONS or prog.values[r].size > size
+        for root in readers
+        for r in prog.ops[root].results
+    )
