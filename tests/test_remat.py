@@ -68,7 +68,9 @@ def test_remat_lowers_memory_and_adds_the_recomputed_forward(gpt):
     for policy in ("dots", "full"):
         r = tc.estimate(gpt, dp.with_remat(gpt, policy), MESH, HW)
         assert r.remat and all(p == policy for _, p in r.remat)
-        assert r.peak_bytes < 0.75 * base.peak_bytes
+        # (0.77 for "dots" since the forward's fused elementwise values, which XLA never
+        # stores, left the baseline's residuals; 0.75 before)
+        assert r.peak_bytes < 0.8 * base.peak_bytes
         assert r.recompute_flops_per_device > prev.recompute_flops_per_device
         # Flops go up by exactly the recomputed forward ops (no collective under data parallel
         # runs in the forward part).

@@ -58,6 +58,15 @@ from toast_core.strategy import Strategy, remat_space
 from toast_core.strategy.remat import POLICIES
 
 RTOL, ATOL = 1e-4, 1e-6
+
+#: XLA:CPU packs the temporaries of a program into one preallocated block at 64-byte aligned
+#: offsets (its buffer assignment dump: two f32[6] temporaries at offsets 0 and 64 make an
+#: 88-byte block), so below a few hundred bytes per buffer the block is mostly padding: a 4-byte
+#: scalar temporary takes 64. TPU/GPU align and tile differently; the CPU view only.
+CPU_BUFFER_ALIGN_BYTES = 64
+#: A program with several outputs returns a tuple, and XLA:CPU counts the tuple's table of
+#: 8-byte pointers in `output_size_in_bytes` (two f32[6] outputs: 48 + 16 bytes).
+CPU_TUPLE_ENTRY_BYTES = 8
 NOISE_FACTOR = 4.0
 
 
@@ -250,8 +259,12 @@ def recomputed_ops(remat, ana: Analysis) -> list[int]:
     return out
 
 
-def cpu_memory_bytes(report) -> float:
+def cpu_memory_bytes(report, n_outputs: int = 1) -> float:
     """Predicted peak per-device bytes as XLA's CPU backend allocates them.
+
+    `report` should price temporaries as XLA:CPU places them (`Evaluator.report(strategy,
+    buffer_align_bytes=CPU_BUFFER_ALIGN_BYTES)`), and a program with `n_outputs` > 1 output
+    leaves also holds its output tuple's pointer table (`CPU_TUPLE_ENTRY_BYTES` each).
 
     A reduce-scatter runs there as an all-reduce into a new buffer of the full size V, then a
     slice, and the all-reduce combiner merges those all-reduces into one, issued once the last of
@@ -259,14 +272,25 @@ def cpu_memory_bytes(report) -> float:
     result is live at once. Added to the target view's timeline at that op (an approximation that
     may count a partial buffer twice when it is also read after that op).
     """
+    table = CPU_TUPLE_ENTRY_BYTES * n_outputs if n_outputs > 1 else 0
     timeline = np.asarray(report.memory_timeline, dtype=np.float64)
     scattered = [c for c in report.collectives if c.kind == "reduce-scatter"]
     if not len(timeline) or not scattered:
-        return report.peak_bytes
+        return report.peak_bytes + table
     last = max(c.op for c in scattered)
     results = sum(c.bytes for c in scattered)
     held = sum(c.bytes for c in scattered if c.op < last)
-    return max(report.peak_bytes, float(timeline[last]) + results + held)
+    return max(report.peak_bytes, float(timeline[last]) + results + held) + table
+
+
+def predicted_cpu_memory_bytes(
+    ana: Analysis, strategy: Strategy, mesh: MeshSpec, hw: HardwareSpec | str
+) -> float:
+    """The prediction compared with `memory_analysis()` on XLA:CPU (outputs not donated, as
+    `validate` compiles them): `cpu_memory_bytes` of the CPU-aligned report."""
+    ev = evaluator(ana, mesh, hardware(hw), CostOptions(donate_outputs=False))
+    report = ev.report(strategy, buffer_align_bytes=CPU_BUFFER_ALIGN_BYTES)
+    return cpu_memory_bytes(report, len(ana.program.outputs))
 
 
 def _check_host_memory(ana: Analysis, report, n_devices: int, check_numerics: bool) -> None:
@@ -469,7 +493,7 @@ def validate(
         compiled_flops=float(cost.get("flops", 0.0)),
         predicted_collective_bytes=cpu_view(report, ana.program),
         compiled_collective_bytes={k: float(v) for k, v in collective_bytes_by_kind(hlo).items()},
-        predicted_memory_bytes=cpu_memory_bytes(report),
+        predicted_memory_bytes=predicted_cpu_memory_bytes(ana, strategy, ms, hw),
         compiled_memory_bytes=compiled_mem,
         predicted_collective_bytes_target=report.collective_bytes_by_kind(),
         predicted_memory_bytes_target=report.peak_bytes,

@@ -82,22 +82,83 @@ def fusion_copies(prog: Program, is_materialized: list[bool]) -> list[int]:
 
 
 def fused_away(prog: Program, is_materialized: list[bool]) -> list[bool]:
-    """Whether each value never exists as a buffer: XLA fuses its producer into every reader,
-    which recomputes it from smaller operands. The causal mask `where(tril(ones(S, S))[None,
-    None], scores, -inf)` broadcast to [B, H, S, S] is one: no [B, H, S, S] predicate is ever
-    allocated, forward or backward, only the [S, S] one (measured with `memory_analysis()`;
-    tests/test_memory_fusion.py). Only such expansions (broadcasts, iota masks, upcasts: a
-    value larger than what it is recomputed from) count: a fused same-size elementwise value
-    trades its buffer for its operands' longer lives, and XLA keeps many of those anyway (a
-    producer read by several fusions is often computed once). An op XLA does not duplicate
-    (exp, tanh, a reduction) roots its own fusion, so its result is a buffer."""
-    source_bytes = [0.0] * len(prog.values)  # bytes a fused value is recomputed from
+    """Whether each value never exists as a buffer: XLA fuses its producer into its readers'
+    loops, which compute it in registers from the producer's operands. Only values a fusible op
+    makes and only fusible ops read (not `is_materialized`) can be, and of those two kinds are:
+
+    * expansions (broadcasts, iota masks, upcasts: a value larger than what it is recomputed
+      from), fused into every reader however many: the causal mask `where(tril(ones(S, S))[None,
+      None], scores, -inf)` broadcast to [B, H, S, S] never exists, forward or backward, only
+      the [S, S] one (measured with `memory_analysis()`; tests/test_memory_fusion.py);
+    * a value that one fusion alone computes (one reader, or readers all fused into the same
+      one), other than a reduction's result read by a wider loop or another reduction
+      (`_widens`: a softmax's max is a buffer): an elementwise chain is one loop. Adam's update `p - lr * (m / c1) /
+      (sqrt(v / c2) + eps)` writes only the new parameters (a train step's temporaries were 324
+      bytes where counting each [24, 16] intermediate predicted 7.7 KB), and `var(x)`'s centred
+      squares exist only inside its reduction (XLA: one 4-byte temporary).
+
+    A same-size value read by several fusions stays a buffer: XLA computes `1 + x * x` read by a
+    forward and a backward division once and stores it (24 KB of a 74 KB temporary block). A
+    fused value's operands stay live until its last reader instead (the cost model's liveness).
+    """
+    expansion = _expansions(prog, is_materialized)
+    roots = _fusion_roots(prog, is_materialized, expansion)
     out = [False] * len(prog.values)
+    uses = prog.uses()
+    for op in prog.ops:
+        if op.index in roots[op.index] or op.primitive not in FUSIBLE:
+            continue  # roots its own fusion: its result is a buffer
+        for r in op.results:
+            out[r] = not is_materialized[r] and bool(uses[r])
+    return out
+
+
+def _expansions(prog: Program, is_materialized: list[bool]) -> list[bool]:
+    """Per op: whether XLA duplicates it into each reader because its result is larger than what
+    it is recomputed from (through chains of such values)."""
+    source_bytes = [0.0] * len(prog.values)  # bytes a fused value is recomputed from
+    fused = [False] * len(prog.values)
+    out = [False] * len(prog.ops)
     for op in prog.ops:
         if op.primitive not in FUSIBLE or op.primitive in NOT_DUPLICATED:
             continue
-        src = sum(source_bytes[x] if out[x] else prog.values[x].nbytes for x in op.operands)
+        src = sum(source_bytes[x] if fused[x] else prog.values[x].nbytes for x in op.operands)
         for r in op.results:
             if not is_materialized[r] and src < prog.values[r].nbytes:
-                out[r], source_bytes[r] = True, src
+                fused[r], source_bytes[r], out[op.index] = True, src, True
     return out
+
+
+def _fusion_roots(
+    prog: Program, is_materialized: list[bool], expansion: list[bool]
+) -> list[frozenset[int]]:
+    """For each op, the ops whose fusions compute it (itself when it roots its own fusion, and
+    its result is a buffer): ops with a materialized result, and reductions read by a wider
+    loop or another reduction, root their own; an expansion is fused into all its readers'
+    fusions, any other op only when they are one."""
+    uses = prog.uses()
+    roots: list[frozenset[int]] = [frozenset()] * len(prog.ops)
+    for op in reversed(prog.ops):
+        readers = frozenset().union(*(roots[o] for r in op.results for o, _ in uses[r]))
+        own = (
+            op.primitive not in FUSIBLE
+            or any(is_materialized[r] for r in op.results)
+            or (len(readers) > 1 and not expansion[op.index])
+            or (op.primitive in _REDUCTIONS and _widens(prog, op, readers))
+        )
+        roots[op.index] = frozenset((op.index,)) if own or not readers else readers
+    return roots
+
+
+def _widens(prog: Program, op, readers: frozenset[int]) -> bool:
+    """Whether a reduction's reader fusion writes more elements than the reduction makes: XLA
+    then keeps the reduction apart (a softmax's max read by the [B, S, V] subtraction would be
+    recomputed per element), as it does when the reader is another reduction; else it computes
+    the reduction inside the reader's loop (a loss `mean(a) + mean(b)` is one fusion with both
+    reductions inside: XLA:CPU's buffer assignment, one scalar temporary)."""
+    size = max(prog.values[r].size for r in op.results)
+    return any(
+        prog.ops[root].primitive in _REDUCTIONS or prog.values[r].size > size
+        for root in readers
+        for r in prog.ops[root].results
+    )

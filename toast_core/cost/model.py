@@ -498,6 +498,7 @@ class Evaluator:
         for k, v in enumerate(live_ids):
             dies[k] = max(dies[k], lasts.get(v, -1))
         self.live_ids = np.array(live_ids, dtype=np.int64)
+        self._live_is_output = np.array([prog.values[v].is_output for v in live_ids], dtype=bool)
         self.born = np.array(born, dtype=np.int64)
         self.dies = np.array(dies, dtype=np.int64) + 1
         self.persistent_ids = np.array(persistent, dtype=np.int64)
@@ -587,20 +588,28 @@ class Evaluator:
         )
         return flops_local, trans_local, bytes_local, t
 
-    def _memory(self, value_local, masks, remat: RematEffect | None = None, pairs=()):
+    def _memory(
+        self, value_local, masks, remat: RematEffect | None = None, pairs=(), align_bytes: int = 0
+    ):
         """(persistent bytes, live bytes after each op). Resharded copies made at cuts live from
         their first to their last reader; residuals that remat drops live twice, briefly, and so
         does a copy read by a remat'd block and by the backward part (`pairs`: the remat
         policies): like `jax.checkpoint`, whose backward reads the block's inputs through the
         barrier, FSDP gathers a layer's weights again for its backward instead of keeping them
-        gathered from the forward."""
+        gathered from the forward. `align_bytes` rounds each temporary buffer (not the inputs
+        and outputs, which get allocations of their exact size) up to that multiple, as a
+        backend that places temporaries at aligned offsets of one block does."""
         delta = np.zeros(self.n_ops + 2)
         b = value_local[self.live_ids]
+        if align_bytes:
+            b = np.where(self._live_is_output, b, _round_up(b, align_bytes))
         np.add.at(delta, self.born, b)
         np.add.at(delta, self.dies, -b)
         r = self._reshards(masks)
         if len(r.value):
             extra = value_local[r.value] * r.buffer
+            if align_bytes:
+                extra = _round_up(extra, align_bytes)
             np.add.at(delta, r.lo, extra)
             np.add.at(delta, r.hi + 1, -extra)
             if pairs:
@@ -636,8 +645,12 @@ class Evaluator:
         step = compute_s + (1.0 - self.overlap) * comm_s
         return Score(step, compute_s, comm_s, peak, peak <= self.capacity_bytes)
 
-    def report(self, strategy: Strategy, masks: np.ndarray | None = None) -> CostReport:
-        """The attributable report of one strategy (validated first)."""
+    def report(
+        self, strategy: Strategy, masks: np.ndarray | None = None, *, buffer_align_bytes: int = 0
+    ) -> CostReport:
+        """The attributable report of one strategy (validated first). `buffer_align_bytes`
+        rounds every temporary buffer up to that multiple (see `_memory`): the memory of a
+        backend that aligns them, such as XLA:CPU when the report is compared with it."""
         if masks is None:
             masks = strategy.fine_masks(self.ana, self.mesh)
         _, value_local, op_logdeg = self._local(masks)
@@ -648,7 +661,9 @@ class Evaluator:
         comm_s = sum(c.time_s * c.count for c in collectives + again)
         compute_s = float(t.sum()) + recompute_time_s(t, eff)
         recompute_flops = float(flops_local[eff.twice_ops].sum())
-        persistent, timeline = self._memory(value_local, masks, eff, self._remat_pairs(strategy))
+        persistent, timeline = self._memory(
+            value_local, masks, eff, self._remat_pairs(strategy), buffer_align_bytes
+        )
         peak_i = int(np.argmax(timeline)) if len(timeline) else -1
         peak = persistent + (float(timeline[peak_i]) if len(timeline) else 0.0)
         step = compute_s + (1.0 - self.overlap) * comm_s
@@ -1352,6 +1367,11 @@ def _distinct_rows(a: np.ndarray, bits: int):
         keys = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1])))[:, 0]
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
     return a[first], first, inverse.reshape(-1)
+
+
+def _round_up(nbytes: np.ndarray, align_bytes: int) -> np.ndarray:
+    """Buffer sizes rounded up to a multiple of `align_bytes` (an empty buffer stays empty)."""
+    return np.ceil(np.asarray(nbytes) / align_bytes) * align_bytes
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

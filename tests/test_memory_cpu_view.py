@@ -1,0 +1,81 @@
+"""Memory as XLA:CPU allocates it, the view `validate` compares with `memory_analysis()` (issue 14:
+on random programs the prediction was within 30 % in only 62 % of validations, half of the small
+ones off by 2x).
+
+XLA:CPU places the temporaries at 64-byte aligned offsets of one block and counts the output
+tuple's pointer table in the outputs: the SGD step on `x1 @ w2` below (w2: f32[2, 6] on a 2x4
+mesh, data parallel) compiles to arguments 28 + outputs 44 (24 + 4 + a 16-byte table) + temps
+88 (two f32[6] at offsets 0 and 64) = 160 bytes, where the unaligned live bytes peak at 80.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import toast_core as tc
+from toast_core.cost import CostOptions, evaluator
+
+validate_mod = importlib.import_module("toast_core.apply.validate")
+
+HW = tc.hardware("tpu-v5e")
+MESH = tc.MeshSpec({"data": 2, "model": 4})
+
+
+def _sgd_step(params, batch):
+    def loss(p):
+        return jnp.mean(batch["x1"] @ p["w2"])
+
+    value, g = jax.value_and_grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, g), value
+
+
+def _sgd():
+    params = {"w2": jax.ShapeDtypeStruct((2, 6), jnp.float32)}
+    batch = {"x1": jax.ShapeDtypeStruct((2,), jnp.float32)}
+    ana = tc.analyze(tc.trace(_sgd_step, params, batch))
+    return ana, (params, batch)
+
+
+def test_aligned_report_rounds_temporaries_but_not_inputs_or_outputs():
+    ana, _ = _sgd()
+    strategy = tc.baselines.data_parallel(ana, MESH)
+    ev = evaluator(ana, MESH, HW, CostOptions(donate_outputs=False))
+    plain = ev.report(strategy)
+    aligned = ev.report(strategy, buffer_align_bytes=64)
+    assert aligned.persistent_bytes == plain.persistent_bytes
+    # every temporary here is under 64 bytes: each grows to 64, so the peak grows
+    assert aligned.peak_bytes > plain.peak_bytes
+    # at each op: the plain live bytes plus each live temporary's padding to 64
+    _, local, _ = ev._local(strategy.fine_masks(ana, MESH))
+    is_temp = np.array([not ana.program.values[v].is_output for v in ev.live_ids.tolist()])
+    size = local[ev.live_ids]
+    pad = np.where(is_temp, np.ceil(size / 64) * 64 - size, 0.0)
+    assert pad.sum() > 0
+    for k in range(len(ana.program.ops)):
+        live = (ev.born <= k) & (k < ev.dies)
+        want = plain.memory_timeline[k] + pad[live].sum()
+        assert np.isclose(aligned.memory_timeline[k], want), k
+
+
+def test_several_outputs_add_the_tuple_table():
+    ana, _ = _sgd()
+    strategy = tc.baselines.data_parallel(ana, MESH)
+    report = evaluator(ana, MESH, HW, CostOptions(donate_outputs=False)).report(strategy)
+    one = validate_mod.cpu_memory_bytes(report, 1)
+    assert one == report.peak_bytes
+    assert validate_mod.cpu_memory_bytes(report, 2) == one + 16
+
+
+@pytest.mark.slow
+def test_small_sgd_step_memory_matches_memory_analysis():
+    """160 bytes compiled; the unaligned prediction without the table was 80 (ratio 0.5)."""
+    ana, args = _sgd()
+    strategy = tc.baselines.data_parallel(ana, MESH)
+    check = tc.validate(_sgd_step, args, ana, strategy, tc.jax_mesh(MESH), HW, check_numerics=False)
+    assert check.compiled_memory_bytes == 160
+    assert abs(check.memory_ratio - 1) <= 0.15, check.predicted_memory_bytes
