@@ -248,6 +248,43 @@ def test_roofline_of_a_sharded_matmul_by_hand(mlp_fwd):
     assert cost.time_s == pytest.approx(cost.bytes / 1e6)
 
 
+def test_a_row_major_reshape_between_buffers_is_a_free_view():
+    """h = x @ w1 reshaped [16, 128] -> [16, 4, 32] before a batched matmul: XLA emits the
+    reshape as a bitcast of the matmul's result (no copy), so it moves no bytes; a reshape
+    whose result is fused into an elementwise reader is that fusion's read of h, and moves it."""
+
+    def fn(x, w1, w2):
+        h = (x @ w1).reshape(16, 4, 32)
+        y = jax.numpy.einsum("bhd,hde->bhe", h, w2)
+        return y, jax.numpy.tanh(h.reshape(16, 128))
+
+    f32 = jax.numpy.float32
+    args = (np.ones((16, 64), f32), np.ones((64, 128), f32), np.ones((4, 32, 8), f32))
+    ana = tc.analyze(tc.trace(fn, *args))
+    report = tc.estimate(ana, tc.Strategy(), MESH_2X4, HW)
+    reshapes = [op for op in ana.program.ops if op.primitive == "reshape"]
+    moved = sorted(report.op_costs[op.index].bytes for op in reshapes)
+    assert moved == [0.0, 16 * 128 * F32]
+
+
+def test_a_scan_writes_its_stacked_outputs_whole_once_before_the_loop():
+    """XLA lowers a scan to a while loop over a zero-filled buffer per stacked output: one full
+    write of ys[4, 16, 32] (the scan's end), beside the body's per-iteration slice writes."""
+
+    def fn(x, w):
+        def body(h, _):
+            h = jax.numpy.tanh(h @ w)
+            return h, h * 2.0
+
+        return jax.lax.scan(body, x, None, length=4)
+
+    f32 = jax.numpy.float32
+    ana = tc.analyze(tc.trace(fn, np.ones((16, 32), f32), np.ones((32, 32), f32)))
+    report = tc.estimate(ana, tc.Strategy(), MESH_2X4, HW)
+    (end,) = [op for op in ana.program.ops if op.primitive == "scan_end"]
+    assert report.op_costs[end.index].bytes == 4 * 16 * 32 * F32
+
+
 @pytest.mark.parametrize("strategy_name", ["replicated", "data_parallel", "fsdp", "dp_megatron"])
 def test_every_op_follows_the_roofline_and_compute_is_their_sum(gpt_train, strategy_name):
     _, ana = gpt_train

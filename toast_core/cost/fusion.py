@@ -162,3 +162,29 @@ def _widens(prog: Program, op, readers: frozenset[int]) -> bool:
         for root in readers
         for r in prog.ops[root].results
     )
+
+
+#: Layout ops that only merge or split dims, or add or drop unit dims, in row-major order: the
+#: element order is unchanged, so XLA emits them as `bitcast`s (views) of a dense operand.
+_VIEW_LAYOUT = frozenset({"reshape", "squeeze", "expand_dims"})
+
+
+def bitcasts(prog: Program, is_materialized: list[bool]) -> list[bool]:
+    """Whether each op is a view of a buffer, moving no bytes: a row-major reshape (no
+    `dimensions` permutation) from a materialized operand to a materialized result. XLA's
+    algebraic simplifier turns such a reshape into a bitcast whenever the layouts allow, and with
+    the row-major layouts XLA assigns they always do; per device the same holds, the local shards merging and splitting alike (a
+    reshape whose sharding does not divide the same way is resharded first, priced as
+    communication). Its readers read the operand's buffer, as the producer wrote it. A reshape of
+    a fused value is the root of that fusion and writes its result; a reshape read only by
+    fusions is their read of the operand: both move bytes."""
+    out = []
+    for op in prog.ops:
+        out.append(
+            op.primitive in _VIEW_LAYOUT
+            and op.param("dimensions") is None
+            and len(op.operands) == 1
+            and is_materialized[op.operands[0]]
+            and all(is_materialized[r] for r in op.results)
+        )
+    return out

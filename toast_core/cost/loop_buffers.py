@@ -43,3 +43,14 @@ def buffer_aliases(prog: Program) -> dict[int, int]:
             if r.shape == o.shape and r.dtype == o.dtype and result != operand:
                 alias[result] = alias.get(operand, operand)
     return alias
+
+
+def zero_filled(op) -> list[int]:
+    """The values XLA writes whole before a loop runs: a scan's stacked outputs (`ys`). JAX
+    lowers a scan to a `while` whose state holds one zero-filled buffer per stacked output, which
+    each iteration updates in place with its slice (measured on the CPU's HLO: a broadcast of
+    zero, then one `copy` of it per output, every one a full write; TPU and GPU fuse the fill
+    but write it all the same). The slices themselves are written by the body."""
+    if op.primitive != prim.SCAN_END:
+        return []
+    return list(op.results[int(dict(op.params).get("num_carry", 0)) :])

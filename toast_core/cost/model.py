@@ -54,10 +54,10 @@ from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.concat_slice import CONCAT, SLICE, concat_slice_sites
 from toast_core.cost.flops import op_flops, op_transcendentals
-from toast_core.cost.fusion import fused_away, fusion_copies, materialized
+from toast_core.cost.fusion import bitcasts, fused_away, fusion_copies, materialized
 from toast_core.cost.halo import slice_halo_permutes
 from toast_core.cost.hoist import use_counts
-from toast_core.cost.loop_buffers import buffer_aliases
+from toast_core.cost.loop_buffers import buffer_aliases, zero_filled
 from toast_core.cost.remat import (
     recompute_comm_s,
     recompute_time_s,
@@ -312,11 +312,20 @@ class Evaluator:
         self.op_trans = np.array([op_transcendentals(op, prog) for op in prog.ops]) * executions
         self.total_flops = float(self.op_flops.sum())
         self.nbytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
+        # Ops that move no bytes: region markers and views (`bitcasts`); a scan's end writes
+        # its zero-filled stacked outputs once (`zero_filled`).
+        self._moves = np.array(
+            [
+                op.primitive not in REGION_BOUNDARIES and not view
+                for op, view in zip(prog.ops, bitcasts(prog, is_mat))
+            ],
+            dtype=bool,
+        )
         rows = [
-            []
-            if op.primitive in REGION_BOUNDARIES
-            else [v for v in list(op.operands) + list(op.results) if is_mat[v]]
-            for op in prog.ops
+            [v for v in list(op.operands) + list(op.results) if is_mat[v]]
+            if moves
+            else zero_filled(op)
+            for op, moves in zip(prog.ops, self._moves.tolist())
         ]
         indptr = np.zeros(n_ops + 1, dtype=np.int64)
         indptr[1:] = np.cumsum([len(r) for r in rows])
