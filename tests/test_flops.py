@@ -9,7 +9,7 @@ from jax import lax
 import toast_core as tc
 from toast_core.cost.flops import op_flops, op_transcendentals
 from toast_core.cost.fusion import fusion_copies, materialized
-from toast_core.cost.simplify import work_factors
+from toast_core.cost.simplify import flop_executions, transcendental_executions
 
 X = jnp.linspace(0.5, 1.5, 1024, dtype=jnp.float32).reshape(32, 32)
 
@@ -253,10 +253,9 @@ def predicted_simplified(fn, *args) -> tuple[float, float]:
     """What the cost model counts for one execution of each op (a loop body once, as XLA shows
     it): fusion copies times the simplifier's remaining work."""
     prog = tc.trace(fn, *args)
-    copies = fusion_copies(prog, materialized(prog))
-    scale = [c * w for c, w in zip(copies, work_factors(prog))]
+    scale, trans_scale = flop_executions(prog), transcendental_executions(prog)
     flops = sum(op_flops(op, prog) * scale[op.index] for op in prog.ops)
-    trans = sum(op_transcendentals(op, prog) * scale[op.index] for op in prog.ops)
+    trans = sum(op_transcendentals(op, prog) * trans_scale[op.index] for op in prog.ops)
     return flops, trans
 
 
