@@ -50,7 +50,7 @@ from toast_core.analysis import Analysis
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.flops import op_flops, op_transcendentals
-from toast_core.cost.fusion import fused_away, fusion_copies, materialized
+from toast_core.cost.fusion import fused_away, materialized
 from toast_core.cost.hoist import use_counts
 from toast_core.cost.loop_buffers import buffer_aliases
 from toast_core.cost.remat import (
