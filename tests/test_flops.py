@@ -242,6 +242,39 @@ SIMPLIFIED = {
         lambda a, b: B(a, (4, 32), (0,)) + B(b, (4, 32), (1,)),
         (jnp.ones(4), jnp.ones(32)),
     ),
+    # jax's elementwise ops broadcast size-1 dims themselves: the cotangent of mean(a[.., None]
+    # * b) wrt b multiplies a broadcast scalar by b[1, 1, 12]: 12 multiplies, 11 adds
+    "size_one_dims_broadcast_in_the_op": (
+        jax.grad(lambda b, a: jnp.mean(a[..., None] * b)),
+        (jnp.ones(12), jnp.ones((32, 8))),
+    ),
+    # CSE: an expression written twice is computed once (gelu's erfc expansion too)
+    "repeated_expression": (
+        lambda x, w: (
+            jnp.maximum(jax.nn.gelu(x, approximate=False), x),
+            jax.nn.gelu(x, approximate=False) @ w,
+        ),
+        (X, jnp.ones((32, 8))),
+    ),
+    "repeated_clip": (lambda x: (jnp.clip(x, -0.5, 0.5), jnp.clip(x, -0.5, 0.5) * x), (X,)),
+    # identities: x + 0, x - 0 (softplus is logaddexp(x, 0)), max(x, x), select(p, x, x)
+    "softplus": (jax.nn.softplus, (X,)),
+    "self_max_and_select": (
+        lambda x: jnp.maximum(x, x) * 2.0 + jnp.where(x > 0.1, x, x),
+        (X,),
+    ),
+    # min(max(x, lo), hi) with constant bounds is one clamp
+    "clip_is_one_clamp": (lambda x: jnp.clip(x, -0.5, 0.5), (X,)),
+    # cond: the predicate is computed; the costliest branch counts, flops and transcendentals
+    # apart (2 * t has the flops, tanh the transcendentals)
+    "cond_costliest_branch": (
+        lambda x: lax.cond(jnp.sum(x) > 0, lambda t: 2.0 * t + 1, lambda t: t * t * t, x),
+        (X,),
+    ),
+    "cond_flops_and_transcendentals_apart": (
+        lambda x: lax.cond(jnp.sum(x) > 0, lambda t: 2.0 * t, jnp.tanh, x),
+        (X,),
+    ),
     "contraction_with_a_broadcast_stays_whole": (
         lambda x, c: x @ B(c, (16, 32), ()),
         (jnp.ones((8, 16)), jnp.float32(0.5)),

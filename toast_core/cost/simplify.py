@@ -19,6 +19,16 @@ pipeline change the count by whole ops (measured on jaxlib 0.10.2, CPU, `tests/t
   `mean(x @ w)` wrt `w[24, 8]` is `broadcast(x * 1/8)`, 24 flops). A dot_general that contracts
   is computed in full even when an operand is a broadcast.
 
+* **Identities and repeats** (`rewired`): `x + 0`, `x * 1`, `max(x, x)`, `select(p, x, x)`
+  are `x`; an op repeating an earlier one on the same operands is CSE'd away.
+* **Clamps.** `min(max(x, lo), hi)` with constant scalar bounds (`jnp.clip`) is one op.
+* **Conditionals.** `HloCostAnalysis` prices a `cond` as its costliest branch, and the predicate
+  is work like any other (`cond_branches`).
+
+These are rewrites of XLA's target-independent pipeline (algebraic simplifier, CSE, DCE) and
+of its cost analysis, so they hold for TPU and GPU as for the CPU the comparison runs on: they
+are priced in the model itself, not only where predictions are compared with XLA:CPU.
+
 `work_factors(prog)` gives, per op, the fraction of its jaxpr flops (`flops.py`) that remain.
 A value's *uniform dims* are those along which it is a broadcast, as XLA sees it (a `[4, 32]`
 broadcast of `a[4]` is uniform along dim 1). Sharding a uniform dim does not divide the remaining
