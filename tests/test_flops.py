@@ -319,6 +319,27 @@ def test_simplified_programs_count_as_xla_counts_them(name):
     assert got[1] == pytest.approx(want[1]), (name, got, want)
 
 
+def test_checkpoint_recomputation_is_merged_on_cpu_only():
+    """A program's own `jax.checkpoint` recomputes its body in the backward pass; TPU and GPU keep
+    the recomputation (an optimization barrier stops CSE), XLA:CPU merges it with the forward.
+    The model counts it; the CPU view (`cpu_only_repeats`, used by `validate`) leaves it out."""
+    from toast_core.cost.simplify import cpu_only_repeats
+
+    def step(w, x):
+        f = jax.checkpoint(lambda t, w: jnp.tanh(t @ w) * 3.0)
+        return jax.value_and_grad(lambda w: jnp.mean(f(x, w) ** 2))(w)
+
+    args = (jnp.ones((32, 16)), jnp.ones((8, 32)))
+    prog = tc.trace(step, *args)
+    scale = flop_executions(prog)
+    merged = cpu_only_repeats(prog)
+    assert {prog.ops[i].primitive for i in merged} >= {"dot_general", "tanh"}
+    target = sum(op_flops(op, prog) * scale[op.index] for op in prog.ops)
+    cpu = target - sum(op_flops(prog.ops[i], prog) * scale[i] for i in merged)
+    assert cpu == pytest.approx(xla_cost(step, *args)[0], rel=0.02)
+    assert target == cpu + 2 * 8 * 32 * 16  # the recomputed matmul (tanh: a transcendental)
+
+
 GATHERS = {
     "take_rows": (lambda x, i: jnp.take(x, i, axis=0), (16, 8), (3,)),
     "take_columns": (lambda x, i: jnp.take(x, i, axis=1), (16, 8), (8,)),

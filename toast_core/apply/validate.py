@@ -52,6 +52,7 @@ from toast_core.apply.shard import mesh_spec_of, shard
 from toast_core.cost import CostOptions, estimate
 from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.cost.model import evaluator, reduction_flops
+from toast_core.cost.simplify import cpu_only_repeats
 from toast_core.errors import ToastError, bad_value
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
 from toast_core.strategy import Strategy, remat_space
@@ -221,14 +222,16 @@ def compiler_options_for(strategy: Strategy) -> dict:
 
 def cpu_flops(report, ana: Analysis) -> tuple[float, float]:
     """Predicted (flops, transcendentals) per device as `cost_analysis()` counts them: the body of
-    a loop once, whatever its trip count (the per-step figures are in the CostReport)."""
+    a loop once, whatever its trip count (the per-step figures are in the CostReport); without
+    the recomputations of the program's own `jax.checkpoint` bodies that XLA:CPU's CSE merges
+    with the forward (`simplify.cpu_only_repeats`; a strategy's remat compiles with CSE off)."""
     program = ana.program
     trips = [op.trip_count for op in program.ops]
     again = set(recomputed_ops(report.remat, ana))  # run twice under remat
-    flops = sum(c.flops / trips[c.op] * (1 + (c.op in again)) for c in report.op_costs)
-    transcendentals = sum(
-        c.transcendentals / trips[c.op] * (1 + (c.op in again)) for c in report.op_costs
-    )
+    merged = set() if report.remat else set(cpu_only_repeats(program))
+    times = [0.0 if i in merged else 1 + (i in again) for i in range(len(program.ops))]
+    flops = sum(c.flops / trips[c.op] * times[c.op] for c in report.op_costs)
+    transcendentals = sum(c.transcendentals / trips[c.op] * times[c.op] for c in report.op_costs)
     return flops + reduction_flops(report.collectives, program, once=True), transcendentals
 
 

@@ -133,7 +133,16 @@ def _scaled_operand(op: Op, prog: Program, const: list[bool]) -> int | None:
     return None
 
 
-def rewired(prog: Program) -> Program:
+#: Call names of `jax.checkpoint` bodies: their recomputation sits behind an optimization
+#: barrier on TPU and GPU, so XLA's CSE does not merge it with the forward it repeats.
+REMAT_CALLS = frozenset({"remat", "remat2", "checkpoint"})
+
+
+def _in_remat(op: Op) -> bool:
+    return any(c in REMAT_CALLS for c in op.call_path)
+
+
+def rewired(prog: Program, merge_remat: bool = False) -> Program:
     """`prog` with every read of a value XLA's simplifier or CSE pass replaces redirected to the
     value it equals; the ops that made them are left unread (dead). Same ops, values and ids.
 
@@ -146,6 +155,9 @@ def rewired(prog: Program) -> Program:
       literals equal by dtype, shape and value) is that op: `jnp.clip(v, -.5, .5)` written
       twice, or `gelu(x)` evaluated in two places, is computed once. Region boundaries never
       merge (each loop or branch body reads its own inputs, so nothing in two bodies merges).
+      Nor does an op of a `jax.checkpoint` body (its recomputation, behind an optimization
+      barrier), unless `merge_remat`: XLA:CPU expands the barriers before CSE and merges the
+      recomputation with the forward (docs: ENVIRONMENT.md; `cpu_only_repeats`).
     """
     canon = list(range(len(prog.values)))
     literal_key: dict = {}
@@ -163,6 +175,8 @@ def rewired(prog: Program) -> Program:
         if same is not None:
             canon[op.results[0]] = same
             continue
+        if _in_remat(op) and not merge_remat:
+            continue
         key = (op.primitive, op.params, operands)
         try:
             earlier = first.setdefault(key, op.index)
@@ -173,6 +187,15 @@ def rewired(prog: Program) -> Program:
                 canon[r] = canon[r0]
     outputs = tuple(canon[v] for v in prog.outputs)
     return replace(prog, ops=tuple(ops), outputs=outputs)
+
+
+def cpu_only_repeats(prog: Program) -> list[int]:
+    """Ops that XLA:CPU's CSE removes and TPU/GPU's does not: recomputations of `jax.checkpoint`
+    bodies that repeat the forward (`rewired(merge_remat=True)`). The CPU view of a prediction
+    (`toast_core.apply.validate.cpu_flops`) leaves them out; the target view keeps them."""
+    target = live_ops(rewired(prog))
+    cpu = live_ops(rewired(prog, merge_remat=True))
+    return [i for i, (t, c) in enumerate(zip(target, cpu)) if t and not c]
 
 
 def _literal(prog: Program, vid: int) -> float | None:
