@@ -31,15 +31,6 @@ NOT_DUPLICATED = (
     | _REDUCTIONS
 )
 
-#: Expanded special functions whose *arithmetic* XLA duplicates into every fusion that reads
-#: them, like a cheap op's, while their exp/log parts are computed once: their flops count once
-#: per fusion, their transcendentals once (measured, `f(x[16, 32])` read by a sum and a max:
-#: erfc 68,560 flops vs 31,744 read once, erf_inv 41,424 vs 19,968, asinh 14,800 vs 6,656,
-#: sinh 13,776 vs 6,144, acosh 9,680 vs 4,608; transcendentals unchanged). lgamma, digamma and
-#: cosh are duplicated only in part (48,080 vs 27,136; 53,200 vs 37,888; 4,560 vs 2,560) and
-#: stay counted once.
-FLOPS_DUPLICATED = frozenset({"acosh", "asinh", "erf_inv", "erfc", "sinh"})
-
 
 def materialized(prog: Program) -> list[bool]:
     """Whether each value is written to and read from HBM: a value made by a fusible op and read
@@ -60,22 +51,19 @@ def materialized(prog: Program) -> list[bool]:
     return out
 
 
-def fusion_copies(
-    prog: Program, is_materialized: list[bool], not_duplicated: frozenset = NOT_DUPLICATED
-) -> list[int]:
+def fusion_copies(prog: Program, is_materialized: list[bool]) -> list[int]:
     """How many times each op is computed: once per fusion that contains it.
 
-    An op whose result is materialized, or that XLA does not duplicate (`not_duplicated`), is the
-    root of its own fusion; any other op is fused into the fusions of all its readers. Walking
-    the (topologically ordered) ops backwards, each op's set of fusion roots is the union of its
-    readers' sets.
+    An op whose result is materialized, or that XLA does not duplicate, is the root of its own
+    fusion; any other op is fused into the fusions of all its readers. Walking the (topologically
+    ordered) ops backwards, each op's set of fusion roots is the union of its readers' sets.
     """
     uses = prog.uses()
     roots: list[frozenset[int]] = [frozenset()] * len(prog.ops)
     for op in reversed(prog.ops):
         own = (
             op.primitive not in FUSIBLE
-            or op.primitive in not_duplicated
+            or op.primitive in NOT_DUPLICATED
             or any(is_materialized[r] for r in op.results)
         )
         readers = frozenset().union(*(roots[o] for r in op.results for o, _ in uses[r]))

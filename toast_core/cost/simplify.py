@@ -44,12 +44,7 @@ from dataclasses import replace
 from math import prod
 
 from toast_core.analysis.factors import mixed_radix_groups
-from toast_core.cost.fusion import (
-    FLOPS_DUPLICATED,
-    NOT_DUPLICATED,
-    fusion_copies,
-    materialized,
-)
+from toast_core.cost.fusion import fusion_copies, materialized
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Op, Program
 
@@ -293,29 +288,28 @@ def work_factors(prog: Program) -> list[float]:
 
 def flop_executions(prog: Program) -> list[float]:
     """Per op, how many times XLA counts its jaxpr flops in one execution of its region: the
-    loop fusions that compute it (`fusion.fusion_copies`; the arithmetic of some expanded
-    special functions too: `fusion.FLOPS_DUPLICATED`) times `work_factors`, both on the
+    loop fusions that compute it (`fusion.fusion_copies`) times `work_factors`, both on the
     `rewired` program (a repeat's readers read the op it repeats); of a `cond`, the branch
     with the most flops (`cond_branches`)."""
     from toast_core.cost.flops import op_flops
 
-    return _costliest_branches(prog, _executions(prog, NOT_DUPLICATED - FLOPS_DUPLICATED), op_flops)
+    return _costliest_branches(prog, _executions(prog), op_flops)
 
 
 def transcendental_executions(prog: Program) -> list[float]:
     """`flop_executions` for transcendentals: of a `cond`, the branch with the most of them."""
     from toast_core.cost.flops import op_transcendentals
 
-    return _costliest_branches(prog, _executions(prog, NOT_DUPLICATED), op_transcendentals)
+    return _costliest_branches(prog, _executions(prog), op_transcendentals)
 
 
-def _executions(prog: Program, not_duplicated: frozenset) -> list[float]:
+def _executions(prog: Program) -> list[float]:
     simple = rewired(prog)
     live = live_ops(simple)  # a dead reader (a repeat, an identity) is in no fusion
     simple = replace(
         simple, ops=tuple(op if live[op.index] else replace(op, operands=()) for op in simple.ops)
     )
-    copies = fusion_copies(simple, materialized(simple), not_duplicated)
+    copies = fusion_copies(simple, materialized(simple))
     return [c * w for c, w in zip(copies, work_factors(prog))]
 
 
