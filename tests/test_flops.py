@@ -302,8 +302,8 @@ def test_simplified_programs_count_as_xla_counts_them(name):
 
 def test_checkpoint_recomputation_is_merged_on_cpu_only():
     """A program's own `jax.checkpoint` recomputes its body in the backward pass; TPU and GPU keep
-    the recomputation (an optimization barrier stops CSE), XLA:CPU merges it with the forward.
-    The model counts it; the CPU view (`cpu_only_repeats`, used by `validate`) leaves it out."""
+    the recomputation (an optimization barrier stops CSE); XLA:CPU merges it with the forward
+    here (not always: `validate.cpu_flops`). The model counts it; `cpu_only_repeats` names it."""
     from toast_core.cost.simplify import cpu_only_repeats
 
     def step(w, x):

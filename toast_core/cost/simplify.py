@@ -186,8 +186,9 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
 
 def cpu_only_repeats(prog: Program) -> list[int]:
     """Ops that XLA:CPU's CSE removes and TPU/GPU's does not: recomputations of `jax.checkpoint`
-    bodies that repeat the forward (`rewired(merge_remat=True)`). The CPU view of a prediction
-    (`toast_core.apply.validate.cpu_flops`) leaves them out; the target view keeps them."""
+    bodies that repeat the forward (`rewired(merge_remat=True)`), when it does merge them: not
+    always (see `toast_core.apply.validate.cpu_flops`, which therefore keeps them, as the
+    target view does). A diagnostic for the CPU comparison."""
     target = live_ops(rewired(prog))
     cpu = live_ops(rewired(prog, merge_remat=True))
     return [i for i, (t, c) in enumerate(zip(target, cpu)) if t and not c]
