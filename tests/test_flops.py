@@ -9,7 +9,7 @@ from jax import lax
 import toast_core as tc
 from toast_core.cost.flops import op_flops, op_transcendentals
 from toast_core.cost.fusion import fusion_copies, materialized
-from toast_core.cost.simplify import work_factors
+from toast_core.cost.simplify import flop_executions, transcendental_executions
 
 X = jnp.linspace(0.5, 1.5, 1024, dtype=jnp.float32).reshape(32, 32)
 
@@ -242,6 +242,39 @@ SIMPLIFIED = {
         lambda a, b: B(a, (4, 32), (0,)) + B(b, (4, 32), (1,)),
         (jnp.ones(4), jnp.ones(32)),
     ),
+    # jax's elementwise ops broadcast size-1 dims themselves: the cotangent of mean(a[.., None]
+    # * b) wrt b multiplies a broadcast scalar by b[1, 1, 12]: 12 multiplies, 11 adds
+    "size_one_dims_broadcast_in_the_op": (
+        jax.grad(lambda b, a: jnp.mean(a[..., None] * b)),
+        (jnp.ones(12), jnp.ones((32, 8))),
+    ),
+    # CSE: an expression written twice is computed once (gelu's erfc expansion too)
+    "repeated_expression": (
+        lambda x, w: (
+            jnp.maximum(jax.nn.gelu(x, approximate=False), x),
+            jax.nn.gelu(x, approximate=False) @ w,
+        ),
+        (X, jnp.ones((32, 8))),
+    ),
+    "repeated_clip": (lambda x: (jnp.clip(x, -0.5, 0.5), jnp.clip(x, -0.5, 0.5) * x), (X,)),
+    # identities: x + 0, x - 0 (softplus is logaddexp(x, 0)), max(x, x), select(p, x, x)
+    "softplus": (jax.nn.softplus, (X,)),
+    "self_max_and_select": (
+        lambda x: jnp.maximum(x, x) * 2.0 + jnp.where(x > 0.1, x, x),
+        (X,),
+    ),
+    # min(max(x, lo), hi) with constant bounds is one clamp
+    "clip_is_one_clamp": (lambda x: jnp.clip(x, -0.5, 0.5), (X,)),
+    # cond: the predicate is computed; the costliest branch counts, flops and transcendentals
+    # apart (2 * t has the flops, tanh the transcendentals)
+    "cond_costliest_branch": (
+        lambda x: lax.cond(jnp.sum(x) > 0, lambda t: 2.0 * t + 1, lambda t: t * t * t, x),
+        (X,),
+    ),
+    "cond_flops_and_transcendentals_apart": (
+        lambda x: lax.cond(jnp.sum(x) > 0, lambda t: 2.0 * t, jnp.tanh, x),
+        (X,),
+    ),
     "contraction_with_a_broadcast_stays_whole": (
         lambda x, c: x @ B(c, (16, 32), ()),
         (jnp.ones((8, 16)), jnp.float32(0.5)),
@@ -253,10 +286,9 @@ def predicted_simplified(fn, *args) -> tuple[float, float]:
     """What the cost model counts for one execution of each op (a loop body once, as XLA shows
     it): fusion copies times the simplifier's remaining work."""
     prog = tc.trace(fn, *args)
-    copies = fusion_copies(prog, materialized(prog))
-    scale = [c * w for c, w in zip(copies, work_factors(prog))]
+    scale, trans_scale = flop_executions(prog), transcendental_executions(prog)
     flops = sum(op_flops(op, prog) * scale[op.index] for op in prog.ops)
-    trans = sum(op_transcendentals(op, prog) * scale[op.index] for op in prog.ops)
+    trans = sum(op_transcendentals(op, prog) * trans_scale[op.index] for op in prog.ops)
     return flops, trans
 
 
@@ -266,6 +298,27 @@ def test_simplified_programs_count_as_xla_counts_them(name):
     got, want = predicted_simplified(fn, *args), xla_cost(fn, *args)
     assert got[0] == pytest.approx(want[0], rel=0.02, abs=2), (name, got, want)
     assert got[1] == pytest.approx(want[1]), (name, got, want)
+
+
+def test_checkpoint_recomputation_is_merged_on_cpu_only():
+    """A program's own `jax.checkpoint` recomputes its body in the backward pass; TPU and GPU keep
+    the recomputation (an optimization barrier stops CSE); XLA:CPU merges it with the forward
+    here (not always: `validate.cpu_flops`). The model counts it; `cpu_only_repeats` names it."""
+    from toast_core.cost.simplify import cpu_only_repeats
+
+    def step(w, x):
+        f = jax.checkpoint(lambda t, w: jnp.tanh(t @ w) * 3.0)
+        return jax.value_and_grad(lambda w: jnp.mean(f(x, w) ** 2))(w)
+
+    args = (jnp.ones((32, 16)), jnp.ones((8, 32)))
+    prog = tc.trace(step, *args)
+    scale = flop_executions(prog)
+    merged = cpu_only_repeats(prog)
+    assert {prog.ops[i].primitive for i in merged} >= {"dot_general", "tanh"}
+    target = sum(op_flops(op, prog) * scale[op.index] for op in prog.ops)
+    cpu = target - sum(op_flops(prog.ops[i], prog) * scale[i] for i in merged)
+    assert cpu == pytest.approx(xla_cost(step, *args)[0], rel=0.02)
+    assert target == cpu + 2 * 8 * 32 * 16  # the recomputed matmul (tanh: a transcendental)
 
 
 GATHERS = {

@@ -237,7 +237,13 @@ def compiler_options_for(strategy: Strategy) -> dict:
 
 def cpu_flops(report, ana: Analysis) -> tuple[float, float]:
     """Predicted (flops, transcendentals) per device as `cost_analysis()` counts them: the body of
-    a loop once, whatever its trip count (the per-step figures are in the CostReport)."""
+    a loop once, whatever its trip count (the per-step figures are in the CostReport).
+
+    The recomputation of a program's own `jax.checkpoint` body is counted, as TPU/GPU run it.
+    XLA:CPU's CSE sometimes merges it with the forward (`simplify.cpu_only_repeats`: a
+    `tanh(x @ w)` body under `value_and_grad`) and sometimes not (fuzz seed 3 #9 and #60, a
+    checkpointed `gelu(t @ w)`: counted merged they fell from 0.98 to 0.86-0.89 of XLA's
+    flops), so the CPU view does not guess."""
     program = ana.program
     trips = [op.trip_count for op in program.ops]
     again = set(recomputed_ops(report.remat, ana))  # run twice under remat

@@ -21,7 +21,8 @@ zero.
 
 Ops inside a `scan` body are multiplied by the trip count by the caller; so is the duplication of
 fused producers (`fusion.py`) and the work XLA's simplifier removes (dead code, constants, work on
-broadcasts: `simplify.py`).
+broadcasts, repeated expressions, identities such as `x + 0`, clamps; a `cond` counts its
+costliest branch: `simplify.py`).
 """
 
 from __future__ import annotations

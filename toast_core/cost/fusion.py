@@ -49,10 +49,11 @@ def materialized(prog: Program) -> list[bool]:
     makes or reads, are materialized."""
     producers = prog.producers()
     uses = prog.uses()
+    outputs = set(prog.outputs)  # of the program as given (a `simplify.rewired` one too)
     out = []
     for v in prog.values:
         p = producers[v.id]
-        if p is None or v.is_output or prog.ops[p].primitive not in FUSIBLE:
+        if p is None or v.id in outputs or prog.ops[p].primitive not in FUSIBLE:
             out.append(True)
             continue
         out.append(

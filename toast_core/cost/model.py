@@ -54,7 +54,7 @@ from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.concat_slice import CONCAT, SLICE, concat_slice_sites
 from toast_core.cost.flops import op_flops, op_transcendentals
-from toast_core.cost.fusion import bitcasts, fused_away, fusion_copies, materialized
+from toast_core.cost.fusion import bitcasts, fused_away, materialized
 from toast_core.cost.halo import slice_halo_permutes
 from toast_core.cost.hoist import use_counts
 from toast_core.cost.loop_buffers import buffer_aliases, zero_filled
@@ -64,7 +64,7 @@ from toast_core.cost.remat import (
     recomputed_collectives,
     shorten_lifetimes,
 )
-from toast_core.cost.simplify import work_factors
+from toast_core.cost.simplify import flop_executions, transcendental_executions
 from toast_core.errors import ToastError, bad_value
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
 from toast_core.mesh.spec import XLA_CPU_COMBINE
@@ -306,10 +306,12 @@ class Evaluator:
         n_ops = len(prog.ops)
         self.trip = np.array([op.trip_count for op in prog.ops], dtype=np.float64)
         is_mat = materialized(prog)
-        executions = self.trip * np.array(fusion_copies(prog, is_mat), dtype=np.float64)
-        executions *= np.array(work_factors(prog), dtype=np.float64)  # XLA's simplifier
+        # loop fusion's duplicates and XLA's simplifier (CSE, identities, dead code, constants)
+        executions = self.trip * np.array(flop_executions(prog), dtype=np.float64)
+        trans_executions = self.trip * np.array(transcendental_executions(prog), dtype=float)
         self.op_flops = np.array([op_flops(op, prog) for op in prog.ops]) * executions
-        self.op_trans = np.array([op_transcendentals(op, prog) for op in prog.ops]) * executions
+        self.op_trans = np.array([op_transcendentals(op, prog) for op in prog.ops])
+        self.op_trans *= trans_executions
         self.total_flops = float(self.op_flops.sum())
         self.nbytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
         # Ops that move no bytes: region markers and views (`bitcasts`); a scan's end writes

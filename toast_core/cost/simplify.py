@@ -19,6 +19,16 @@ pipeline change the count by whole ops (measured on jaxlib 0.10.2, CPU, `tests/t
   `mean(x @ w)` wrt `w[24, 8]` is `broadcast(x * 1/8)`, 24 flops). A dot_general that contracts
   is computed in full even when an operand is a broadcast.
 
+* **Identities and repeats** (`rewired`): `x + 0`, `x * 1`, `max(x, x)`, `select(p, x, x)`
+  are `x`; an op repeating an earlier one on the same operands is CSE'd away.
+* **Clamps.** `min(max(x, lo), hi)` with constant scalar bounds (`jnp.clip`) is one op.
+* **Conditionals.** `HloCostAnalysis` prices a `cond` as its costliest branch, and the predicate
+  is work like any other (`cond_branches`).
+
+These are rewrites of XLA's target-independent pipeline (algebraic simplifier, CSE, DCE) and
+of its cost analysis, so they hold for TPU and GPU as for the CPU the comparison runs on: they
+are priced in the model itself, not only where predictions are compared with XLA:CPU.
+
 `work_factors(prog)` gives, per op, the fraction of its jaxpr flops (`flops.py`) that remain.
 A value's *uniform dims* are those along which it is a broadcast, as XLA sees it (a `[4, 32]`
 broadcast of `a[4]` is uniform along dim 1). Sharding a uniform dim does not divide the remaining
@@ -30,9 +40,11 @@ Example: an SGD step on `mean(x[24] @ w[24, 8])`: the gradient `outer(x, broadca
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import prod
 
 from toast_core.analysis.factors import mixed_radix_groups
+from toast_core.cost.fusion import fusion_copies, materialized
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Op, Program
 
@@ -53,6 +65,8 @@ def live_ops(prog: Program) -> list[bool]:
             live[op.index] = True
             for v in op.operands:
                 needed[v] = True
+            if op.primitive == prim.COND_START and op.param("predicate") is not None:
+                needed[op.param("predicate")] = True
     return live
 
 
@@ -86,10 +100,11 @@ def merged_scalings(prog: Program, const: list[bool]) -> set[int]:
     reader is another (`(g / 2) * 0.1` is one multiply by 0.05)."""
     uses = prog.uses()
     producers = prog.producers()
+    outputs = set(prog.outputs)  # not `is_output`: a `rewired` program outputs merged values
     out = set()
     for op in prog.ops:
         inner = _scaled_operand(op, prog, const)
-        if inner is None or prog.values[inner].is_output or len(uses[inner]) != 1:
+        if inner is None or inner in outputs or len(uses[inner]) != 1:
             continue
         p = producers[inner]
         if p is not None and _scaled_operand(prog.ops[p], prog, const) is not None:
@@ -113,13 +128,148 @@ def _scaled_operand(op: Op, prog: Program, const: list[bool]) -> int | None:
     return None
 
 
+#: Call names of `jax.checkpoint` bodies: their recomputation sits behind an optimization
+#: barrier on TPU and GPU, so XLA's CSE does not merge it with the forward it repeats.
+REMAT_CALLS = frozenset({"remat", "remat2", "checkpoint"})
+
+
+def _in_remat(op: Op) -> bool:
+    return any(c in REMAT_CALLS for c in op.call_path)
+
+
+def rewired(prog: Program, merge_remat: bool = False) -> Program:
+    """`prog` with every read of a value XLA's simplifier or CSE pass replaces redirected to the
+    value it equals; the ops that made them are left unread (dead). Same ops, values and ids.
+
+    * **Identities** (`_forwarded`): `x + 0`, `x - 0`, `x * 1`, `x / 1`, `max(x, x)`,
+      `min(x, x)`, `select(p, x, x)` are `x` (`jnp.where(x > 0.1, x, x)` computes nothing, its
+      compare is dead too; `jax.nn.softplus(x)` is `logaddexp(x, 0)`, whose `x - 0` and `x + 0`
+      cost nothing: measured 6 flops per element, not 8).
+    * **Common subexpressions**: an op with the same primitive and params as an earlier one, on
+      the same operands (once earlier repeats are merged, so a repeated chain goes whole;
+      literals equal by dtype, shape and value) is that op: `jnp.clip(v, -.5, .5)` written
+      twice, or `gelu(x)` evaluated in two places, is computed once. Region boundaries never
+      merge (each loop or branch body reads its own inputs, so nothing in two bodies merges).
+      Nor does an op of a `jax.checkpoint` body (its recomputation, behind an optimization
+      barrier), unless `merge_remat`: XLA:CPU expands the barriers before CSE and merges the
+      recomputation with the forward (docs: ENVIRONMENT.md; `cpu_only_repeats`).
+    """
+    canon = list(range(len(prog.values)))
+    literal_key: dict = {}
+    for v in prog.values:
+        if v.role == "literal":
+            canon[v.id] = literal_key.setdefault((v.name, v.dtype, v.shape), v.id)
+    first: dict = {}
+    ops = []
+    for op in prog.ops:
+        operands = tuple(canon[v] for v in op.operands)
+        ops.append(replace(op, operands=operands) if operands != op.operands else op)
+        if not op.results or op.primitive in prim.REGION_BOUNDARIES:
+            continue
+        same = _forwarded(op, operands, prog)
+        if same is not None:
+            canon[op.results[0]] = same
+            continue
+        if _in_remat(op) and not merge_remat:
+            continue
+        key = (op.primitive, op.params, operands)
+        try:
+            earlier = first.setdefault(key, op.index)
+        except TypeError:  # a param that does not hash: never merged
+            continue
+        if earlier != op.index:
+            for r, r0 in zip(op.results, prog.ops[earlier].results):
+                canon[r] = canon[r0]
+    outputs = tuple(canon[v] for v in prog.outputs)
+    return replace(prog, ops=tuple(ops), outputs=outputs)
+
+
+def cpu_only_repeats(prog: Program) -> list[int]:
+    """Ops that XLA:CPU's CSE removes and TPU/GPU's does not: recomputations of `jax.checkpoint`
+    bodies that repeat the forward (`rewired(merge_remat=True)`), when it does merge them: not
+    always (see `toast_core.apply.validate.cpu_flops`, which therefore keeps them, as the
+    target view does). A diagnostic for the CPU comparison."""
+    target = live_ops(rewired(prog))
+    cpu = live_ops(rewired(prog, merge_remat=True))
+    return [i for i, (t, c) in enumerate(zip(target, cpu)) if t and not c]
+
+
+def _literal(prog: Program, vid: int) -> float | None:
+    """The value of a scalar literal (`lit(0.0)`), else None."""
+    v = prog.values[vid]
+    if v.role != "literal" or v.rank:
+        return None
+    try:
+        return float(v.name[4:-1])
+    except ValueError:
+        return None
+
+
+#: (left, right) neutral operand of each binary op: `0 + x`, `x + 0`, `x - 0`, `1 * x`...
+_NEUTRAL = {"add": (0.0, 0.0), "sub": (None, 0.0), "mul": (1.0, 1.0), "div": (None, 1.0)}
+
+
+def _forwarded(op: Op, operands: tuple[int, ...], prog: Program) -> int | None:
+    """The operand an identity op equals (see `rewired`), else None."""
+    if len(op.results) != 1:
+        return None
+    shape = prog.values[op.results[0]].shape
+    if op.primitive in _NEUTRAL and len(operands) == 2:
+        left, right = _NEUTRAL[op.primitive]
+        a, b = operands
+        if right is not None and _literal(prog, b) == right and prog.values[a].shape == shape:
+            return a
+        if left is not None and _literal(prog, a) == left and prog.values[b].shape == shape:
+            return b
+    elif op.primitive in ("max", "min") and len(operands) == 2 and operands[0] == operands[1]:
+        return operands[0]
+    elif op.primitive == "select_n" and len(operands) > 2 and len(set(operands[1:])) == 1:
+        return operands[1]
+    return None
+
+
+def clamps(prog: Program, const: list[bool]) -> set[int]:
+    """Inner ops of `min(max(x, lo), hi)` or `max(min(x, hi), lo)` with constant scalar bounds
+    (`jnp.clip`): XLA's simplifier makes the pair one `clamp`, one flop per element (measured:
+    `jnp.clip(x[16, 32], -0.5, 0.5)` counts 512)."""
+    uses = prog.uses()
+    producers = prog.producers()
+    outputs = set(prog.outputs)  # not `is_output`: a `rewired` program outputs merged values
+    out = set()
+    pairs = {"min": "max", "max": "min"}
+    for op in prog.ops:
+        inner_name = pairs.get(op.primitive)
+        bounded = _bounded_operand(op, prog, const) if inner_name else None
+        if bounded is None or len(uses[bounded]) != 1 or bounded in outputs:
+            continue
+        p = producers[bounded]
+        if p is not None and prog.ops[p].primitive == inner_name:
+            if _bounded_operand(prog.ops[p], prog, const) is not None:
+                out.add(p)
+    return out
+
+
+def _bounded_operand(op: Op, prog: Program, const: list[bool]) -> int | None:
+    """The operand `x` of a binary op whose other operand is a constant scalar, else None."""
+    if len(op.operands) != 2:
+        return None
+    a, b = op.operands
+    if const[b] and prog.values[b].rank == 0 and not const[a]:
+        return a
+    if const[a] and prog.values[a].rank == 0 and not const[b]:
+        return b
+    return None
+
+
 def work_factors(prog: Program) -> list[float]:
-    """Per op, the fraction of its jaxpr flops XLA still computes: 0 when dead, constant or
-    merged into the next scaling, the broadcast core's share on broadcasts, else 1."""
+    """Per op, the fraction of its jaxpr flops XLA still computes: 0 when dead (an identity and a
+    repeat of an earlier op included: `rewired`), constant, merged into the next scaling or into
+    a clamp, the broadcast core's share on broadcasts, else 1."""
+    prog = rewired(prog)
     live = live_ops(prog)
     const = constant_values(prog)
     uni = uniform_dims(prog)
-    merged = merged_scalings(prog, const)
+    merged = merged_scalings(prog, const) | clamps(prog, const)
     out = []
     for op in prog.ops:
         if (
@@ -137,6 +287,68 @@ def work_factors(prog: Program) -> list[float]:
     return out
 
 
+def flop_executions(prog: Program) -> list[float]:
+    """Per op, how many times XLA counts its jaxpr flops in one execution of its region: the
+    loop fusions that compute it (`fusion.fusion_copies`) times `work_factors`, both on the
+    `rewired` program (a repeat's readers read the op it repeats); of a `cond`, the branch
+    with the most flops (`cond_branches`)."""
+    from toast_core.cost.flops import op_flops
+
+    return _costliest_branches(prog, _executions(prog), op_flops)
+
+
+def transcendental_executions(prog: Program) -> list[float]:
+    """`flop_executions` for transcendentals: of a `cond`, the branch with the most of them."""
+    from toast_core.cost.flops import op_transcendentals
+
+    return _costliest_branches(prog, _executions(prog), op_transcendentals)
+
+
+def _executions(prog: Program) -> list[float]:
+    simple = rewired(prog)
+    live = live_ops(simple)  # a dead reader (a repeat, an identity) is in no fusion
+    simple = replace(
+        simple, ops=tuple(op if live[op.index] else replace(op, operands=()) for op in simple.ops)
+    )
+    copies = fusion_copies(simple, materialized(simple))
+    return [c * w for c, w in zip(copies, work_factors(prog))]
+
+
+def _costliest_branches(prog: Program, executions: list[float], count) -> list[float]:
+    out = list(executions)
+    for branches in cond_branches(prog):
+        work = [sum(count(prog.ops[i], prog) * out[i] for i in b) for b in branches]
+        kept = max(range(len(branches)), key=work.__getitem__)
+        for k, b in enumerate(branches):
+            for i in b if k != kept else ():
+                out[i] = 0.0
+    return out
+
+
+def cond_branches(prog: Program) -> list[list[list[int]]]:
+    """Per `cond`, the op indices of each branch body (innermost conds first).
+
+    XLA's `HloCostAnalysis` prices a conditional as its costliest branch (the maximum of each
+    property over the branches), not their sum: `flop_executions` keeps the branch with the most
+    flops, `transcendental_executions` the one with the most transcendentals (measured: `lax.cond(p, lambda t: 2 * t + 1, lambda t: t * t * t,
+    x[16, 32])` counts 1,024 for the branches, not 2,048). That is also the honest price of a
+    step: one branch runs."""
+    out: list[list[list[int]]] = []
+    stack: list[list[list[int]]] = []  # open conds: their branches so far
+    for op in prog.ops:
+        if op.primitive == prim.COND_START:
+            if op.param("branch", 0) == 0:
+                stack.append([])
+            stack[-1].append([])
+            continue
+        if op.primitive == prim.COND_END:
+            out.append(stack.pop())
+            continue
+        for branches in stack:
+            branches[-1].append(op.index)
+    return out
+
+
 # --- uniform dims, per primitive ----------------------------------------------------------------
 
 
@@ -146,7 +358,20 @@ def _scalar_or(prog: Program, vid: int, uni) -> frozenset[int] | None:
 
 
 def _elementwise_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
-    sets = [s for s in (_scalar_or(prog, v, uni) for v in op.operands) if s is not None]
+    """Dims along which every non-scalar operand is uniform. An operand of size 1 along a dim the
+    result has larger is broadcast there by the op itself (jax's elementwise ops take size-1
+    dims: `a[..., None] * b` multiplies `f32[4, 3, 1]` by `f32[1, 1, 5]`), so it is uniform
+    along it as XLA sees it."""
+    shape = prog.values[op.results[0]].shape
+    sets = []
+    for v in op.operands:
+        s = _scalar_or(prog, v, uni)
+        if s is None:
+            continue
+        vshape = prog.values[v].shape
+        if len(vshape) == len(shape):
+            s = s | {d for d, n in enumerate(vshape) if n == 1 and shape[d] > 1}
+        sets.append(s)
     if not sets:
         return frozenset()
     return frozenset.intersection(*sets)

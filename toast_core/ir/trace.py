@@ -375,7 +375,9 @@ class _Builder:
                 prim.COND_START,
                 operand_ids[1:],
                 bin_ids,
-                (("branch", b),),
+                # The branch index is not an operand (no dim of it links to the branch), but
+                # computing it is work the program does: the cost model keeps it alive.
+                (("branch", b), ("predicate", operand_ids[0])),
                 region_depth=depth,
                 **kw,
             )
