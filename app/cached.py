@@ -22,7 +22,6 @@ import streamlit as st
 import toast_core as tc
 from app import pricing, programs, reports
 from demos import MODEL_ZOO, NUMERICS_TWINS
-from toast_core.gcpause import gc_paused
 
 #: Programs with more ops than this get only a syntax check of pins before Run (the full check
 #: scores the baselines, which takes seconds on the largest models).
@@ -411,7 +410,7 @@ def _seeded_estimate(key: tuple) -> tc.CostReport | None:
     if entry is None:
         return None
     if isinstance(entry[1], bytes):
-        with gc_paused():  # 31k small objects: collections meanwhile would double the time
+        with tc.gc_paused():  # 31k small objects: collections meanwhile would double the time
             entry[1] = pickle.loads(entry[1])
     return entry[1]
 

@@ -465,10 +465,14 @@ def test_default_demo_search_shards_and_beats_every_baseline(gpt2):
     assert "gpt gpt2 (train step)" in [s.value for s in at.subheader]
     assert {m.label: m.value for m in at.metric}["Named dims"] == str(len(gpt2.named_dims))
     wait_for_baselines(goto(at, "search"))
-    # The chart names the baselines it cannot draw: replicated does not fit at this size.
+    # The chart names each baseline it cannot draw, and why (expert parallel has no expert dim
+    # here; one that does not fit says so).
+    times = _baseline_times(gpt2)
     fig = json.loads(at.get("plotly_chart")[0].proto.spec)
     notes = [t["name"] for t in fig["data"] if t.get("visible") == "legendonly"]
-    assert any(n.startswith("replicated: does not fit") for n in notes), notes
+    assert "expert_parallel: not applicable" in notes, notes
+    for name in (n for n, t in times.items() if t is None):
+        assert any(n.startswith(f"{name}: does not fit") for n in notes), (name, notes)
     assert "that apply and fit" in fig["layout"]["title"]["text"]
     at.number_input(key="w.budget_s").set_value(4.0).run()
     at.button(key="run_search").click().run()
@@ -476,7 +480,7 @@ def test_default_demo_search_shards_and_beats_every_baseline(gpt2):
     slot = run_slot(at)
     assert slot["status"] == "done" and slot["best_fits"]
     assert slot["best"].shardings, "the default search must shard"
-    feasible = [t for t in _baseline_times(gpt2).values() if t is not None]
+    feasible = [t for t in times.values() if t is not None]
     assert feasible and slot["best_step_time_s"] < min(feasible)
     assert not any("Everything replicated" in i.value for i in at.info)
 

@@ -35,6 +35,7 @@ from toast_core.cost import (
     remat_groups,
 )
 from toast_core.errors import PinError, StrategyError, ToastError, TraceError
+from toast_core.gcpause import gc_paused
 from toast_core.ir import Program, trace
 from toast_core.mesh import HARDWARE_PRESETS, HardwareSpec, MeshSpec, hardware
 from toast_core.search import (
@@ -100,6 +101,7 @@ __all__ = [
     "costliest_ops",
     "dim_pin",
     "frozen_pins",
+    "gc_paused",
     "estimate",
     "explain",
     "hardware",
