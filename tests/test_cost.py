@@ -285,6 +285,21 @@ def test_a_scan_writes_its_stacked_outputs_whole_once_before_the_loop():
     assert report.op_costs[end.index].bytes == 4 * 16 * 32 * F32
 
 
+def test_a_matmul_reads_an_all_gathered_weight_at_its_gathered_size():
+    """FSDP: w1[64, 128] is sharded 8 ways and all-gathered before x[16, 64] @ w1; the matmul
+    reads the gathered buffer (XLA's fusion takes the all-gather's result), not the shard."""
+    _, ana = _workload("mlp", train=True)
+    strategy = tc.baselines.all(ana, MESH_2X4)["fsdp"][0]
+    report = tc.estimate(ana, strategy, MESH_2X4, HW)
+    w1 = value_id(ana, "params.w1")
+    dot = next(
+        op.index for op in ana.program.ops if op.primitive == "dot_general" and w1 in op.operands
+    )
+    assert any(c.kind == "all-gather" and c.value == w1 for c in report.collectives)
+    # x[16/8, 64] @ w1[64, 128] -> h[16/8, 128]
+    assert report.op_costs[dot].bytes == (2 * 64 + 64 * 128 + 2 * 128) * F32
+
+
 @pytest.mark.parametrize("strategy_name", ["replicated", "data_parallel", "fsdp", "dp_megatron"])
 def test_every_op_follows_the_roofline_and_compute_is_their_sum(gpt_train, strategy_name):
     _, ana = gpt_train

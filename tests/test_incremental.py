@@ -130,3 +130,30 @@ def test_memoized_communication_gives_full_scores(model):
             _same(inc.score(both.masks, side.masks), ev.score(both.masks))
             hits += inc.comm_hits - before
     assert hits > 0
+
+
+@pytest.mark.parametrize("model", ["mlp", "gpt"])
+def test_fsdp_reached_one_fine_class_at_a_time_prices_the_gathered_reads(model):
+    """Walking from replicated to FSDP one fine class at a time (every step a delta), the ops
+    reading all-gathered weights must be re-priced as their gathers appear and grow: compute
+    time and peak equal `Evaluator.score`'s bit for bit (communication sums its values in
+    another order, to rounding), and so do the per-op times and read bytes."""
+    env, ev = _env(model, "2x4")
+    target = tc.baselines.all(ev.ana, MESHES["2x4"])["fsdp"][0].fine_masks(ev.ana, ev.mesh)
+    inc = Incremental(ev)
+    inc.tab.full_limit = float("inf")
+    masks = env.root.masks.copy()
+    inc.score(masks)
+    for f in np.flatnonzero(target != masks):
+        parent = masks.copy()
+        masks[f] = target[f]
+        got, want = inc.score(masks, parent), ev.score(masks)
+        _same(got, want)
+        assert (got.compute_s, got.peak_bytes) == (want.compute_s, want.peak_bytes)
+    assert inc.full_evaluations == 1
+    _, value_local, op_logdeg = ev._local(masks)
+    extra = ev._read_extra(masks, value_local)
+    assert extra.sum() > 0  # FSDP gathers weights, and their readers read them gathered
+    cached = inc._cache[masks.tobytes()]
+    assert np.array_equal(cached.read_extra, extra)
+    assert np.array_equal(cached.t, ev._compute(value_local, op_logdeg, extra)[3])

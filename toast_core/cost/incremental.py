@@ -4,7 +4,9 @@ A search step shards one unit: it changes the masks of a few fine classes and le
 the strategy as it was. Only what touches those fine classes can change price:
 
 * **Compute**: the ops whose work divides over a changed fine class (`Layout.op_work_fine`), and
-  the ops that read or write a value whose local size changed (`Evaluator.op_values`).
+  the ops that read or write a value whose local size changed (`Evaluator.op_values`), and the
+  ops reading a resharded copy of a re-priced value (an FSDP matmul reads the gathered weight:
+  `Evaluator._reshard_reads`), their sums redone in the evaluator's order.
 * **Communication**: every collective of the model belongs to one value - the partial sums of a
   reduction site, the reshards of a value at its cut uses (deduplicated per value and target
   layout), the gathers of replicate factors and the halos of permute factors on its uses. So the
@@ -71,6 +73,11 @@ class _Cached:
     delta: np.ndarray  # [ops + 2]: live-bytes timeline deltas
     res_i: np.ndarray  # resharded copies: [3, n] value, first and last reader; [n] bytes
     res_bytes: np.ndarray
+    # Uses reading a resharded copy (`Evaluator._reshard_reads`): [3, n] op, value, global
+    # site; [n] extra bytes; and [ops] their sums per op (`Evaluator._read_extra`).
+    read_i: np.ndarray
+    read_bytes: np.ndarray
+    read_extra: np.ndarray
     persistent: float  # bytes of the persistent values
     score: Score
 
@@ -115,6 +122,7 @@ class _SitesOf:
         self.red_value, self.red_rs = ev.red_value[red], ev.red_rs[red]
         self._red_site = ev._red_site[red]
         sites = inc.sites_of.take(values)
+        self.site_ids = sites  # the evaluator's index of each of these sites
         self.site_vf, self.site_uf = ev.site_vf[sites], ev.site_uf[sites]
         self.site_value, self.site_op = ev.site_value[sites], ev.site_op[sites]
         rep, per = inc.rep_of.take(values), inc.per_of.take(values)
@@ -248,6 +256,7 @@ class Incremental:
         self.full_evaluations = 0
         self.delta_evaluations = 0
         self.comm_hits = self.comm_misses = 0
+        self._op_scratch = np.zeros(self.tab.n_ops, dtype=bool)  # all False between uses
 
     # -- public --------------------------------------------------------------------------------
 
@@ -290,13 +299,15 @@ class Incremental:
         self.full_evaluations += 1
         ev = self.ev
         fine_logdeg, value_local, op_logdeg = ev._local(masks)
-        _, _, _, t = ev._compute(value_local, op_logdeg)
+        r = ev._reshards(masks)
+        read_op, read_value, read_site, read_bytes = ev._reshard_reads(r, value_local)
+        read_extra = np.bincount(read_op, weights=read_bytes, minlength=self.tab.n_ops)
+        _, _, _, t = ev._compute(value_local, op_logdeg, read_extra)
         comm_v, (coll_i, coll_v) = self._comm_per_value(ev, masks, value_local)
         delta = np.zeros(self.tab.n_ops + 2)
         b = value_local[ev.live_ids]
         np.add.at(delta, ev.born, b)
         np.add.at(delta, ev.dies, -b)
-        r = ev._reshards(masks)
         res_bytes = value_local[r.value] * r.buffer
         np.add.at(delta, r.lo, res_bytes)
         np.add.at(delta, r.hi + 1, -res_bytes)
@@ -313,6 +324,9 @@ class Incremental:
             delta,
             res_i,
             res_bytes,
+            np.stack([read_op, read_value, read_site]),
+            read_bytes,
+            read_extra,
             persistent,
         )
 
@@ -343,18 +357,19 @@ class Incremental:
         if len(plan.size_vals):
             logdeg = plan.size_logdeg.matvec(fine_logdeg)
             value_local[plan.size_vals] = plan.size_vals_bytes * np.exp2(-logdeg)
-        t = base.t.copy()
-        if len(plan.ops):
-            t[plan.ops] = self._op_times(plan, value_local, fine_logdeg)
         # Communication of the values it may move (collectives scale with local sizes too);
         # the timeline's changes are gathered (index, bytes) and added in one pass, in the
         # order they were listed.
         comm_v, coll_i, coll_v = base.comm_v, base.coll_i, base.coll_v
         res_i, res_bytes = base.res_i, base.res_bytes
+        read_i, read_bytes, read_extra = base.read_i, base.read_bytes, base.read_extra
+        reread = None  # ops whose reads of resharded copies changed
         at, add = [], []
         comm_vals = plan.comm_vals
         if len(comm_vals):
-            moved, new_i, new_v, r_i, new_bytes = self._comm_of(plan.view, masks, value_local)
+            moved, new_i, new_v, r_i, new_bytes, new_read_i, new_read_bytes = self._comm_of(
+                plan.view, masks, value_local
+            )
             comm_v = comm_v.copy()
             comm_v[comm_vals] = 0.0
             comm_v[comm_vals] += moved
@@ -369,6 +384,27 @@ class Incremental:
             keep = ~old
             res_i = np.concatenate([res_i[:, keep], r_i], axis=1)
             res_bytes = np.concatenate([res_bytes[keep], new_bytes])
+            # Uses reading those values' resharded copies read them at their new size.
+            old = plan.touched[read_i[1]]
+            if old.any() or new_read_i.shape[1]:
+                ops = np.concatenate([read_i[0, old], new_read_i[0]])
+                keep = ~old
+                read_i = np.concatenate([read_i[:, keep], new_read_i], axis=1)
+                read_bytes = np.concatenate([read_bytes[keep], new_read_bytes])
+                read_extra, reread = self._reread(ops, read_i, read_bytes, read_extra)
+        # The roofline time of every op that may move (an op whose inputs kept their sizes gets
+        # its old time again: same formula, same order), and of the ops re-reading copies.
+        t = base.t.copy()
+        if len(plan.ops):
+            t[plan.ops] = self._op_times(plan, value_local, fine_logdeg, read_extra)
+        if reread is not None and len(reread):
+            # Usually the plan's ops already (a reader of a value whose size or use changed).
+            seen = self._op_scratch
+            seen[plan.ops] = True
+            reread = reread[~seen[reread]]
+            seen[plan.ops] = False
+            if len(reread):
+                t[reread] = self._reread_times(reread, value_local, fine_logdeg, read_extra)
         # Live ranges of resized values (a value that kept its size adds 0).
         if len(plan.live_ids):
             change = value_local[plan.live_ids] - base.value_local[plan.live_ids]
@@ -391,7 +427,36 @@ class Incremental:
             delta,
             res_i,
             res_bytes,
+            read_i,
+            read_bytes,
+            read_extra,
             persistent,
+        )
+
+    def _reread(self, ops, read_i, read_bytes, base_extra):
+        """(bytes each op reads beyond its operands, the ops among `ops` whose such bytes
+        changed) after the reads of resharded copies became `read_i` / `read_bytes`: the sums of
+        `ops` are redone from their reads in site order, as `Evaluator._read_extra` sums them
+        (so bit-identical); every other op's reads are the parent's."""
+        hit = self._op_scratch
+        hit[ops] = True
+        sel = np.flatnonzero(hit[read_i[0]])
+        hit[ops] = False
+        ops = np.unique(ops)
+        sel = sel[np.argsort(read_i[2, sel], kind="stable")]
+        sums = np.bincount(read_i[0, sel], weights=read_bytes[sel], minlength=self.tab.n_ops)
+        extra = base_extra.copy()
+        extra[ops] = sums[ops]
+        return extra, ops[extra[ops] != base_extra[ops]]
+
+    def _reread_times(self, ops, value_local, fine_logdeg, read_extra) -> np.ndarray:
+        """`Evaluator._compute`'s roofline time of `ops` (same formula, same order)."""
+        ev, tab = self.ev, self.tab
+        share = np.exp2(-tab.op_work_fine.matvec(ops, fine_logdeg))
+        flops_local, trans_local = ev.op_flops[ops] * share, ev.op_trans[ops] * share
+        bytes_local = (tab.op_values.matvec(ops, value_local) + read_extra[ops]) * ev.trip[ops]
+        return np.maximum(
+            (flops_local + trans_local) / ev.peak_flops, bytes_local / ev.hw.hbm_bytes_per_s
         )
 
     def _plan(self, changed: np.ndarray) -> _Plan | None:
@@ -438,7 +503,8 @@ class Incremental:
 
     def _comm_of(self, view: _SitesOf, masks: np.ndarray, value_local: np.ndarray) -> tuple:
         """The communication of `values` under `masks`: (bandwidth seconds of each value, their
-        collectives, their resharded copies as value, first and last reader, bytes). Memoized per
+        collectives, their resharded copies as value, first and last reader, bytes, the uses
+        reading those copies as op, value, global site, extra bytes). Memoized per
         set of values by the masks of the fine classes it reads (the values' local sizes are a
         function of those too): a greedy descent tries the same units from states that differ
         elsewhere, and a rollout meets the same neighbourhoods again."""
@@ -448,7 +514,10 @@ class Incremental:
             moved, (new_i, new_v) = self._comm_per_value(view, masks, value_local)
             r = view._reshards(masks)
             r_i = np.stack([r.value, r.lo, r.hi])
-            hit = (moved[view.values], new_i, new_v, r_i, value_local[r.value] * r.buffer)
+            read_op, read_value, read_site, read_bytes = self.ev._reshard_reads(r, value_local)
+            read_i = np.stack([read_op, read_value, view.site_ids[read_site]])
+            res_bytes = value_local[r.value] * r.buffer
+            hit = (moved[view.values], new_i, new_v, r_i, res_bytes, read_i, read_bytes)
             if len(view.memo) >= COMM_KEPT:
                 view.memo.pop(next(iter(view.memo)))
             view.memo[key] = hit
@@ -468,12 +537,12 @@ class Incremental:
             view = self._views[key] = _SitesOf(self.ev, self.tab, values)
         return view
 
-    def _op_times(self, plan: _Plan, value_local, fine_logdeg) -> np.ndarray:
+    def _op_times(self, plan: _Plan, value_local, fine_logdeg, read_extra) -> np.ndarray:
         """`Evaluator._compute`'s roofline time, for the plan's ops (same formula, same order)."""
         ev = self.ev
         share = np.exp2(-plan.op_share.matvec(fine_logdeg))
         flops_local, trans_local = plan.op_flops * share, plan.op_trans * share
-        bytes_local = plan.op_bytes.matvec(value_local) * plan.op_trip
+        bytes_local = (plan.op_bytes.matvec(value_local) + read_extra[plan.ops]) * plan.op_trip
         return np.maximum(
             (flops_local + trans_local) / ev.peak_flops, bytes_local / ev.hw.hbm_bytes_per_s
         )
@@ -490,6 +559,9 @@ class Incremental:
         delta,
         res_i,
         rb,
+        read_i,
+        read_bytes,
+        read_extra,
         persistent,
     ) -> _Cached:
         ev = self.ev
@@ -511,6 +583,9 @@ class Incremental:
             delta,
             res_i,
             rb,
+            read_i,
+            read_bytes,
+            read_extra,
             persistent,
             score,
         )

@@ -9,6 +9,8 @@ per-device shapes follow, and every cut and every sharded reduction implies a co
   Flops are counted as XLA counts them (`flops.py`, transcendentals apart but priced alike), once
   per loop fusion that computes the op (`fusion.py`), less what XLA's simplifier removes (dead
   code, constants, work on broadcasts: `simplify.py`); bytes only for values fusion materializes.
+  An operand resharded at a cut is read at its new buffer's size (an FSDP matmul reads the
+  all-gathered weight, `_reshard_reads`).
 * **Sharded reductions**: a reduction factor on mesh axes R leaves each result partial over R: an
   all-reduce of the local result, or a reduce-scatter when every consumer (across a cut) wants a dim
   sharded on that axis (FSDP's gradients).
@@ -243,11 +245,16 @@ class _Reshards:
     # Last reader before the backward part (-1: none), first reader in it (n_ops: none).
     fwd_hi: np.ndarray | None = None
     bwd_lo: np.ndarray | None = None
+    # Every use reading a reshard's new buffer, in site order: its op, the index of the
+    # reshard, and its site (index into the evaluator's site arrays).
+    read_op: np.ndarray | None = None
+    read_of: np.ndarray | None = None
+    read_site: np.ndarray | None = None
 
     @staticmethod
     def empty() -> _Reshards:
         i, f = np.zeros(0, dtype=np.int64), np.zeros(0)
-        return _Reshards(i, i, i, i, f, i, i, f, i, i, i)
+        return _Reshards(i, i, i, i, f, i, i, f, i, i, i, i, i, i)
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +313,7 @@ class Evaluator:
         n_ops = len(prog.ops)
         self.trip = np.array([op.trip_count for op in prog.ops], dtype=np.float64)
         is_mat = materialized(prog)
+        self._is_mat = np.array(is_mat, dtype=bool)
         # loop fusion's duplicates and XLA's simplifier (CSE, identities, dead code, constants)
         executions = self.trip * np.array(flop_executions(prog), dtype=np.float64)
         trans_executions = self.trip * np.array(transcendental_executions(prog), dtype=float)
@@ -588,16 +596,35 @@ class Evaluator:
         op_logdeg = self.lay.op_work_fine @ fine_logdeg
         return fine_logdeg, value_local, op_logdeg
 
-    def _compute(self, value_local, op_logdeg):
+    def _compute(self, value_local, op_logdeg, read_extra):
         """Per-op local flops, transcendentals, HBM bytes and roofline time (a transcendental
-        costs the compute units as much as a flop)."""
+        costs the compute units as much as a flop). `read_extra` [ops]: bytes an op reads beyond
+        its operands' local sizes (`_read_extra`)."""
         share = np.exp2(-op_logdeg)
         flops_local, trans_local = self.op_flops * share, self.op_trans * share
-        bytes_local = (self.op_values @ value_local) * self.trip
+        bytes_local = (self.op_values @ value_local + read_extra) * self.trip
         t = np.maximum(
             (flops_local + trans_local) / self.peak_flops, bytes_local / self.hw.hbm_bytes_per_s
         )
         return flops_local, trans_local, bytes_local, t
+
+    def _reshard_reads(self, r: _Reshards, value_local):
+        """(op, value, site, extra bytes) of every use reading a reshard's new buffer, in site
+        order: an op reading a value all-gathered before it reads the gathered buffer, not the
+        value's local shard (FSDP: a layer's matmul reads the full weight, as XLA's fusion takes
+        the all-gather's result). Only materialized values read by ops that move bytes: the op's
+        own bytes count those (`op_values`); the extra is the new buffer beyond the local size."""
+        grown = r.buffer - 1.0
+        keep = (grown[r.read_of] > 0) & self._is_mat[r.value[r.read_of]] & self._moves[r.read_op]
+        of = r.read_of[keep]
+        value = r.value[of]
+        return r.read_op[keep], value, r.read_site[keep], value_local[value] * grown[of]
+
+    def _read_extra(self, masks, value_local) -> np.ndarray:
+        """[ops]: bytes each op reads beyond its operands' local sizes (`_reshard_reads`), each
+        op's reads summed in site order (the incremental evaluator sums them in that order)."""
+        ops, _, _, extra = self._reshard_reads(self._reshards(masks), value_local)
+        return np.bincount(ops, weights=extra, minlength=self.n_ops)
 
     def _memory(
         self, value_local, masks, remat: RematEffect | None = None, pairs=(), align_bytes: int = 0
@@ -643,7 +670,7 @@ class Evaluator:
         """Fast path: step time and peak memory of a fine-class mask assignment and remat
         policies ((group index, policy index) pairs, see `strategy/remat.py`)."""
         _, value_local, op_logdeg = self._local(masks)
-        _, _, _, t = self._compute(value_local, op_logdeg)
+        _, _, _, t = self._compute(value_local, op_logdeg, self._read_extra(masks, value_local))
         compute_s = float(t.sum())
         coll = self._collective_arrays(masks, value_local)  # listed once, priced twice
         comm_s = self._comm_s(masks, value_local, coll)
@@ -665,7 +692,9 @@ class Evaluator:
         if masks is None:
             masks = strategy.fine_masks(self.ana, self.mesh)
         _, value_local, op_logdeg = self._local(masks)
-        flops_local, trans_local, bytes_local, t = self._compute(value_local, op_logdeg)
+        flops_local, trans_local, bytes_local, t = self._compute(
+            value_local, op_logdeg, self._read_extra(masks, value_local)
+        )
         collectives = self._collectives(masks, value_local)
         eff = remat_effect(self.remat, self._remat_pairs(strategy))
         again = recomputed_collectives(collectives, eff)
@@ -953,6 +982,9 @@ class Evaluator:
             of=of,
             fwd_hi=fwd_hi,
             bwd_lo=bwd_lo,
+            read_op=ops,
+            read_of=inverse,
+            read_site=cand[active],
         )
 
     def _reshard_collectives(self, first, odd, vsub, usub, gathered, moved):

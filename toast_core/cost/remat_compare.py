@@ -85,7 +85,7 @@ def remat_comparison(
     without = ev.report(plain) if strategy.remat else with_remat
     masks = strategy.fine_masks(ana, mesh)
     _, value_local, op_logdeg = ev._local(masks)
-    flops_local = ev._compute(value_local, op_logdeg)[0]
+    flops_local = ev._compute(value_local, op_logdeg, ev._read_extra(masks, value_local))[0]
     space = remat_space(ana)
     rows = []
     for group in space.groups:
