@@ -547,24 +547,11 @@ class Incremental:
             (flops_local + trans_local) / ev.peak_flops, bytes_local / ev.hw.hbm_bytes_per_s
         )
 
-    def _finish(
-        self,
-        masks,
-        fine_logdeg,
-        value_local,
-        t,
-        comm_v,
-        coll_i,
-        coll_v,
-        delta,
-        res_i,
-        rb,
-        read_i,
-        read_bytes,
-        read_extra,
-        persistent,
-    ) -> _Cached:
+    def _finish(self, masks, *state) -> _Cached:
+        """The cached state and its score; `state` is `_Cached`'s fields after `masks`, in order,
+        up to `persistent`."""
         ev = self.ev
+        _, _, t, comm_v, coll_i, coll_v, delta, *_, persistent = state
         compute_s = float(t.sum())
         kinds, ms, ops, _, sites = coll_i
         comm_s = float(comm_v.sum()) + ev.latency_s(kinds, ms, coll_v, ops, sites)
@@ -572,23 +559,7 @@ class Incremental:
         peak = persistent + (float(timeline.max()) if len(timeline) else 0.0)
         step = compute_s + (1.0 - ev.overlap) * comm_s
         score = Score(step, compute_s, comm_s, peak, peak <= ev.capacity_bytes)
-        return _Cached(
-            masks.copy(),
-            fine_logdeg,
-            value_local,
-            t,
-            comm_v,
-            coll_i,
-            coll_v,
-            delta,
-            res_i,
-            rb,
-            read_i,
-            read_bytes,
-            read_extra,
-            persistent,
-            score,
-        )
+        return _Cached(masks.copy(), *state, score)
 
 
 class _Rows:
