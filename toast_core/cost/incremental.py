@@ -455,9 +455,7 @@ class Incremental:
         share = np.exp2(-tab.op_work_fine.matvec(ops, fine_logdeg))
         flops_local, trans_local = ev.op_flops[ops] * share, ev.op_trans[ops] * share
         bytes_local = (tab.op_values.matvec(ops, value_local) + read_extra[ops]) * ev.trip[ops]
-        return np.maximum(
-            (flops_local + trans_local) / ev.peak_flops, bytes_local / ev.hw.hbm_bytes_per_s
-        )
+        return ev._roofline(flops_local, trans_local, bytes_local)
 
     def _plan(self, changed: np.ndarray) -> _Plan | None:
         """What a delta touches when the fine classes `changed` change, whatever their masks
@@ -539,13 +537,10 @@ class Incremental:
 
     def _op_times(self, plan: _Plan, value_local, fine_logdeg, read_extra) -> np.ndarray:
         """`Evaluator._compute`'s roofline time, for the plan's ops (same formula, same order)."""
-        ev = self.ev
         share = np.exp2(-plan.op_share.matvec(fine_logdeg))
         flops_local, trans_local = plan.op_flops * share, plan.op_trans * share
         bytes_local = (plan.op_bytes.matvec(value_local) + read_extra[plan.ops]) * plan.op_trip
-        return np.maximum(
-            (flops_local + trans_local) / ev.peak_flops, bytes_local / ev.hw.hbm_bytes_per_s
-        )
+        return self.ev._roofline(flops_local, trans_local, bytes_local)
 
     def _finish(self, masks, *state) -> _Cached:
         """The cached state and its score; `state` is `_Cached`'s fields after `masks`, in order,

@@ -603,10 +603,19 @@ class Evaluator:
         share = np.exp2(-op_logdeg)
         flops_local, trans_local = self.op_flops * share, self.op_trans * share
         bytes_local = (self.op_values @ value_local + read_extra) * self.trip
-        t = np.maximum(
+        return (
+            flops_local,
+            trans_local,
+            bytes_local,
+            self._roofline(flops_local, trans_local, bytes_local),
+        )
+
+    def _roofline(self, flops_local, trans_local, bytes_local) -> np.ndarray:
+        """Per-op time: compute or HBM traffic, whichever is slower (the incremental evaluator
+        prices its subsets of ops through this too, so its times are the same floats)."""
+        return np.maximum(
             (flops_local + trans_local) / self.peak_flops, bytes_local / self.hw.hbm_bytes_per_s
         )
-        return flops_local, trans_local, bytes_local, t
 
     def _reshard_reads(self, r: _Reshards, value_local):
         """(op, value, site, extra bytes) of every use reading a reshard's new buffer, in site
