@@ -188,7 +188,7 @@ ENTRY %main (p0: f32[512,512], p1: f32[512,512]) -> (f32[512,512], f32[512,512],
 
 def test_a_producer_the_cpu_duplicated_into_several_fusions_is_read_once():
     # The CPU fused `p0 + p1` into both y1 and y2 (a GPT step's residual-gradient sum was in 16
-    # fusions: 21 % of its judged bytes); TPU/GPU compute it once. y1 reads p0 and p1 and writes
+    # fusions: 20 % of its judged bytes); TPU/GPU compute it once. y1 reads p0 and p1 and writes
     # (3 MiB); y2 recomputes the same sum (p1 through a view), so reads nothing and writes
     # (1 MiB); y3's subtraction and y4's product are other expressions: each reads both and
     # writes (3 MiB), the bitcast they share being a view, not a computation.

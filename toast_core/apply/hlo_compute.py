@@ -38,7 +38,7 @@ instructions, shapes and loop counts (nothing comes from the cost model):
   computes the update fuses into it;
 * the CPU duplicates a producer into the loop fusions of its readers, and each copy reads the
   producer's operands again: a GPT train step's residual-stream gradient (the sum over layers of
-  the layer-norm backward terms) is recomputed inside 16 fusions, 21 % of its re-fused bytes.
+  the layer-norm backward terms) is recomputed inside 16 fusions, 20 % of its re-fused bytes.
   XLA duplicates a producer reading more than one input only when it fuses into every consumer on
   all paths (`InstructionFusion::ComputeGloballyUnfusible`), and XLA:GPU's priority fusion prices
   the extra reads and declines; the cost model reads such an op's operands once. So
