@@ -195,3 +195,29 @@ def test_a_producer_the_cpu_duplicated_into_several_fusions_is_read_once():
     fusible_bytes, dots = fused_traffic(DUPLICATED)
     assert fusible_bytes == pytest.approx(10 * MB)  # 12 MiB when every fusion read its operands
     assert dots == []
+
+
+# A fused QKV projection's result sliced into q, k and v through a bitcast, each slice written
+# transposed for its attention dot (XLA:CPU's fusion of `jnp.split` after a reshape).
+SLICED_VIEW = """HloModule m
+
+%q (a: f32[256,768]) -> f32[8,32,256] {
+  %a = f32[256,768]{1,0} parameter(0)
+  %v = f32[256,3,8,32]{3,2,1,0} bitcast(%a)
+  %s = f32[256,1,8,32]{3,2,1,0} slice(%v), slice={[0:256], [2:3], [0:8], [0:32]}
+  %b = f32[256,8,32]{2,1,0} bitcast(%s)
+  ROOT %t = f32[8,32,256]{2,1,0} transpose(%b), dimensions={1,2,0}
+}
+
+ENTRY %main (p: f32[256,768]) -> f32[8,32,256] {
+  %p = f32[256,768]{1,0} parameter(0)
+  ROOT %y = f32[8,32,256]{2,1,0} fusion(%p), kind=kLoop, calls=%q
+}
+"""
+
+
+def test_a_slice_of_a_bitcast_of_an_operand_reads_the_slice():
+    # The fusion reads one third of p (its slice through the bitcast, a view) and writes it: a
+    # decoder's attention read its whole [B*S, 3*D] projection three times (5 % of its bytes).
+    fusible_bytes, _ = fused_traffic(SLICED_VIEW)
+    assert fusible_bytes == 2 * 256 * 256 * 4

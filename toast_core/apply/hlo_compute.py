@@ -33,7 +33,8 @@ instructions, shapes and loop counts (nothing comes from the cost model):
   a computation boundary (a parameter, the root: loop carries and outputs); otherwise producer and
   reader fuse and it stays on chip;
 * an instruction moves the materialized values it reads and writes: operands read only through
-  a slice count the slice (a scan body reads one layer of a stacked parameter); a
+  a slice (bitcasts between being views) count the slice (a scan body reads one layer of a
+  stacked parameter, an attention its q, k or v of a fused projection); a
   dynamic-update-slice (fused or not) is an in-place loop fusion: it writes its update, and what
   computes the update fuses into it;
 * the CPU duplicates a producer into the loop fusions of its readers, and each copy reads the
@@ -272,15 +273,30 @@ def _operand_reads(module: _Module, name: str) -> list[float]:
             for pname, k in params.items():
                 if k >= len(full):
                     continue
-                readers = users.get(pname, [])
-                if readers and all(module.ins[r][0] in _SLICES for r in readers):
-                    full[k] = sum(_nbytes(module.ins[r][1]) for r in readers)
+                readers = _through_views(module, users, pname)
+                if readers and all(
+                    module.ins[r][0] in _SLICES and module.ins[r][2][0] == via for r, via in readers
+                ):
+                    full[k] = sum(_nbytes(module.ins[r][1]) for r, _ in readers)
                 elif readers and all(
-                    module.ins[r][0] == "dynamic-update-slice" and module.ins[r][2][0] == pname
-                    for r in readers
+                    module.ins[r][0] == "dynamic-update-slice" and module.ins[r][2][0] == via
+                    for r, via in readers
                 ):
                     full[k] = 0.0
     return full
+
+
+def _through_views(module: _Module, users: dict, value: str) -> list[tuple[str, str]]:
+    """(reader, the value or bitcast of it that it reads) of a value inside a fusion, looking
+    through bitcasts: a slice of a bitcast of a parameter reads the slice (fused QKV: q, k and v
+    are slices of a bitcast of the projection's result)."""
+    out = []
+    for r in users.get(value, []):
+        if module.ins[r][0] == "bitcast":
+            out += _through_views(module, users, r)
+        else:
+            out.append((r, value))
+    return out
 
 
 def _result_writes(module: _Module, name: str) -> float:
