@@ -45,6 +45,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from toast_core.cost.model import Evaluator, Score
+from toast_core.cost.remat import shorten_lifetimes
+from toast_core.strategy.remat import remat_effect
 
 #: Cached evaluations kept (each holds a few arrays of the program's size).
 CACHE_SIZE = 8
@@ -71,7 +73,9 @@ class _Cached:
     coll_i: np.ndarray
     coll_v: np.ndarray
     delta: np.ndarray  # [ops + 2]: live-bytes timeline deltas
-    res_i: np.ndarray  # resharded copies: [3, n] value, first and last reader; [n] bytes
+    # Resharded copies: [5, n] value, first and last reader, last forward and first backward
+    # reader (`_Reshards.fwd_hi`, `bwd_lo`: remat splits a copy's life there); [n] bytes.
+    res_i: np.ndarray
     res_bytes: np.ndarray
     # Uses reading a resharded copy (`Evaluator._reshard_reads`): [3, n] op, value, global
     # site; [n] extra bytes; and [ops] their sums per op (`Evaluator._read_extra`).
@@ -253,6 +257,7 @@ class Incremental:
         self._cache: OrderedDict[bytes, _Cached] = OrderedDict()
         self._views: dict[bytes, _SitesOf] = {}
         self._plans: dict[bytes, _Plan | None] = {}
+        self._remats: dict[tuple, tuple] = {}
         self.full_evaluations = 0
         self.delta_evaluations = 0
         self.comm_hits = self.comm_misses = 0
@@ -263,11 +268,67 @@ class Incremental:
     def score(self, masks: np.ndarray, parent: np.ndarray | None = None) -> Score:
         """The score of `masks`, from the cached evaluation of `parent` (masks) when given and
         cached, else of the nearest cached state, else in full."""
+        return self._entry(masks, parent).score
+
+    def score_remat(
+        self, masks: np.ndarray, remat: tuple, parent: np.ndarray | None = None
+    ) -> Score:
+        """`Evaluator.score(masks, remat)`: the sharding priced as `score` prices it (from a
+        cached state), then remat's recomputed work, its collectives run again and the split
+        lifetimes on top of that evaluation's arrays, as `Evaluator.score` adds them."""
+        entry = self._entry(masks, parent)
+        if not remat:
+            return entry.score
+        ev = self.ev
+        eff, twice = self._remat_of(remat)
+        compute_s = entry.score.compute_s
+        if len(eff.twice_ops):
+            compute_s += float(entry.t[eff.twice_ops].sum())
+        comm_s = entry.score.comm_s
+        again = twice[entry.coll_i[2]]
+        if again.any():
+            kinds, ms, ops, _, sites = entry.coll_i[:, again]
+            vs = entry.coll_v[again]
+            bandwidth_s = float((ev.c1[kinds, ms] * vs * ev.site_trip[sites]).sum())
+            comm_s += bandwidth_s + ev.latency_s(kinds, ms, vs, ops, sites)
+        delta = entry.delta.copy()
+        res_i = entry.res_i
+        if res_i.shape[1]:  # a copy read by a remat'd block and by the backward: made twice
+            split = ev._remat_block_ops(remat)[res_i[1]] & (res_i[3] >= 0)
+            split &= res_i[4] > res_i[3] + 1
+            if split.any():
+                np.add.at(delta, res_i[3, split] + 1, -entry.res_bytes[split])
+                np.add.at(delta, res_i[4, split], entry.res_bytes[split])
+        held = entry.value_local * ev._in_memory
+        shorten_lifetimes(delta, held, eff)
+        if len(eff.values):
+            vals, new, old = ev._remat_liveness(eff)
+            np.add.at(delta, new + 1, -held[vals])
+            np.add.at(delta, old + 1, held[vals])
+        timeline = np.cumsum(delta)[: self.tab.n_ops]
+        peak = entry.persistent + (float(timeline.max()) if len(timeline) else 0.0)
+        step = compute_s + (1.0 - ev.overlap) * comm_s
+        return Score(step, compute_s, comm_s, peak, peak <= ev.capacity_bytes)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _remat_of(self, remat: tuple):
+        """(the `RematEffect` of remat policies, [ops] whether each op runs twice), memoized."""
+        hit = self._remats.get(remat)
+        if hit is None:
+            eff = remat_effect(self.ev.remat, remat)
+            twice = np.zeros(self.tab.n_ops, dtype=bool)
+            twice[eff.twice_ops] = True
+            hit = self._remats[remat] = (eff, twice)
+        return hit
+
+    def _entry(self, masks: np.ndarray, parent: np.ndarray | None) -> _Cached:
+        """The cached evaluation of `masks` (`score`), made and cached when missing."""
         key = masks.tobytes()
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
-            return hit.score
+            return hit
         base = None
         if parent is not None:
             base = self._cache.get(parent.tobytes())
@@ -281,9 +342,7 @@ class Incremental:
         self._cache[key] = entry
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
-        return entry.score
-
-    # -- internals -----------------------------------------------------------------------------
+        return entry
 
     def _nearest(self, masks: np.ndarray) -> _Cached | None:
         best, best_n = None, None
@@ -311,7 +370,7 @@ class Incremental:
         res_bytes = value_local[r.value] * r.buffer
         np.add.at(delta, r.lo, res_bytes)
         np.add.at(delta, r.hi + 1, -res_bytes)
-        res_i = np.stack([r.value, r.lo, r.hi])
+        res_i = np.stack([r.value, r.lo, r.hi, r.fwd_hi, r.bwd_lo])
         persistent = float(value_local[ev.persistent_ids].sum())
         return self._finish(
             masks,
@@ -511,7 +570,7 @@ class Incremental:
         if hit is None:
             moved, (new_i, new_v) = self._comm_per_value(view, masks, value_local)
             r = view._reshards(masks)
-            r_i = np.stack([r.value, r.lo, r.hi])
+            r_i = np.stack([r.value, r.lo, r.hi, r.fwd_hi, r.bwd_lo])
             read_op, read_value, read_site, read_bytes = self.ev._reshard_reads(r, value_local)
             read_i = np.stack([read_op, read_value, view.site_ids[read_site]])
             res_bytes = value_local[r.value] * r.buffer
