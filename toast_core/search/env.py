@@ -49,6 +49,7 @@ class Environment:
         # rollout step derives its child's counts from its own instead of recounting.
         self._counts: dict[bytes, tuple] = {}
         self._shard_weights: dict[int, tuple] = {}  # id(units) -> (units, rollout weights)
+        self._open_groups: dict[tuple, list[int]] = {}  # options -> `open_groups`
 
     # -- units and groups ----------------------------------------------------------------------
 
@@ -56,9 +57,16 @@ class Environment:
         return self.space.units(state.options, self.constraints.pinned_fines)
 
     def open_groups(self, state: State) -> list[int]:
-        """Decision groups with no conflict resolved yet (by the state or a pin)."""
-        done = {k for k, _ in state.options} | self.constraints.fixed_conflicts
-        return [g for g, grp in enumerate(self.groups) if not any(k in done for k in grp)]
+        """Decision groups with no conflict resolved yet (by the state or a pin); memoized per
+        resolution (the tree and the rollouts ask again at every step)."""
+        hit = self._open_groups.get(state.options)
+        if hit is None:
+            done = {k for k, _ in state.options} | self.constraints.fixed_conflicts
+            hit = [g for g, grp in enumerate(self.groups) if not any(k in done for k in grp)]
+            if len(self._open_groups) >= WEIGHTS_KEPT:
+                self._open_groups.clear()
+            self._open_groups[state.options] = hit
+        return list(hit)
 
     def n_options(self, g: int) -> int:
         return min(len(self.ana.conflicts[k].options) for k in self.groups[g])
@@ -151,11 +159,13 @@ class Environment:
         counts = self.axis_counts(state)
         all_units = self.units(state)
         picked = range(len(all_units)) if units is None else units
+        forbidden_bits = self.constraints.forbidden_bits
         return [
             Shard(u, a)
             for u in picked
-            for a in range(self.n_axes)
-            if self.why_illegal_shard(state, all_units[u], a, counts) is None
+            for a in self.space.legal_axes(
+                state, all_units[u], counts, forbidden_bits(all_units[u].fines)
+            )
         ]
 
     def apply(self, state: State, action: Action) -> State:

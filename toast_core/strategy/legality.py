@@ -191,6 +191,41 @@ def why_illegal_shard(
     return None
 
 
+def legal_axes(
+    space: StrategySpace, masks: np.ndarray, unit: Unit, counts, forbidden: int = 0
+) -> list[int]:
+    """The mesh axes `a` for which `why_illegal_shard(space, masks, unit, a, counts, forbidden)`
+    is None, in order: the same rules, with what all axes share (the unit's distinct masks, the
+    rows holding its atoms) read once instead of once per axis (`Environment.shard_actions`
+    lists every legal shard of a state, on the search's hot path)."""
+    chk = space.shard_check(unit.fines)
+    if chk.blocked or chk.holds_twice:
+        return []
+    ways = space.axes.ways
+    first = int(masks[chk.first])
+    distinct = set(masks[chk.fines].tolist())
+    held_v = counts[0][chk.value_rows].any(axis=0) if len(chk.value_rows) else None
+    held_u = counts[1][chk.use_rows].any(axis=0) if len(chk.use_rows) else None
+    split = None
+    if len(chk.split_fines):
+        split = np.where(chk.split_pad, 0, masks[chk.split_index])
+    out = []
+    for a in range(space.axes.n):
+        bit = 1 << a
+        if (first | forbidden) & bit:
+            continue
+        if any(indivisible(unit.size, int(ways[m | bit])) for m in distinct):
+            continue
+        if (held_v is not None and held_v[a]) or (held_u is not None and held_u[a]):
+            continue
+        if split is not None:
+            m = split | np.where(chk.split_in_unit, bit, 0)
+            if strided_masks(m, chk.split_sizes, ways).any():
+                continue
+        out.append(a)
+    return out
+
+
 class ShardCheck:
     """What `why_illegal_shard` needs of one unit, whatever the state: its fine classes, the
     rows (values, uses) holding them with their atom counts, and the split dims they touch."""
