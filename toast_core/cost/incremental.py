@@ -116,11 +116,15 @@ class _SitesOf:
     evaluator's own `_collective_arrays` and `_reshards` price a few values."""
 
     def __init__(self, ev: Evaluator, inc: _Tables, values: np.ndarray) -> None:
+        if not hasattr(ev, "_site_static"):
+            ev._combine_setup()
+        # The evaluator's data attributes, found without `__getattr__` (pricing a view reads
+        # dozens per call); the restricted ones below override theirs. (Only `_last_reshards`
+        # is ever rebound on an evaluator, and a view keeps its own.)
+        self.__dict__.update(vars(ev))
         self._ev = ev
         self.values = values
         self._last_reshards = None
-        if not hasattr(ev, "_site_static"):
-            ev._combine_setup()
         red = inc.red_of.take(values)
         self.red_op, self.red_fine = ev.red_op[red], ev.red_fine[red]
         self.red_value, self.red_rs = ev.red_value[red], ev.red_rs[red]

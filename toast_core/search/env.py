@@ -50,11 +50,31 @@ class Environment:
         self._counts: dict[bytes, tuple] = {}
         self._shard_weights: dict[int, tuple] = {}  # id(units) -> (units, rollout weights)
         self._open_groups: dict[tuple, list[int]] = {}  # options -> `open_groups`
+        self._parts: dict[tuple, list[int]] = {}  # (options, group) -> `units_of_parts`
 
     # -- units and groups ----------------------------------------------------------------------
 
     def units(self, state: State) -> tuple[Unit, ...]:
         return self.space.units(state.options, self.constraints.pinned_fines)
+
+    def units_of_parts(self, state: State, group: int) -> list[int]:
+        """Indices of the units of `state` holding a part of a named dim that conflict group
+        `group` splits (the greedy descent's follow-ups of a resolution); memoized per
+        (resolution, group): a descent asks again at every step."""
+        key = (state.options, group)
+        hit = self._parts.get(key)
+        if hit is None:
+            parents = {d for k in self.groups[group] for d in self.ana.conflicts[k].named_dims}
+            res_dims = {d.name: d.parent for d in self.space.resolution(state.options).dims}
+            hit = [
+                u
+                for u, unit in enumerate(self.units(state))
+                if any(res_dims.get(n) in parents for n in unit.dims)
+            ]
+            if len(self._parts) >= WEIGHTS_KEPT:
+                self._parts.clear()
+            self._parts[key] = hit
+        return hit
 
     def open_groups(self, state: State) -> list[int]:
         """Decision groups with no conflict resolved yet (by the state or a pin); memoized per
