@@ -48,7 +48,8 @@ class Environment:
         # Per-state atom counts (`StrategySpace.axis_counts`) of the last few states, so that a
         # rollout step derives its child's counts from its own instead of recounting.
         self._counts: dict[bytes, tuple] = {}
-        self._shard_weights: dict[int, tuple] = {}  # id(units) -> (units, rollout weights)
+        # id(units) -> (units, rollout weights, cumulative weights by (resolutions, remats))
+        self._shard_weights: dict[int, tuple] = {}
         self._open_groups: dict[tuple, list[int]] = {}  # options -> `open_groups`
         self._parts: dict[tuple, list[int]] = {}  # (options, group) -> `units_of_parts`
 
@@ -213,18 +214,14 @@ class Environment:
         groups = self.open_groups(state)
         remats = self.remat_actions(state)
         n_shard = len(units) * self.n_axes
-        weights = np.concatenate(
-            (
-                self._unit_weights(units),
-                np.full(len(groups), RESOLVE_WEIGHT),
-                np.full(len(remats), REMAT_WEIGHT / 2),
-            )
-        )
-        if not len(weights):
+        cdf = self._rollout_cdf(units, len(groups), len(remats))
+        if not len(cdf):
             return None
         counts = self.axis_counts(state)
         for _ in range(ROLLOUT_TRIES):
-            i = int(rng.choice(len(weights), p=weights / weights.sum()))
+            # `rng.choice(len(w), p=w / w.sum())` as numpy computes it (the same draw of the
+            # same stream), with the cumulative weights computed once per kind of state.
+            i = int(cdf.searchsorted(rng.random(), side="right"))
             if i < n_shard:
                 u, a = divmod(i, self.n_axes)
                 if self.why_illegal_shard(state, units[u], a, counts) is None:
@@ -238,6 +235,29 @@ class Environment:
                 return remats[i - n_shard - len(groups)]
         return None
 
+    def _rollout_cdf(self, units: tuple[Unit, ...], n_groups: int, n_remats: int) -> np.ndarray:
+        """Normalized cumulative rollout weights of the shards of `units`, then `n_groups`
+        resolutions, then `n_remats` remat choices (as `Generator.choice` builds them from the
+        probabilities); memoized with the units' weights."""
+        self._unit_weights(units)
+        by_counts = self._shard_weights[id(units)][2]
+        cdf = by_counts.get((n_groups, n_remats))
+        if cdf is None:
+            weights = np.concatenate(
+                (
+                    self._unit_weights(units),
+                    np.full(n_groups, RESOLVE_WEIGHT),
+                    np.full(n_remats, REMAT_WEIGHT / 2),
+                )
+            )
+            if len(weights):
+                cdf = (weights / weights.sum()).cumsum()
+                cdf /= cdf[-1]
+            else:
+                cdf = weights
+            by_counts[(n_groups, n_remats)] = cdf
+        return cdf
+
     def _unit_weights(self, units: tuple[Unit, ...]) -> np.ndarray:
         """Rollout weights of the shards of `units` (log(1 + bytes covered), per mesh axis);
         memoized per units tuple (the space hands out one tuple per resolution)."""
@@ -246,7 +266,7 @@ class Environment:
             if len(self._shard_weights) >= WEIGHTS_KEPT:
                 self._shard_weights.clear()
             w = np.array([math.log1p(u.bytes_covered) for u in units for _ in range(self.n_axes)])
-            hit = self._shard_weights[id(units)] = (units, w)
+            hit = self._shard_weights[id(units)] = (units, w, {})
         return hit[1]
 
     def describe(self, state: State, action: Action) -> str:
