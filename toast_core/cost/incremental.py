@@ -279,11 +279,16 @@ class Incremental:
     ) -> Score:
         """`Evaluator.score(masks, remat)`: the sharding priced as `score` prices it (from a
         cached state), then remat's recomputed work, its collectives run again and the split
-        lifetimes on top of that evaluation's arrays, as `Evaluator.score` adds them."""
-        entry = self._entry(masks, parent)
+        lifetimes on top of that evaluation's arrays, as `Evaluator.score` adds them. A state
+        far from every cached one is priced by `Evaluator.score` at once (cheaper than a full
+        evaluation kept for deltas: such a state, a rollout's end, is seldom a parent)."""
         if not remat:
-            return entry.score
+            return self._entry(masks, parent).score
         ev = self.ev
+        entry = self._entry(masks, parent, full=False)
+        if entry is None:
+            self.full_evaluations += 1
+            return ev.score(masks, remat)
         eff, twice = self._remat_of(remat)
         compute_s = entry.score.compute_s
         if len(eff.twice_ops):
@@ -326,8 +331,11 @@ class Incremental:
             hit = self._remats[remat] = (eff, twice)
         return hit
 
-    def _entry(self, masks: np.ndarray, parent: np.ndarray | None) -> _Cached:
-        """The cached evaluation of `masks` (`score`), made and cached when missing."""
+    def _entry(
+        self, masks: np.ndarray, parent: np.ndarray | None, full: bool = True
+    ) -> _Cached | None:
+        """The cached evaluation of `masks` (`score`), made and cached when missing; None when
+        that takes a full evaluation and `full` is False."""
         key = masks.tobytes()
         hit = self._cache.get(key)
         if hit is not None:
@@ -342,6 +350,8 @@ class Incremental:
         if base is not None:
             entry = self._delta(base, masks)
         if entry is None:
+            if not full:
+                return None
             entry = self._full(masks)
         self._cache[key] = entry
         if len(self._cache) > self.cache_size:
