@@ -17,10 +17,11 @@ the strategy as it was. Only what touches those fine classes can change price:
 * **Memory**: the live range of a value whose local size changed, and the resharded copies of the
   re-priced values, are taken out of the parent's timeline deltas and put back at their new size.
 
-A search changes the same units again and again, so two things are memoized per search: what a
-set of changed fine classes touches, whatever their masks (`_Plan`: the values, ops and live
-ranges, with the rows of the incidences its mat-vecs read), and the communication of each
-restricted view, keyed by the masks of the fine classes it reads (`Incremental._comm_of`): a greedy
+A search changes the same units again and again, so two things are memoized: what a set of
+changed fine classes touches, whatever their masks (`_Plan`: the values, ops and live ranges, with
+the rows of the incidences its mat-vecs read, and the restricted view; kept per evaluator, so the
+next search on it starts with them), and, per search, the communication of each restricted view,
+keyed by the masks of the fine classes it reads (`Incremental._comm_of`): a greedy
 step scores the same shards from the new state, and a unit whose neighbourhood the step left
 alone gets its collectives back without pricing them.
 
@@ -141,9 +142,8 @@ class _SitesOf:
         self.cat, self._cat_site = ev.cat[cat], ev._cat_site[cat]
         # Everything `_collective_arrays` and `_reshards` read of a state, for these values, is
         # the masks of these fine classes (`_Tables._comm_fines`): their results are memoized
-        # by those masks (`Incremental._comm_of`).
+        # by those masks, per search (`Incremental._comm_of`).
         self.fines = inc.value_comm_fines.cols(values)
-        self.memo: dict[bytes, tuple] = {}
 
     def __getattr__(self, name):
         return getattr(self._ev, name)
@@ -208,6 +208,12 @@ class _Tables:
         self.is_persistent[ev.persistent_ids] = True
         self.n_ops = n_ops
         self.full_limit = FULL_FRACTION * n_values
+        # What a set of changed fine classes touches (`Incremental._plan`) and the restricted
+        # views (`Incremental._view`): pure functions of the evaluator and their keys, so every
+        # search on this evaluator shares them (a search meets the same units as the last one).
+        self.plans: dict[bytes, _Plan | int] = {}  # a set too large: its number of values
+        self.views: dict[bytes, _SitesOf] = {}
+        self.lock = threading.Lock()
 
     def _comm_fines(self, n_fine: int) -> sp.csr_matrix:
         """[values, fine]: fine classes a value's collectives depend on: its own dims, the dims
@@ -259,8 +265,7 @@ class Incremental:
         self.tab = incremental_tables(ev)
         self.cache_size = cache_size
         self._cache: OrderedDict[bytes, _Cached] = OrderedDict()
-        self._views: dict[bytes, _SitesOf] = {}
-        self._plans: dict[bytes, _Plan | None] = {}
+        self._comm_memos: dict[_SitesOf, dict[bytes, tuple]] = {}  # per view (`_comm_of`)
         self._remats: dict[tuple, tuple] = {}
         self.full_evaluations = 0
         self.delta_evaluations = 0
@@ -533,44 +538,54 @@ class Incremental:
     def _plan(self, changed: np.ndarray) -> _Plan | None:
         """What a delta touches when the fine classes `changed` change, whatever their masks
         (memoized: a search changes the same units again and again); None when that is too
-        much for a delta."""
+        much for a delta (more than `full_limit` values to re-price: such a set is remembered by
+        its size only, so a caller that raises the limit gets its plan made)."""
         key = changed.tobytes()
-        plan = self._plans.get(key, False)
-        if plan is False:
-            tab, ev = self.tab, self.ev
-            comm_vals = tab.fine_comm_values.cols(changed)
-            plan = None
-            if len(comm_vals) <= tab.full_limit:
-                size_vals = tab.fine_values.cols(changed)
-                ops = tab.fine_ops.cols(changed)
-                if len(size_vals):
-                    ops = np.union1d(ops, tab.value_ops.cols(size_vals))
-                touched = np.zeros(tab.n_values, dtype=bool)
-                touched[comm_vals] = True
-                pos = tab.live_pos[size_vals]
-                pos = pos[pos >= 0]
-                view = self._view(comm_vals) if len(comm_vals) else None
-                plan = _Plan(
-                    comm_vals,
-                    view,
-                    touched,
-                    size_vals,
-                    ev.nbytes[size_vals],
-                    tab.value_fine.gather(size_vals),
-                    ops,
-                    tab.op_work_fine.gather(ops),
-                    tab.op_values.gather(ops),
-                    ev.op_flops[ops],
-                    ev.op_trans[ops],
-                    ev.trip[ops],
-                    ev.live_ids[pos],
-                    np.concatenate([ev.born[pos], ev.dies[pos]]),
-                    bool(tab.is_persistent[size_vals].any()),
-                )
-            if len(self._plans) >= PLANS_KEPT:
-                self._plans.pop(next(iter(self._plans)))
-            self._plans[key] = plan
+        tab = self.tab
+        plan = tab.plans.get(key)
+        if plan is not None:
+            n = len(plan.comm_vals) if isinstance(plan, _Plan) else plan
+            if n > tab.full_limit:
+                return None
+            if isinstance(plan, _Plan):
+                return plan
+        comm_vals = tab.fine_comm_values.cols(changed)
+        plan = self._make_plan(changed, comm_vals) if len(comm_vals) <= tab.full_limit else None
+        with tab.lock:
+            if len(tab.plans) >= PLANS_KEPT:
+                tab.plans.pop(next(iter(tab.plans)))
+            tab.plans[key] = len(comm_vals) if plan is None else plan
         return plan
+
+    def _make_plan(self, changed: np.ndarray, comm_vals: np.ndarray) -> _Plan:
+        """The `_Plan` of `changed`, whose collectives may move on the values `comm_vals`."""
+        tab, ev = self.tab, self.ev
+        size_vals = tab.fine_values.cols(changed)
+        ops = tab.fine_ops.cols(changed)
+        if len(size_vals):
+            ops = np.union1d(ops, tab.value_ops.cols(size_vals))
+        touched = np.zeros(tab.n_values, dtype=bool)
+        touched[comm_vals] = True
+        pos = tab.live_pos[size_vals]
+        pos = pos[pos >= 0]
+        view = self._view(comm_vals) if len(comm_vals) else None
+        return _Plan(
+            comm_vals,
+            view,
+            touched,
+            size_vals,
+            ev.nbytes[size_vals],
+            tab.value_fine.gather(size_vals),
+            ops,
+            tab.op_work_fine.gather(ops),
+            tab.op_values.gather(ops),
+            ev.op_flops[ops],
+            ev.op_trans[ops],
+            ev.trip[ops],
+            ev.live_ids[pos],
+            np.concatenate([ev.born[pos], ev.dies[pos]]),
+            bool(tab.is_persistent[size_vals].any()),
+        )
 
     def _comm_of(self, view: _SitesOf, masks: np.ndarray, value_local: np.ndarray) -> tuple:
         """The communication of `values` under `masks`: (bandwidth seconds of each value, their
@@ -580,7 +595,12 @@ class Incremental:
         function of those too): a greedy descent tries the same units from states that differ
         elsewhere, and a rollout meets the same neighbourhoods again."""
         key = masks[view.fines].tobytes()
-        hit = view.memo.get(key)
+        memo = self._comm_memos.get(view)
+        if memo is None:
+            if len(self._comm_memos) >= VIEWS_KEPT:
+                self._comm_memos.pop(next(iter(self._comm_memos)))
+            memo = self._comm_memos[view] = {}
+        hit = memo.get(key)
         if hit is None:
             moved, (new_i, new_v) = self._comm_per_value(view, masks, value_local)
             r = view._reshards(masks)
@@ -589,9 +609,9 @@ class Incremental:
             read_i = np.stack([read_op, read_value, view.site_ids[read_site]])
             res_bytes = value_local[r.value] * r.buffer
             hit = (moved[view.values], new_i, new_v, r_i, res_bytes, read_i, read_bytes)
-            if len(view.memo) >= COMM_KEPT:
-                view.memo.pop(next(iter(view.memo)))
-            view.memo[key] = hit
+            if len(memo) >= COMM_KEPT:
+                memo.pop(next(iter(memo)))
+            memo[key] = hit
             self.comm_misses += 1
         else:
             self.comm_hits += 1
@@ -601,11 +621,14 @@ class Incremental:
         """The evaluator restricted to `values` (memoized: a search shards the same units again
         and again, so the same sets of values come back)."""
         key = values.tobytes()
-        view = self._views.get(key)
+        views = self.tab.views
+        view = views.get(key)
         if view is None:
-            if len(self._views) >= VIEWS_KEPT:
-                self._views.pop(next(iter(self._views)))
-            view = self._views[key] = _SitesOf(self.ev, self.tab, values)
+            view = _SitesOf(self.ev, self.tab, values)
+            with self.tab.lock:
+                if len(views) >= VIEWS_KEPT:
+                    views.pop(next(iter(views)))
+                views[key] = view
         return view
 
     def _op_times(self, plan: _Plan, value_local, fine_logdeg, read_extra) -> np.ndarray:
