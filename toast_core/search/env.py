@@ -34,6 +34,8 @@ REMAT_WEIGHT = 10.0
 ROLLOUT_TRIES = 12
 #: States whose atom counts the environment remembers (each is [values + uses, mesh axes]).
 COUNTS_KEPT = 8
+#: Shard steps whose child's atom counts the environment can derive from the parent's.
+PARENTS_KEPT = 1024
 #: Units tuples whose rollout weights the environment remembers.
 WEIGHTS_KEPT = 1024
 
@@ -48,6 +50,7 @@ class Environment:
         # Per-state atom counts (`StrategySpace.axis_counts`) of the last few states, so that a
         # rollout step derives its child's counts from its own instead of recounting.
         self._counts: dict[bytes, tuple] = {}
+        self._parents: dict[bytes, tuple] = {}  # child masks -> (parent masks, unit, axis)
         # id(units) -> (units, rollout weights, cumulative weights by (resolutions, remats))
         self._shard_weights: dict[int, tuple] = {}
         self._open_groups: dict[tuple, list[int]] = {}  # options -> `open_groups`
@@ -151,7 +154,12 @@ class Environment:
         key = state.masks.tobytes()
         hit = self._counts.get(key)
         if hit is None:
-            hit = self._remember_counts(key, self.space.axis_counts(state.masks))
+            step = self._parents.pop(key, None)
+            if step is not None:
+                hit = self._child_counts(*step)
+            if hit is None:
+                hit = self.space.axis_counts(state.masks)
+            self._remember_counts(key, hit)
         return hit
 
     def _remember_counts(self, key: bytes, counts):
@@ -160,20 +168,21 @@ class Environment:
         self._counts[key] = counts
         return counts
 
-    def _child_counts(self, parent: State, child: State, unit: Unit, a: int) -> None:
-        """The child's counts from the parent's (when known): the unit's atoms gain axis `a`
-        where they did not hold it. Whole-number sums, so equal to a recount."""
-        counts = self._counts.get(parent.masks.tobytes())
+    def _child_counts(self, parent: np.ndarray, unit: Unit, a: int):
+        """The counts of the masks `parent` with axis `a` added to `unit`, from the parent's
+        (None when those are not remembered): the unit's atoms gain axis `a` where they did not
+        hold it. Whole-number sums, so equal to a recount."""
+        counts = self._counts.get(parent.tobytes())
         if counts is None:
-            return
+            return None
         chk = self.space.shard_check(unit.fines)
-        gained = (parent.masks[chk.fines] & self.space.axes.bit(a)) == 0
+        gained = (parent[chk.fines] & self.space.axes.bit(a)) == 0
         if not gained.all():  # parts already on the axis (after a resolution): recount
-            return
+            return None
         values, uses = counts[0].copy(), counts[1].copy()
         values[chk.value_rows, a] += chk.value_add
         uses[chk.use_rows, a] += chk.use_add
-        self._remember_counts(child.masks.tobytes(), (values, uses))
+        return values, uses
 
     def shard_actions(self, state: State, units=None) -> list[Shard]:
         """Legal shards of `units` (indices; all by default)."""
@@ -198,7 +207,11 @@ class Environment:
             masks = state.masks.copy()
             masks[list(unit.fines)] |= self.space.axes.bit(action.axis)
             child = State(state.options, masks, state.remat)
-            self._child_counts(state, child, unit, action.axis)
+            # Its counts are derived from the parent's when asked for (a greedy step makes
+            # dozens of children and goes on from one).
+            if len(self._parents) >= PARENTS_KEPT:
+                self._parents.clear()
+            self._parents[masks.tobytes()] = (state.masks, unit, action.axis)
             return child
         if isinstance(action, Remat):
             rest = tuple(x for x in state.remat if x[0] != action.group)
