@@ -24,7 +24,15 @@ import math
 import numpy as np
 
 from toast_core.search.types import Action, Remat, Resolve, Shard, Stop
-from toast_core.strategy import POLICIES, Constraints, State, Strategy, StrategySpace, Unit
+from toast_core.strategy import (
+    POLICIES,
+    Constraints,
+    State,
+    Strategy,
+    StrategySpace,
+    Unit,
+    legality,
+)
 
 #: Rollout weight of a conflict resolution, against log(1 + bytes covered) for a shard.
 RESOLVE_WEIGHT = 8.0
@@ -51,6 +59,7 @@ class Environment:
         # rollout step derives its child's counts from its own instead of recounting.
         self._counts: dict[bytes, tuple] = {}
         self._parents: dict[bytes, tuple] = {}  # child masks -> (parent masks, unit, axis)
+        self._unit_tables: dict[int, tuple] = {}  # id(units) -> (units, `legality.UnitTable`)
         # id(units) -> (units, rollout weights, cumulative weights by (resolutions, remats))
         self._shard_weights: dict[int, tuple] = {}
         self._open_groups: dict[tuple, list[int]] = {}  # options -> `open_groups`
@@ -188,15 +197,20 @@ class Environment:
         """Legal shards of `units` (indices; all by default)."""
         counts = self.axis_counts(state)
         all_units = self.units(state)
+        ok = legality.legal_shards(self.space, state.masks, self._unit_table(all_units), counts)
         picked = range(len(all_units)) if units is None else units
-        forbidden_bits = self.constraints.forbidden_bits
-        return [
-            Shard(u, a)
-            for u in picked
-            for a in self.space.legal_axes(
-                state, all_units[u], counts, forbidden_bits(all_units[u].fines)
-            )
-        ]
+        return [Shard(u, a) for u in picked for a in np.flatnonzero(ok[u]).tolist()]
+
+    def _unit_table(self, units: tuple[Unit, ...]) -> legality.UnitTable:
+        """`legality.UnitTable` of `units` under the pins, memoized per units tuple."""
+        hit = self._unit_tables.get(id(units))
+        if hit is None or hit[0] is not units:
+            if len(self._unit_tables) >= WEIGHTS_KEPT:
+                self._unit_tables.clear()
+            forbidden = [self.constraints.forbidden_bits(u.fines) for u in units]
+            hit = (units, legality.UnitTable(self.space, units, forbidden))
+            self._unit_tables[id(units)] = hit
+        return hit[1]
 
     def apply(self, state: State, action: Action) -> State:
         if isinstance(action, Resolve):

@@ -180,12 +180,6 @@ class StrategySpace:
             counts = self.axis_counts(state.masks)
         return legality.why_illegal_shard(self, state.masks, unit, a, counts, forbidden)
 
-    def legal_axes(self, state: State, unit: Unit, counts=None, forbidden=0) -> list[int]:
-        """The mesh axes `why_illegal_shard` allows adding to `unit` in `state`, in order."""
-        if counts is None:
-            counts = self.axis_counts(state.masks)
-        return legality.legal_axes(self, state.masks, unit, counts, forbidden)
-
     # -- units ---------------------------------------------------------------------------------
 
     def units(self, options, exclude: frozenset = frozenset()) -> tuple[Unit, ...]:
