@@ -197,18 +197,21 @@ class Environment:
         """Legal shards of `units` (indices; all by default)."""
         counts = self.axis_counts(state)
         all_units = self.units(state)
-        ok = legality.legal_shards(self.space, state.masks, self._unit_table(all_units), counts)
+        table = self._unit_table(state, all_units)
+        ok = legality.legal_shards(self.space, state.masks, table, counts)
         picked = range(len(all_units)) if units is None else units
         return [Shard(u, a) for u in picked for a in np.flatnonzero(ok[u]).tolist()]
 
-    def _unit_table(self, units: tuple[Unit, ...]) -> legality.UnitTable:
-        """`legality.UnitTable` of `units` under the pins, memoized per units tuple."""
+    def _unit_table(self, state: State, units: tuple[Unit, ...]) -> legality.UnitTable:
+        """`legality.UnitTable` of the state's units (`units`) under the pins: looked up per
+        units tuple, made once per resolution and pins by the space (every search on it)."""
         hit = self._unit_tables.get(id(units))
         if hit is None or hit[0] is not units:
             if len(self._unit_tables) >= WEIGHTS_KEPT:
                 self._unit_tables.clear()
-            forbidden = [self.constraints.forbidden_bits(u.fines) for u in units]
-            hit = (units, legality.UnitTable(self.space, units, forbidden))
+            forbidden = tuple(self.constraints.forbidden_bits(u.fines) for u in units)
+            pinned = self.constraints.pinned_fines
+            hit = (units, self.space.unit_table(state.options, pinned, forbidden))
             self._unit_tables[id(units)] = hit
         return hit[1]
 
