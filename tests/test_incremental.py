@@ -157,3 +157,51 @@ def test_fsdp_reached_one_fine_class_at_a_time_prices_the_gathered_reads(model):
     cached = inc._cache[masks.tobytes()]
     assert np.array_equal(cached.read_extra, extra)
     assert np.array_equal(cached.t, ev._compute(value_local, op_logdeg, extra)[3])
+
+
+@settings(max_examples=20)
+@given(
+    model=st.sampled_from(["gpt", "mlp", "llama", "moe", "grad-accum"]),
+    mesh=st.sampled_from(sorted(MESHES)),
+    data=st.data(),
+)
+def test_remat_scores_on_the_incremental_path_equal_full_scores(model, mesh, data):
+    """Walk random legal actions (remat choices among them, and their relaxations); price each
+    state's remat policies on top of its sharding's cached evaluation and compare with
+    `Evaluator.score(masks, remat)`: recomputed work, collectives run again, split lifetimes."""
+    env, ev = _env(model, mesh)
+    inc = Incremental(ev)
+    state = env.root
+    for _ in range(data.draw(st.integers(1, 12), label="steps")):
+        actions = [a for a in env.legal_actions(state) if not isinstance(a, Stop)]
+        nexts = [env.apply(state, a) for a in actions] + env.remat_relaxations(state)
+        if not nexts:
+            break
+        parent, state = state, data.draw(st.sampled_from(nexts), label="next")
+        _same(inc.score_remat(state.masks, state.remat, parent.masks), ev.score(*_key(state)))
+    if state.remat:  # every group on the last state's policies, from the root's sharding
+        _same(inc.score_remat(state.masks, state.remat), ev.score(*_key(state)))
+
+
+def _key(state):
+    return state.masks, state.remat
+
+
+def test_remat_on_the_incremental_path_reaches_every_policy():
+    """Every remat group on every policy, on the FSDP plan (its all-gathered copies split
+    between a remat'd block and the backward): the same numbers as `Evaluator.score`."""
+    env, ev = _env("gpt", "2x2x2")
+    masks = tc.baselines.all(ev.ana, MESHES["2x2x2"])["fsdp"][0].fine_masks(ev.ana, ev.mesh)
+    inc = Incremental(ev)
+    groups = range(len(ev.remat.groups))
+    assert len(groups) >= 2
+    changed = 0
+    for policy in range(1, 4):
+        for g in groups:
+            remat = ((g, policy),)
+            got, want = inc.score_remat(masks, remat), ev.score(masks, remat)
+            _same(got, want)
+            changed += want != ev.score(masks)
+        every = tuple((g, policy) for g in groups)
+        _same(inc.score_remat(masks, every), ev.score(masks, every))
+    assert changed > 0

@@ -51,6 +51,15 @@ def test_incremental_legality_matches_whole_strategy_check(model, mesh, data):
         recount = env.space.axis_counts(state.masks)
         assert all(np.array_equal(a, b) for a, b in zip(counts, recount))
         units = env.units(state)
+        # Every legal shard of the state at once (the tree's listing) = one check per shard.
+        listed = {(s.unit, s.axis) for s in env.shard_actions(state)}
+        one_by_one = {
+            (u, a)
+            for u in range(len(units))
+            for a in range(env.n_axes)
+            if env.why_illegal_shard(state, units[u], a, counts) is None
+        }
+        assert listed == one_by_one
         if units:  # one shard at random, legal or not, against the whole check
             u, a = int(rng.integers(len(units))), int(rng.integers(env.n_axes))
             legal = env.why_illegal_shard(state, units[u], a, counts) is None

@@ -17,10 +17,11 @@ the strategy as it was. Only what touches those fine classes can change price:
 * **Memory**: the live range of a value whose local size changed, and the resharded copies of the
   re-priced values, are taken out of the parent's timeline deltas and put back at their new size.
 
-A search changes the same units again and again, so two things are memoized per search: what a
-set of changed fine classes touches, whatever their masks (`_Plan`: the values, ops and live
-ranges, with the rows of the incidences its mat-vecs read), and the communication of each
-restricted view, keyed by the masks of the fine classes it reads (`Incremental._comm_of`): a greedy
+A search changes the same units again and again, so two things are memoized: what a set of
+changed fine classes touches, whatever their masks (`_Plan`: the values, ops and live ranges, with
+the rows of the incidences its mat-vecs read, and the restricted view; kept per evaluator, so the
+next search on it starts with them), and, per search, the communication of each restricted view,
+keyed by the masks of the fine classes it reads (`Incremental._comm_of`): a greedy
 step scores the same shards from the new state, and a unit whose neighbourhood the step left
 alone gets its collectives back without pricing them.
 
@@ -45,6 +46,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from toast_core.cost.model import Evaluator, Score
+from toast_core.cost.remat import shorten_lifetimes
+from toast_core.strategy.remat import remat_effect
 
 #: Cached evaluations kept (each holds a few arrays of the program's size).
 CACHE_SIZE = 8
@@ -71,7 +74,9 @@ class _Cached:
     coll_i: np.ndarray
     coll_v: np.ndarray
     delta: np.ndarray  # [ops + 2]: live-bytes timeline deltas
-    res_i: np.ndarray  # resharded copies: [3, n] value, first and last reader; [n] bytes
+    # Resharded copies: [5, n] value, first and last reader, last forward and first backward
+    # reader (`_Reshards.fwd_hi`, `bwd_lo`: remat splits a copy's life there); [n] bytes.
+    res_i: np.ndarray
     res_bytes: np.ndarray
     # Uses reading a resharded copy (`Evaluator._reshard_reads`): [3, n] op, value, global
     # site; [n] extra bytes; and [ops] their sums per op (`Evaluator._read_extra`).
@@ -112,11 +117,15 @@ class _SitesOf:
     evaluator's own `_collective_arrays` and `_reshards` price a few values."""
 
     def __init__(self, ev: Evaluator, inc: _Tables, values: np.ndarray) -> None:
+        if not hasattr(ev, "_site_static"):
+            ev._combine_setup()
+        # The evaluator's data attributes, found without `__getattr__` (pricing a view reads
+        # dozens per call); the restricted ones below override theirs. (Only `_last_reshards`
+        # is ever rebound on an evaluator, and a view keeps its own.)
+        self.__dict__.update(vars(ev))
         self._ev = ev
         self.values = values
         self._last_reshards = None
-        if not hasattr(ev, "_site_static"):
-            ev._combine_setup()
         red = inc.red_of.take(values)
         self.red_op, self.red_fine = ev.red_op[red], ev.red_fine[red]
         self.red_value, self.red_rs = ev.red_value[red], ev.red_rs[red]
@@ -133,9 +142,8 @@ class _SitesOf:
         self.cat, self._cat_site = ev.cat[cat], ev._cat_site[cat]
         # Everything `_collective_arrays` and `_reshards` read of a state, for these values, is
         # the masks of these fine classes (`_Tables._comm_fines`): their results are memoized
-        # by those masks (`Incremental._comm_of`).
+        # by those masks, per search (`Incremental._comm_of`).
         self.fines = inc.value_comm_fines.cols(values)
-        self.memo: dict[bytes, tuple] = {}
 
     def __getattr__(self, name):
         return getattr(self._ev, name)
@@ -200,6 +208,12 @@ class _Tables:
         self.is_persistent[ev.persistent_ids] = True
         self.n_ops = n_ops
         self.full_limit = FULL_FRACTION * n_values
+        # What a set of changed fine classes touches (`Incremental._plan`) and the restricted
+        # views (`Incremental._view`): pure functions of the evaluator and their keys, so every
+        # search on this evaluator shares them (a search meets the same units as the last one).
+        self.plans: dict[bytes, _Plan | int] = {}  # a set too large: its number of values
+        self.views: dict[bytes, _SitesOf] = {}
+        self.lock = threading.Lock()
 
     def _comm_fines(self, n_fine: int) -> sp.csr_matrix:
         """[values, fine]: fine classes a value's collectives depend on: its own dims, the dims
@@ -251,8 +265,8 @@ class Incremental:
         self.tab = incremental_tables(ev)
         self.cache_size = cache_size
         self._cache: OrderedDict[bytes, _Cached] = OrderedDict()
-        self._views: dict[bytes, _SitesOf] = {}
-        self._plans: dict[bytes, _Plan | None] = {}
+        self._comm_memos: dict[_SitesOf, dict[bytes, tuple]] = {}  # per view (`_comm_of`)
+        self._remats: dict[tuple, tuple] = {}
         self.full_evaluations = 0
         self.delta_evaluations = 0
         self.comm_hits = self.comm_misses = 0
@@ -263,11 +277,75 @@ class Incremental:
     def score(self, masks: np.ndarray, parent: np.ndarray | None = None) -> Score:
         """The score of `masks`, from the cached evaluation of `parent` (masks) when given and
         cached, else of the nearest cached state, else in full."""
+        return self._entry(masks, parent).score
+
+    def score_remat(
+        self, masks: np.ndarray, remat: tuple, parent: np.ndarray | None = None
+    ) -> Score:
+        """`Evaluator.score(masks, remat)`: the sharding priced as `score` prices it (from a
+        cached state), then remat's recomputed work, its collectives run again and the split
+        lifetimes on top of that evaluation's arrays, as `Evaluator.score` adds them. A state
+        far from every cached one is priced by `Evaluator.score` at once (cheaper than a full
+        evaluation kept for deltas: such a state, a rollout's end, is seldom a parent)."""
+        if not remat:
+            return self._entry(masks, parent).score
+        ev = self.ev
+        entry = self._entry(masks, parent, full=False)
+        if entry is None:
+            self.full_evaluations += 1
+            return ev.score(masks, remat)
+        eff, twice = self._remat_of(remat)
+        compute_s = entry.score.compute_s
+        if len(eff.twice_ops):
+            compute_s += float(entry.t[eff.twice_ops].sum())
+        comm_s = entry.score.comm_s
+        again = twice[entry.coll_i[2]]
+        if again.any():
+            kinds, ms, ops, _, sites = entry.coll_i[:, again]
+            vs = entry.coll_v[again]
+            bandwidth_s = float((ev.c1[kinds, ms] * vs * ev.site_trip[sites]).sum())
+            comm_s += bandwidth_s + ev.latency_s(kinds, ms, vs, ops, sites)
+        delta = entry.delta.copy()
+        res_i = entry.res_i
+        if res_i.shape[1]:  # a copy read by a remat'd block and by the backward: made twice
+            split = ev._remat_block_ops(remat)[res_i[1]] & (res_i[3] >= 0)
+            split &= res_i[4] > res_i[3] + 1
+            if split.any():
+                np.add.at(delta, res_i[3, split] + 1, -entry.res_bytes[split])
+                np.add.at(delta, res_i[4, split], entry.res_bytes[split])
+        held = entry.value_local * ev._in_memory
+        shorten_lifetimes(delta, held, eff)
+        if len(eff.values):
+            vals, new, old = ev._remat_liveness(eff)
+            np.add.at(delta, new + 1, -held[vals])
+            np.add.at(delta, old + 1, held[vals])
+        timeline = np.cumsum(delta)[: self.tab.n_ops]
+        peak = entry.persistent + (float(timeline.max()) if len(timeline) else 0.0)
+        step = compute_s + (1.0 - ev.overlap) * comm_s
+        return Score(step, compute_s, comm_s, peak, peak <= ev.capacity_bytes)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _remat_of(self, remat: tuple):
+        """(the `RematEffect` of remat policies, [ops] whether each op runs twice), memoized."""
+        hit = self._remats.get(remat)
+        if hit is None:
+            eff = remat_effect(self.ev.remat, remat)
+            twice = np.zeros(self.tab.n_ops, dtype=bool)
+            twice[eff.twice_ops] = True
+            hit = self._remats[remat] = (eff, twice)
+        return hit
+
+    def _entry(
+        self, masks: np.ndarray, parent: np.ndarray | None, full: bool = True
+    ) -> _Cached | None:
+        """The cached evaluation of `masks` (`score`), made and cached when missing; None when
+        that takes a full evaluation and `full` is False."""
         key = masks.tobytes()
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
-            return hit.score
+            return hit
         base = None
         if parent is not None:
             base = self._cache.get(parent.tobytes())
@@ -277,13 +355,13 @@ class Incremental:
         if base is not None:
             entry = self._delta(base, masks)
         if entry is None:
+            if not full:
+                return None
             entry = self._full(masks)
         self._cache[key] = entry
         if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
-        return entry.score
-
-    # -- internals -----------------------------------------------------------------------------
+        return entry
 
     def _nearest(self, masks: np.ndarray) -> _Cached | None:
         best, best_n = None, None
@@ -311,7 +389,7 @@ class Incremental:
         res_bytes = value_local[r.value] * r.buffer
         np.add.at(delta, r.lo, res_bytes)
         np.add.at(delta, r.hi + 1, -res_bytes)
-        res_i = np.stack([r.value, r.lo, r.hi])
+        res_i = np.stack([r.value, r.lo, r.hi, r.fwd_hi, r.bwd_lo])
         persistent = float(value_local[ev.persistent_ids].sum())
         return self._finish(
             masks,
@@ -460,44 +538,54 @@ class Incremental:
     def _plan(self, changed: np.ndarray) -> _Plan | None:
         """What a delta touches when the fine classes `changed` change, whatever their masks
         (memoized: a search changes the same units again and again); None when that is too
-        much for a delta."""
+        much for a delta (more than `full_limit` values to re-price: such a set is remembered by
+        its size only, so a caller that raises the limit gets its plan made)."""
         key = changed.tobytes()
-        plan = self._plans.get(key, False)
-        if plan is False:
-            tab, ev = self.tab, self.ev
-            comm_vals = tab.fine_comm_values.cols(changed)
-            plan = None
-            if len(comm_vals) <= tab.full_limit:
-                size_vals = tab.fine_values.cols(changed)
-                ops = tab.fine_ops.cols(changed)
-                if len(size_vals):
-                    ops = np.union1d(ops, tab.value_ops.cols(size_vals))
-                touched = np.zeros(tab.n_values, dtype=bool)
-                touched[comm_vals] = True
-                pos = tab.live_pos[size_vals]
-                pos = pos[pos >= 0]
-                view = self._view(comm_vals) if len(comm_vals) else None
-                plan = _Plan(
-                    comm_vals,
-                    view,
-                    touched,
-                    size_vals,
-                    ev.nbytes[size_vals],
-                    tab.value_fine.gather(size_vals),
-                    ops,
-                    tab.op_work_fine.gather(ops),
-                    tab.op_values.gather(ops),
-                    ev.op_flops[ops],
-                    ev.op_trans[ops],
-                    ev.trip[ops],
-                    ev.live_ids[pos],
-                    np.concatenate([ev.born[pos], ev.dies[pos]]),
-                    bool(tab.is_persistent[size_vals].any()),
-                )
-            if len(self._plans) >= PLANS_KEPT:
-                self._plans.pop(next(iter(self._plans)))
-            self._plans[key] = plan
+        tab = self.tab
+        plan = tab.plans.get(key)
+        if plan is not None:
+            n = len(plan.comm_vals) if isinstance(plan, _Plan) else plan
+            if n > tab.full_limit:
+                return None
+            if isinstance(plan, _Plan):
+                return plan
+        comm_vals = tab.fine_comm_values.cols(changed)
+        plan = self._make_plan(changed, comm_vals) if len(comm_vals) <= tab.full_limit else None
+        with tab.lock:
+            if len(tab.plans) >= PLANS_KEPT:
+                tab.plans.pop(next(iter(tab.plans)))
+            tab.plans[key] = len(comm_vals) if plan is None else plan
         return plan
+
+    def _make_plan(self, changed: np.ndarray, comm_vals: np.ndarray) -> _Plan:
+        """The `_Plan` of `changed`, whose collectives may move on the values `comm_vals`."""
+        tab, ev = self.tab, self.ev
+        size_vals = tab.fine_values.cols(changed)
+        ops = tab.fine_ops.cols(changed)
+        if len(size_vals):
+            ops = np.union1d(ops, tab.value_ops.cols(size_vals))
+        touched = np.zeros(tab.n_values, dtype=bool)
+        touched[comm_vals] = True
+        pos = tab.live_pos[size_vals]
+        pos = pos[pos >= 0]
+        view = self._view(comm_vals) if len(comm_vals) else None
+        return _Plan(
+            comm_vals,
+            view,
+            touched,
+            size_vals,
+            ev.nbytes[size_vals],
+            tab.value_fine.gather(size_vals),
+            ops,
+            tab.op_work_fine.gather(ops),
+            tab.op_values.gather(ops),
+            ev.op_flops[ops],
+            ev.op_trans[ops],
+            ev.trip[ops],
+            ev.live_ids[pos],
+            np.concatenate([ev.born[pos], ev.dies[pos]]),
+            bool(tab.is_persistent[size_vals].any()),
+        )
 
     def _comm_of(self, view: _SitesOf, masks: np.ndarray, value_local: np.ndarray) -> tuple:
         """The communication of `values` under `masks`: (bandwidth seconds of each value, their
@@ -507,18 +595,23 @@ class Incremental:
         function of those too): a greedy descent tries the same units from states that differ
         elsewhere, and a rollout meets the same neighbourhoods again."""
         key = masks[view.fines].tobytes()
-        hit = view.memo.get(key)
+        memo = self._comm_memos.get(view)
+        if memo is None:
+            if len(self._comm_memos) >= VIEWS_KEPT:
+                self._comm_memos.pop(next(iter(self._comm_memos)))
+            memo = self._comm_memos[view] = {}
+        hit = memo.get(key)
         if hit is None:
             moved, (new_i, new_v) = self._comm_per_value(view, masks, value_local)
             r = view._reshards(masks)
-            r_i = np.stack([r.value, r.lo, r.hi])
+            r_i = np.stack([r.value, r.lo, r.hi, r.fwd_hi, r.bwd_lo])
             read_op, read_value, read_site, read_bytes = self.ev._reshard_reads(r, value_local)
             read_i = np.stack([read_op, read_value, view.site_ids[read_site]])
             res_bytes = value_local[r.value] * r.buffer
             hit = (moved[view.values], new_i, new_v, r_i, res_bytes, read_i, read_bytes)
-            if len(view.memo) >= COMM_KEPT:
-                view.memo.pop(next(iter(view.memo)))
-            view.memo[key] = hit
+            if len(memo) >= COMM_KEPT:
+                memo.pop(next(iter(memo)))
+            memo[key] = hit
             self.comm_misses += 1
         else:
             self.comm_hits += 1
@@ -528,11 +621,14 @@ class Incremental:
         """The evaluator restricted to `values` (memoized: a search shards the same units again
         and again, so the same sets of values come back)."""
         key = values.tobytes()
-        view = self._views.get(key)
+        views = self.tab.views
+        view = views.get(key)
         if view is None:
-            if len(self._views) >= VIEWS_KEPT:
-                self._views.pop(next(iter(self._views)))
-            view = self._views[key] = _SitesOf(self.ev, self.tab, values)
+            view = _SitesOf(self.ev, self.tab, values)
+            with self.tab.lock:
+                if len(views) >= VIEWS_KEPT:
+                    views.pop(next(iter(views)))
+                views[key] = view
         return view
 
     def _op_times(self, plan: _Plan, value_local, fine_logdeg, read_extra) -> np.ndarray:

@@ -24,7 +24,15 @@ import math
 import numpy as np
 
 from toast_core.search.types import Action, Remat, Resolve, Shard, Stop
-from toast_core.strategy import POLICIES, Constraints, State, Strategy, StrategySpace, Unit
+from toast_core.strategy import (
+    POLICIES,
+    Constraints,
+    State,
+    Strategy,
+    StrategySpace,
+    Unit,
+    legality,
+)
 
 #: Rollout weight of a conflict resolution, against log(1 + bytes covered) for a shard.
 RESOLVE_WEIGHT = 8.0
@@ -34,6 +42,8 @@ REMAT_WEIGHT = 10.0
 ROLLOUT_TRIES = 12
 #: States whose atom counts the environment remembers (each is [values + uses, mesh axes]).
 COUNTS_KEPT = 8
+#: Shard steps whose child's atom counts the environment can derive from the parent's.
+PARENTS_KEPT = 1024
 #: Units tuples whose rollout weights the environment remembers.
 WEIGHTS_KEPT = 1024
 
@@ -48,17 +58,48 @@ class Environment:
         # Per-state atom counts (`StrategySpace.axis_counts`) of the last few states, so that a
         # rollout step derives its child's counts from its own instead of recounting.
         self._counts: dict[bytes, tuple] = {}
-        self._shard_weights: dict[int, tuple] = {}  # id(units) -> (units, rollout weights)
+        self._parents: dict[bytes, tuple] = {}  # child masks -> (parent masks, unit, axis)
+        self._unit_tables: dict[int, tuple] = {}  # id(units) -> (units, `legality.UnitTable`)
+        # id(units) -> (units, rollout weights, cumulative weights by (resolutions, remats))
+        self._shard_weights: dict[int, tuple] = {}
+        self._open_groups: dict[tuple, list[int]] = {}  # options -> `open_groups`
+        self._parts: dict[tuple, list[int]] = {}  # (options, group) -> `units_of_parts`
 
     # -- units and groups ----------------------------------------------------------------------
 
     def units(self, state: State) -> tuple[Unit, ...]:
         return self.space.units(state.options, self.constraints.pinned_fines)
 
+    def units_of_parts(self, state: State, group: int) -> list[int]:
+        """Indices of the units of `state` holding a part of a named dim that conflict group
+        `group` splits (the greedy descent's follow-ups of a resolution); memoized per
+        (resolution, group): a descent asks again at every step."""
+        key = (state.options, group)
+        hit = self._parts.get(key)
+        if hit is None:
+            parents = {d for k in self.groups[group] for d in self.ana.conflicts[k].named_dims}
+            res_dims = {d.name: d.parent for d in self.space.resolution(state.options).dims}
+            hit = [
+                u
+                for u, unit in enumerate(self.units(state))
+                if any(res_dims.get(n) in parents for n in unit.dims)
+            ]
+            if len(self._parts) >= WEIGHTS_KEPT:
+                self._parts.clear()
+            self._parts[key] = hit
+        return hit
+
     def open_groups(self, state: State) -> list[int]:
-        """Decision groups with no conflict resolved yet (by the state or a pin)."""
-        done = {k for k, _ in state.options} | self.constraints.fixed_conflicts
-        return [g for g, grp in enumerate(self.groups) if not any(k in done for k in grp)]
+        """Decision groups with no conflict resolved yet (by the state or a pin); memoized per
+        resolution (the tree and the rollouts ask again at every step)."""
+        hit = self._open_groups.get(state.options)
+        if hit is None:
+            done = {k for k, _ in state.options} | self.constraints.fixed_conflicts
+            hit = [g for g, grp in enumerate(self.groups) if not any(k in done for k in grp)]
+            if len(self._open_groups) >= WEIGHTS_KEPT:
+                self._open_groups.clear()
+            self._open_groups[state.options] = hit
+        return list(hit)
 
     def n_options(self, g: int) -> int:
         return min(len(self.ana.conflicts[k].options) for k in self.groups[g])
@@ -122,7 +163,12 @@ class Environment:
         key = state.masks.tobytes()
         hit = self._counts.get(key)
         if hit is None:
-            hit = self._remember_counts(key, self.space.axis_counts(state.masks))
+            step = self._parents.pop(key, None)
+            if step is not None:
+                hit = self._child_counts(*step)
+            if hit is None:
+                hit = self.space.axis_counts(state.masks)
+            self._remember_counts(key, hit)
         return hit
 
     def _remember_counts(self, key: bytes, counts):
@@ -131,32 +177,43 @@ class Environment:
         self._counts[key] = counts
         return counts
 
-    def _child_counts(self, parent: State, child: State, unit: Unit, a: int) -> None:
-        """The child's counts from the parent's (when known): the unit's atoms gain axis `a`
-        where they did not hold it. Whole-number sums, so equal to a recount."""
-        counts = self._counts.get(parent.masks.tobytes())
+    def _child_counts(self, parent: np.ndarray, unit: Unit, a: int):
+        """The counts of the masks `parent` with axis `a` added to `unit`, from the parent's
+        (None when those are not remembered): the unit's atoms gain axis `a` where they did not
+        hold it. Whole-number sums, so equal to a recount."""
+        counts = self._counts.get(parent.tobytes())
         if counts is None:
-            return
+            return None
         chk = self.space.shard_check(unit.fines)
-        gained = (parent.masks[chk.fines] & self.space.axes.bit(a)) == 0
+        gained = (parent[chk.fines] & self.space.axes.bit(a)) == 0
         if not gained.all():  # parts already on the axis (after a resolution): recount
-            return
+            return None
         values, uses = counts[0].copy(), counts[1].copy()
         values[chk.value_rows, a] += chk.value_add
         uses[chk.use_rows, a] += chk.use_add
-        self._remember_counts(child.masks.tobytes(), (values, uses))
+        return values, uses
 
     def shard_actions(self, state: State, units=None) -> list[Shard]:
         """Legal shards of `units` (indices; all by default)."""
         counts = self.axis_counts(state)
         all_units = self.units(state)
+        table = self._unit_table(state, all_units)
+        ok = legality.legal_shards(self.space, state.masks, table, counts)
         picked = range(len(all_units)) if units is None else units
-        return [
-            Shard(u, a)
-            for u in picked
-            for a in range(self.n_axes)
-            if self.why_illegal_shard(state, all_units[u], a, counts) is None
-        ]
+        return [Shard(u, a) for u in picked for a in np.flatnonzero(ok[u]).tolist()]
+
+    def _unit_table(self, state: State, units: tuple[Unit, ...]) -> legality.UnitTable:
+        """`legality.UnitTable` of the state's units (`units`) under the pins: looked up per
+        units tuple, made once per resolution and pins by the space (every search on it)."""
+        hit = self._unit_tables.get(id(units))
+        if hit is None or hit[0] is not units:
+            if len(self._unit_tables) >= WEIGHTS_KEPT:
+                self._unit_tables.clear()
+            forbidden = tuple(self.constraints.forbidden_bits(u.fines) for u in units)
+            pinned = self.constraints.pinned_fines
+            hit = (units, self.space.unit_table(state.options, pinned, forbidden))
+            self._unit_tables[id(units)] = hit
+        return hit[1]
 
     def apply(self, state: State, action: Action) -> State:
         if isinstance(action, Resolve):
@@ -167,7 +224,11 @@ class Environment:
             masks = state.masks.copy()
             masks[list(unit.fines)] |= self.space.axes.bit(action.axis)
             child = State(state.options, masks, state.remat)
-            self._child_counts(state, child, unit, action.axis)
+            # Its counts are derived from the parent's when asked for (a greedy step makes
+            # dozens of children and goes on from one).
+            if len(self._parents) >= PARENTS_KEPT:
+                self._parents.clear()
+            self._parents[masks.tobytes()] = (state.masks, unit, action.axis)
             return child
         if isinstance(action, Remat):
             rest = tuple(x for x in state.remat if x[0] != action.group)
@@ -183,18 +244,14 @@ class Environment:
         groups = self.open_groups(state)
         remats = self.remat_actions(state)
         n_shard = len(units) * self.n_axes
-        weights = np.concatenate(
-            (
-                self._unit_weights(units),
-                np.full(len(groups), RESOLVE_WEIGHT),
-                np.full(len(remats), REMAT_WEIGHT / 2),
-            )
-        )
-        if not len(weights):
+        cdf = self._rollout_cdf(units, len(groups), len(remats))
+        if not len(cdf):
             return None
         counts = self.axis_counts(state)
         for _ in range(ROLLOUT_TRIES):
-            i = int(rng.choice(len(weights), p=weights / weights.sum()))
+            # `rng.choice(len(w), p=w / w.sum())` as numpy computes it (the same draw of the
+            # same stream), with the cumulative weights computed once per kind of state.
+            i = int(cdf.searchsorted(rng.random(), side="right"))
             if i < n_shard:
                 u, a = divmod(i, self.n_axes)
                 if self.why_illegal_shard(state, units[u], a, counts) is None:
@@ -208,6 +265,29 @@ class Environment:
                 return remats[i - n_shard - len(groups)]
         return None
 
+    def _rollout_cdf(self, units: tuple[Unit, ...], n_groups: int, n_remats: int) -> np.ndarray:
+        """Normalized cumulative rollout weights of the shards of `units`, then `n_groups`
+        resolutions, then `n_remats` remat choices (as `Generator.choice` builds them from the
+        probabilities); memoized with the units' weights."""
+        self._unit_weights(units)
+        by_counts = self._shard_weights[id(units)][2]
+        cdf = by_counts.get((n_groups, n_remats))
+        if cdf is None:
+            weights = np.concatenate(
+                (
+                    self._unit_weights(units),
+                    np.full(n_groups, RESOLVE_WEIGHT),
+                    np.full(n_remats, REMAT_WEIGHT / 2),
+                )
+            )
+            if len(weights):
+                cdf = (weights / weights.sum()).cumsum()
+                cdf /= cdf[-1]
+            else:
+                cdf = weights
+            by_counts[(n_groups, n_remats)] = cdf
+        return cdf
+
     def _unit_weights(self, units: tuple[Unit, ...]) -> np.ndarray:
         """Rollout weights of the shards of `units` (log(1 + bytes covered), per mesh axis);
         memoized per units tuple (the space hands out one tuple per resolution)."""
@@ -216,7 +296,7 @@ class Environment:
             if len(self._shard_weights) >= WEIGHTS_KEPT:
                 self._shard_weights.clear()
             w = np.array([math.log1p(u.bytes_covered) for u in units for _ in range(self.n_axes)])
-            hit = self._shard_weights[id(units)] = (units, w)
+            hit = self._shard_weights[id(units)] = (units, w, {})
         return hit[1]
 
     def describe(self, state: State, action: Action) -> str:

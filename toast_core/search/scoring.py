@@ -4,7 +4,9 @@ The environment is deterministic, so the best state seen is the answer: memory-f
 always beat infeasible ones, then lower step time (`better`). Scores are memoized per state key.
 
 States are priced incrementally (`cost.incremental`): from the cached evaluation of the state they
-were reached from (`parent`), or the nearest recently scored one, re-pricing only what changed.
+were reached from (`parent`), or the nearest recently scored one, re-pricing only what changed;
+a state's remat policies are priced on top of its sharding's cached evaluation
+(`Incremental.score_remat`), so a remat decision costs no full evaluation either.
 """
 
 from __future__ import annotations
@@ -46,10 +48,8 @@ class Scorer:
         key = state.key
         s = self.scores.get(key)
         if s is None:
-            if state.remat:  # the incremental path prices sharding only
-                s = self.ev.score(state.masks, state.remat)
-            else:
-                s = self.incremental.score(state.masks, None if parent is None else parent.masks)
+            parent_masks = None if parent is None else parent.masks
+            s = self.incremental.score_remat(state.masks, state.remat, parent_masks)
             self.scores[key] = s
             self.evaluations += 1
             if self.best_score is None or better(s, self.best_score):

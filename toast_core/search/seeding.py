@@ -123,11 +123,5 @@ def _candidates(env: Environment, state: State):
 
 def follow_ups(env: Environment, state: State, resolve: Resolve) -> list[State]:
     """States that shard one part of the named dims a resolution just split."""
-    parents = {d for k in env.groups[resolve.group] for d in env.ana.conflicts[k].named_dims}
-    res_dims = {d.name: d.parent for d in env.space.resolution(state.options).dims}
-    picked = [
-        u
-        for u, unit in enumerate(env.units(state))
-        if any(res_dims.get(n) in parents for n in unit.dims)
-    ]
+    picked = env.units_of_parts(state, resolve.group)
     return [env.apply(state, a) for a in env.shard_actions(state, picked)]

@@ -15,7 +15,7 @@ from toast_core.strategy import State
 
 
 class Node:
-    __slots__ = ("state", "visits", "value", "children", "untried", "terminal")
+    __slots__ = ("state", "visits", "value", "children", "untried", "terminal", "_ordered")
 
     def __init__(self, state: State, actions: list[Action]) -> None:
         self.state = state
@@ -24,9 +24,15 @@ class Node:
         self.children: dict[Action, Node] = {}
         self.untried = actions
         self.terminal = len(actions) <= 1
+        self._ordered: list[Node] | None = None
 
     def ordered_children(self) -> list[Node]:
-        return [c for _, c in sorted(self.children.items(), key=lambda kv: action_order(kv[0]))]
+        """Children in action order (sorted again only after an expansion: selection asks at
+        every visit)."""
+        if self._ordered is None or len(self._ordered) != len(self.children):
+            items = sorted(self.children.items(), key=lambda kv: action_order(kv[0]))
+            self._ordered = [c for _, c in items]
+        return self._ordered
 
     def is_exhausted(self) -> bool:
         """Every child expanded, terminal and fully tried."""

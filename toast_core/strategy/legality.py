@@ -191,6 +191,65 @@ def why_illegal_shard(
     return None
 
 
+class UnitTable:
+    """What `legal_shards` needs of a tuple of units (one per resolution), whatever the state:
+    their fine classes padded to one width (with each unit's first class, which changes no
+    test), sizes, first classes, forbidden mesh axes, the rows holding their atoms, and the
+    units that can never be sharded (a blocked class, atoms held twice)."""
+
+    def __init__(self, space: StrategySpace, units, forbidden: list[int]) -> None:
+        checks = [space.shard_check(u.fines) for u in units]
+        n = len(units)
+        width = max((len(c.fines) for c in checks), default=1)
+        self.fines = np.array(
+            [list(c.fines) + [c.first] * (width - len(c.fines)) for c in checks], dtype=np.int64
+        ).reshape(n, width)
+        self.first = np.array([c.first for c in checks], dtype=np.int64)
+        self.size = np.array([u.size for u in units], dtype=np.int64)
+        self.forbidden = np.array(forbidden, dtype=np.int64).reshape(n)
+        self.never = np.array([c.blocked or c.holds_twice for c in checks], dtype=bool)
+        lay = space.layout
+        self.value_rows = _incidence([c.value_rows for c in checks], lay.value_fine.shape[0])
+        self.use_rows = _incidence([c.use_rows for c in checks], lay.use_fine.shape[0])
+        self.split = [(i, c) for i, c in enumerate(checks) if len(c.split_fines)]
+
+
+def _incidence(rows: list[np.ndarray], n_cols: int) -> sp.csr_matrix:
+    """[units, rows]: 1 where a unit has atoms in the row."""
+    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum([len(r) for r in rows], out=indptr[1:])
+    cols = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, dtype=np.int64)
+    return sp.csr_matrix((np.ones(len(cols)), cols, indptr), shape=(len(rows), n_cols))
+
+
+def legal_shards(space: StrategySpace, masks: np.ndarray, table: UnitTable, counts) -> np.ndarray:
+    """[units, mesh axes]: whether adding the mesh axis to the unit keeps the state legal, for
+    every unit of `table` at once: `why_illegal_shard`'s rules on arrays (the tree lists every
+    legal shard of each new node, on the search's hot path; tests/test_legality_incremental.py
+    checks the two agree)."""
+    ax = space.axes
+    bits = np.int64(1) << np.arange(ax.n, dtype=np.int64)
+    if not len(table.first):
+        return np.zeros((0, ax.n), dtype=bool)
+    ways = ax.ways.astype(np.int64)
+    ok = (masks[table.first][:, None] & bits) == 0
+    ok &= (table.forbidden[:, None] & bits) == 0
+    ok &= ~table.never[:, None]
+    # Rule 1 for every mask among the unit's parts.
+    split_ways = ways[masks[table.fines][:, :, None] | bits]  # [units, parts, axes]
+    ok &= ~(table.size[:, None, None] % split_ways != 0).any(axis=1)
+    # Rule 2: a row holding the unit's atoms already holds the mesh axis.
+    ok &= (table.value_rows @ (counts[0] != 0).astype(np.float64)) == 0
+    ok &= (table.use_rows @ (counts[1] != 0).astype(np.float64)) == 0
+    for i, chk in table.split:
+        held = np.where(chk.split_pad, 0, masks[chk.split_index])
+        for a in np.flatnonzero(ok[i]).tolist():
+            m = held | np.where(chk.split_in_unit, 1 << a, 0)
+            if strided_masks(m, chk.split_sizes, ways).any():
+                ok[i, a] = False
+    return ok
+
+
 class ShardCheck:
     """What `why_illegal_shard` needs of one unit, whatever the state: its fine classes, the
     rows (values, uses) holding them with their atom counts, and the split dims they touch."""

@@ -109,6 +109,7 @@ class StrategySpace:
         self.remat = remat_space(ana)
         self._units, self._touch, self._splits = _Lru(), _Lru(), _Lru()
         self._checks = _Lru()
+        self._tables = _Lru(256)  # each a few arrays of the units' size
         self._valid = _Lru()
 
     # -- resolutions and masks -----------------------------------------------------------------
@@ -179,6 +180,14 @@ class StrategySpace:
         if counts is None:
             counts = self.axis_counts(state.masks)
         return legality.why_illegal_shard(self, state.masks, unit, a, counts, forbidden)
+
+    def unit_table(self, options, exclude: frozenset, forbidden: tuple) -> legality.UnitTable:
+        """`legality.UnitTable` of `units(options, exclude)`, with the mesh axes `forbidden` on
+        each (memoized: the search lists legal shards under the same resolutions again)."""
+        return self._tables.get(
+            (tuple(options), exclude, forbidden),
+            lambda: legality.UnitTable(self, self.units(options, exclude), list(forbidden)),
+        )
 
     # -- units ---------------------------------------------------------------------------------
 
