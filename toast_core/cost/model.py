@@ -66,7 +66,7 @@ from toast_core.cost.remat import (
     recomputed_collectives,
     shorten_lifetimes,
 )
-from toast_core.cost.simplify import flop_executions, transcendental_executions
+from toast_core.cost.simplify import executions as simplified_executions
 from toast_core.errors import ToastError, bad_value
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
 from toast_core.mesh.spec import XLA_CPU_COMBINE
@@ -315,8 +315,9 @@ class Evaluator:
         is_mat = materialized(prog)
         self._is_mat = np.array(is_mat, dtype=bool)
         # loop fusion's duplicates and XLA's simplifier (CSE, identities, dead code, constants)
-        executions = self.trip * np.array(flop_executions(prog), dtype=np.float64)
-        trans_executions = self.trip * np.array(transcendental_executions(prog), dtype=float)
+        flop_runs, trans_runs = simplified_executions(prog)
+        executions = self.trip * np.array(flop_runs, dtype=np.float64)
+        trans_executions = self.trip * np.array(trans_runs, dtype=float)
         self.op_flops = np.array([op_flops(op, prog) for op in prog.ops]) * executions
         self.op_trans = np.array([op_transcendentals(op, prog) for op in prog.ops])
         self.op_trans *= trans_executions

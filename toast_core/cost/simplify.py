@@ -163,7 +163,7 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
     ops = []
     for op in prog.ops:
         operands = tuple(canon[v] for v in op.operands)
-        ops.append(replace(op, operands=operands) if operands != op.operands else op)
+        ops.append(_with_operands(op, operands) if operands != op.operands else op)
         if not op.results or op.primitive in prim.REGION_BOUNDARIES:
             continue
         same = _forwarded(op, operands, prog)
@@ -261,12 +261,32 @@ def _bounded_operand(op: Op, prog: Program, const: list[bool]) -> int | None:
     return None
 
 
+def _with_operands(op: Op, operands: tuple[int, ...]) -> Op:
+    """`op` reading `operands` (`dataclasses.replace` is ten times slower: 40k ops per program)."""
+    return Op(
+        op.index,
+        op.primitive,
+        operands,
+        op.results,
+        op.params,
+        op.source,
+        op.name_stack,
+        op.call_path,
+        op.trip_count,
+        op.region_depth,
+    )
+
+
 def work_factors(prog: Program) -> list[float]:
     """Per op, the fraction of its jaxpr flops XLA still computes: 0 when dead (an identity and a
     repeat of an earlier op included: `rewired`), constant, merged into the next scaling or into
     a clamp, the broadcast core's share on broadcasts, else 1."""
-    prog = rewired(prog)
-    live = live_ops(prog)
+    simple = rewired(prog)
+    return _rewired_work_factors(simple, live_ops(simple))
+
+
+def _rewired_work_factors(prog: Program, live: list[bool]) -> list[float]:
+    """`work_factors` of a program already `rewired`, whose `live_ops` are `live`."""
     const = constant_values(prog)
     uni = uniform_dims(prog)
     merged = merged_scalings(prog, const) | clamps(prog, const)
@@ -292,26 +312,33 @@ def flop_executions(prog: Program) -> list[float]:
     loop fusions that compute it (`fusion.fusion_copies`) times `work_factors`, both on the
     `rewired` program (a repeat's readers read the op it repeats); of a `cond`, the branch
     with the most flops (`cond_branches`)."""
-    from toast_core.cost.flops import op_flops
-
-    return _costliest_branches(prog, _executions(prog), op_flops)
+    return executions(prog)[0]
 
 
 def transcendental_executions(prog: Program) -> list[float]:
     """`flop_executions` for transcendentals: of a `cond`, the branch with the most of them."""
-    from toast_core.cost.flops import op_transcendentals
-
-    return _costliest_branches(prog, _executions(prog), op_transcendentals)
+    return executions(prog)[1]
 
 
-def _executions(prog: Program) -> list[float]:
+def executions(prog: Program) -> tuple[list[float], list[float]]:
+    """(`flop_executions`, `transcendental_executions`) of `prog`, sharing the work they have
+    in common (the rewiring, liveness and fusions: two seconds of the evaluator's set-up at
+    GPT-3 175B when done twice)."""
+    from toast_core.cost.flops import op_flops, op_transcendentals
+
     simple = rewired(prog)
     live = live_ops(simple)  # a dead reader (a repeat, an identity) is in no fusion
+    factors = _rewired_work_factors(simple, live)
     simple = replace(
-        simple, ops=tuple(op if live[op.index] else replace(op, operands=()) for op in simple.ops)
+        simple,
+        ops=tuple(op if live[op.index] else _with_operands(op, ()) for op in simple.ops),
     )
     copies = fusion_copies(simple, materialized(simple))
-    return [c * w for c, w in zip(copies, work_factors(prog))]
+    each = [c * w for c, w in zip(copies, factors)]
+    return (
+        _costliest_branches(prog, each, op_flops),
+        _costliest_branches(prog, each, op_transcendentals),
+    )
 
 
 def _costliest_branches(prog: Program, executions: list[float], count) -> list[float]:
