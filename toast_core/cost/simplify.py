@@ -61,7 +61,7 @@ def live_ops(prog: Program) -> list[bool]:
         needed[v] = True
     live = [False] * len(prog.ops)
     for op in reversed(prog.ops):
-        if any(needed[r] for r in op.results):
+        if True in map(needed.__getitem__, op.results):
             live[op.index] = True
             for v in op.operands:
                 needed[v] = True
@@ -76,7 +76,7 @@ def constant_values(prog: Program) -> list[bool]:
     const = [v.role in _CONSTANT_ROLES for v in prog.values]
     for op in prog.ops:
         if op.operands and op.primitive not in _NEVER_CONSTANT:
-            if all(const[v] for v in op.operands):
+            if False not in map(const.__getitem__, op.operands):
                 for r in op.results:
                     const[r] = True
     return const
@@ -134,7 +134,7 @@ REMAT_CALLS = frozenset({"remat", "remat2", "checkpoint"})
 
 
 def _in_remat(op: Op) -> bool:
-    return any(c in REMAT_CALLS for c in op.call_path)
+    return not REMAT_CALLS.isdisjoint(op.call_path)
 
 
 def rewired(prog: Program, merge_remat: bool = False) -> Program:
@@ -161,10 +161,11 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
             canon[v.id] = literal_key.setdefault((v.name, v.dtype, v.shape), v.id)
     first: dict = {}
     ops = []
+    boundaries = prim.REGION_BOUNDARIES
     for op in prog.ops:
-        operands = tuple(canon[v] for v in op.operands)
+        operands = tuple(map(canon.__getitem__, op.operands))
         ops.append(_with_operands(op, operands) if operands != op.operands else op)
-        if not op.results or op.primitive in prim.REGION_BOUNDARIES:
+        if not op.results or op.primitive in boundaries:
             continue
         same = _forwarded(op, operands, prog)
         if same is not None:
@@ -213,8 +214,8 @@ def _forwarded(op: Op, operands: tuple[int, ...], prog: Program) -> int | None:
     """The operand an identity op equals (see `rewired`), else None."""
     if len(op.results) != 1:
         return None
-    shape = prog.values[op.results[0]].shape
     if op.primitive in _NEUTRAL and len(operands) == 2:
+        shape = prog.values[op.results[0]].shape
         left, right = _NEUTRAL[op.primitive]
         a, b = operands
         if right is not None and _literal(prog, b) == right and prog.values[a].shape == shape:
