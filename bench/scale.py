@@ -7,7 +7,8 @@ Mixtral-class MoE (8 experts of 14336, 32 layers) on 256 (data=4, fsdp=8, model=
 large U-Net on 2x2x2. Each case runs in a fresh process (so its peak RSS is its own): trace,
 analysis, preparation (the evaluator and the decision space, built once per analysis and mesh and
 reused by every later search) and a search with `--budget` seconds. Columns: those wall times and
-the total, peak RSS, evaluations/s, MCTS iterations, budget overrun (search wall time / budget - 1),
+the total, CPU seconds of the trace, the preparation, the search and the whole (on a shared
+machine wall time includes waiting for a core; the JSON has every phase's), peak RSS, evaluations/s, MCTS iterations, budget overrun (search wall time / budget - 1),
 whether the plan fits and its efficiency (ideal / estimated step time).
 
 `--depth` adds the curve of search time and quality against depth: GPT-2-small layers (768 wide)
@@ -70,6 +71,11 @@ COLUMNS = [
     "prepare_s",
     "search_s",
     "total_s",
+    "trace_cpu_s",
+    "analysis_cpu_s",
+    "prepare_cpu_s",
+    "search_cpu_s",
+    "total_cpu_s",
     "peak_rss_gb",
     "evals_per_s",
     "iterations",
@@ -85,12 +91,12 @@ def run_case(model: str, size: str, mesh_text: str, hardware: str, overrides: di
     import toast_core as tc
     from demos import MODEL_ZOO
 
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     w = MODEL_ZOO[model](size=size, **overrides)
     prog = tc.trace(w.fn, *w.args, param_argnums=w.param_argnums)
-    t1 = time.perf_counter()
+    c1, t1 = time.process_time(), time.perf_counter()
     ana = tc.analyze(prog)
-    t2 = time.perf_counter()
+    c2, t2 = time.process_time(), time.perf_counter()
     mesh, hw = tc.MeshSpec.parse(mesh_text), tc.hardware(hardware)
     # The per-(analysis, mesh) structures every search reuses (memoized): timed apart, so that
     # the search column shows what a re-search (after a pin) costs.
@@ -99,9 +105,9 @@ def run_case(model: str, size: str, mesh_text: str, hardware: str, overrides: di
 
     evaluator(ana, mesh, hw)
     space_of(ana, mesh)
-    t_prep = time.perf_counter()
+    c_prep, t_prep = time.process_time(), time.perf_counter()
     result = tc.search(ana, mesh, hw, budget_s=budget_s, seed=0)
-    t3 = time.perf_counter()
+    c3, t3 = time.process_time(), time.perf_counter()
     s, r = ana.summary(), result.report
     feasible = [v for v in result.baselines.values() if v is not None]
     best_base = min(feasible) if feasible else None
@@ -116,6 +122,13 @@ def run_case(model: str, size: str, mesh_text: str, hardware: str, overrides: di
         "prepare_s": round(t_prep - t2, 2),
         "search_s": round(t3 - t_prep, 2),
         "total_s": round(t3 - t0, 2),
+        # CPU seconds of this process: on a shared machine the wall times above include waiting
+        # for a core; the search's CPU time is whatever of its wall budget it got.
+        "trace_cpu_s": round(c1 - c0, 2),
+        "analysis_cpu_s": round(c2 - c1, 2),
+        "prepare_cpu_s": round(c_prep - c2, 2),
+        "search_cpu_s": round(c3 - c_prep, 2),
+        "total_cpu_s": round(c3 - c0, 2),
         "peak_rss_gb": round(peak_rss_bytes() / 1e9, 2),
         "evals_per_s": round(result.evaluations / max(result.elapsed_s, 1e-9)),
         "evaluations": result.evaluations,

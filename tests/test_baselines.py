@@ -100,3 +100,28 @@ def test_fsdp_megatron_is_dp_megatron_with_every_weight_also_on_the_data_axis():
         tc.estimate(ana, both, mesh, hw).persistent_bytes
         < tc.estimate(ana, dpm, mesh, hw).persistent_bytes / 1.9
     )
+
+
+@pytest.mark.parametrize("mesh", ["data=2,model=4", "data=2,fsdp=2,model=2"])
+def test_the_builders_quick_refusal_agrees_with_the_whole_check(mesh):
+    """The baseline builder refuses some tries by the incremental check before the whole
+    one: on Megatron's tries (every named dim, each mesh axis, after data parallel), every
+    quick refusal must be a strategy `validate` rejects, and some tries must be refused."""
+    from toast_core.errors import StrategyError
+    from toast_core.search.baselines import _Builder
+
+    ana = analyze("gpt", size="tiny")
+    m = tc.MeshSpec.parse(mesh)
+    b = _Builder(ana, m, "check")
+    b.shardings = dict(tc.baselines.data_parallel(ana, m).shardings)
+    refused = 0
+    for nd in ana.named_dims:
+        for axis in m.axis_names:
+            name = f"N{nd.id}"
+            if not b._refused([name], (axis,)):
+                continue
+            refused += 1
+            candidate = tc.Strategy.make(ana, {**b.shardings, name: (axis,)}, b.options)
+            with pytest.raises(StrategyError):
+                candidate.validate(ana, m)
+    assert refused > 0

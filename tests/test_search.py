@@ -474,3 +474,22 @@ def test_a_program_with_no_work_is_searched():
         ana, tc.MeshSpec({"data": 2, "model": 4}), "tpu-v5e", num_simulations=10, budget_s=None
     )
     assert res.report.step_time_s == 0.0 and res.iterations == 10
+
+
+def test_the_epilogue_reserve_grows_with_program_size_and_slowdown():
+    """The tree and polish stop early enough for the final report: 4.5 us of CPU per op,
+    times the slowdown seen so far (wall over CPU time), never less than one."""
+    import time
+
+    from toast_core.search.mcts import EPILOGUE_CPU_S_PER_OP, _epilogue_start
+
+    now, cpu = time.perf_counter(), time.process_time()
+    # No wall time has passed: the slowdown counts as one.
+    reserve = now + 5.0 - _epilogue_start(now, cpu, 5.0, 40_000)
+    assert reserve == pytest.approx(EPILOGUE_CPU_S_PER_OP * 40_000, rel=0.05)
+    # One second of wall time for (at most) a quarter second of CPU: at least 4x.
+    start = time.perf_counter() - 1.0
+    slow = start + 5.0 - _epilogue_start(start, time.process_time() - 0.25, 5.0, 40_000)
+    assert slow >= 3.9 * EPILOGUE_CPU_S_PER_OP * 40_000
+    small = start + 5.0 - _epilogue_start(start, time.process_time() - 0.25, 5.0, 600)
+    assert small < slow / 50

@@ -50,16 +50,21 @@ def materialized(prog: Program) -> list[bool]:
     producers = prog.producers()
     uses = prog.uses()
     outputs = set(prog.outputs)  # of the program as given (a `simplify.rewired` one too)
+    fusible = _fusible_ops(prog)
     out = []
     for v in prog.values:
         p = producers[v.id]
-        if p is None or v.id in outputs or prog.ops[p].primitive not in FUSIBLE:
+        if p is None or v.id in outputs or not fusible[p]:
             out.append(True)
             continue
-        out.append(
-            not uses[v.id] or any(prog.ops[o].primitive not in FUSIBLE for o, _ in uses[v.id])
-        )
+        readers = uses[v.id]
+        out.append(not readers or not all(fusible[o] for o, _ in readers))
     return out
+
+
+def _fusible_ops(prog: Program) -> list[bool]:
+    """Per op, whether its primitive is `FUSIBLE` (asked once per use of each value)."""
+    return [op.primitive in FUSIBLE for op in prog.ops]
 
 
 def fusion_copies(prog: Program, is_materialized: list[bool]) -> list[int]:

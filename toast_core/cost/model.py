@@ -66,7 +66,7 @@ from toast_core.cost.remat import (
     recomputed_collectives,
     shorten_lifetimes,
 )
-from toast_core.cost.simplify import flop_executions, transcendental_executions
+from toast_core.cost.simplify import executions as simplified_executions
 from toast_core.errors import ToastError, bad_value
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
 from toast_core.mesh.spec import XLA_CPU_COMBINE
@@ -315,8 +315,9 @@ class Evaluator:
         is_mat = materialized(prog)
         self._is_mat = np.array(is_mat, dtype=bool)
         # loop fusion's duplicates and XLA's simplifier (CSE, identities, dead code, constants)
-        executions = self.trip * np.array(flop_executions(prog), dtype=np.float64)
-        trans_executions = self.trip * np.array(transcendental_executions(prog), dtype=float)
+        flop_runs, trans_runs = simplified_executions(prog)
+        executions = self.trip * np.array(flop_runs, dtype=np.float64)
+        trans_executions = self.trip * np.array(trans_runs, dtype=float)
         self.op_flops = np.array([op_flops(op, prog) for op in prog.ops]) * executions
         self.op_trans = np.array([op_transcendentals(op, prog) for op in prog.ops])
         self.op_trans *= trans_executions
@@ -718,16 +719,22 @@ class Evaluator:
         step = compute_s + (1.0 - self.overlap) * comm_s
         ideal = self.total_flops / (self.mesh.n_devices * self.hw.peak_flops_per_s)
         prog = self.ana.program
+
+        def floats(x) -> list[float]:
+            return np.asarray(x, dtype=np.float64).tolist()
+
+        # One OpCost per op, 40k at GPT-3 175B: built from lists (`float(a[i])` on a NumPy
+        # array per field was most of the report, paid after the search's time budget).
         op_costs = tuple(
-            OpCost(
-                i,
-                prog.ops[i].primitive,
-                float(flops_local[i]),
-                float(bytes_local[i]),
-                float(t[i]),
-                float(trans_local[i]),
+            map(
+                OpCost,
+                range(len(prog.ops)),
+                [op.primitive for op in prog.ops],
+                floats(flops_local),
+                floats(bytes_local),
+                floats(t),
+                floats(trans_local),
             )
-            for i in range(len(prog.ops))
         )
         return CostReport(
             step_time_s=step,

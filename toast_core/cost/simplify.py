@@ -61,7 +61,7 @@ def live_ops(prog: Program) -> list[bool]:
         needed[v] = True
     live = [False] * len(prog.ops)
     for op in reversed(prog.ops):
-        if any(needed[r] for r in op.results):
+        if True in map(needed.__getitem__, op.results):
             live[op.index] = True
             for v in op.operands:
                 needed[v] = True
@@ -76,7 +76,7 @@ def constant_values(prog: Program) -> list[bool]:
     const = [v.role in _CONSTANT_ROLES for v in prog.values]
     for op in prog.ops:
         if op.operands and op.primitive not in _NEVER_CONSTANT:
-            if all(const[v] for v in op.operands):
+            if False not in map(const.__getitem__, op.operands):
                 for r in op.results:
                     const[r] = True
     return const
@@ -134,7 +134,7 @@ REMAT_CALLS = frozenset({"remat", "remat2", "checkpoint"})
 
 
 def _in_remat(op: Op) -> bool:
-    return any(c in REMAT_CALLS for c in op.call_path)
+    return not REMAT_CALLS.isdisjoint(op.call_path)
 
 
 def rewired(prog: Program, merge_remat: bool = False) -> Program:
@@ -161,10 +161,11 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
             canon[v.id] = literal_key.setdefault((v.name, v.dtype, v.shape), v.id)
     first: dict = {}
     ops = []
+    boundaries = prim.REGION_BOUNDARIES
     for op in prog.ops:
-        operands = tuple(canon[v] for v in op.operands)
-        ops.append(replace(op, operands=operands) if operands != op.operands else op)
-        if not op.results or op.primitive in prim.REGION_BOUNDARIES:
+        operands = tuple(map(canon.__getitem__, op.operands))
+        ops.append(_with_operands(op, operands) if operands != op.operands else op)
+        if not op.results or op.primitive in boundaries:
             continue
         same = _forwarded(op, operands, prog)
         if same is not None:
@@ -213,8 +214,8 @@ def _forwarded(op: Op, operands: tuple[int, ...], prog: Program) -> int | None:
     """The operand an identity op equals (see `rewired`), else None."""
     if len(op.results) != 1:
         return None
-    shape = prog.values[op.results[0]].shape
     if op.primitive in _NEUTRAL and len(operands) == 2:
+        shape = prog.values[op.results[0]].shape
         left, right = _NEUTRAL[op.primitive]
         a, b = operands
         if right is not None and _literal(prog, b) == right and prog.values[a].shape == shape:
@@ -261,12 +262,32 @@ def _bounded_operand(op: Op, prog: Program, const: list[bool]) -> int | None:
     return None
 
 
+def _with_operands(op: Op, operands: tuple[int, ...]) -> Op:
+    """`op` reading `operands` (`dataclasses.replace` is ten times slower: 40k ops per program)."""
+    return Op(
+        op.index,
+        op.primitive,
+        operands,
+        op.results,
+        op.params,
+        op.source,
+        op.name_stack,
+        op.call_path,
+        op.trip_count,
+        op.region_depth,
+    )
+
+
 def work_factors(prog: Program) -> list[float]:
     """Per op, the fraction of its jaxpr flops XLA still computes: 0 when dead (an identity and a
     repeat of an earlier op included: `rewired`), constant, merged into the next scaling or into
     a clamp, the broadcast core's share on broadcasts, else 1."""
-    prog = rewired(prog)
-    live = live_ops(prog)
+    simple = rewired(prog)
+    return _rewired_work_factors(simple, live_ops(simple))
+
+
+def _rewired_work_factors(prog: Program, live: list[bool]) -> list[float]:
+    """`work_factors` of a program already `rewired`, whose `live_ops` are `live`."""
     const = constant_values(prog)
     uni = uniform_dims(prog)
     merged = merged_scalings(prog, const) | clamps(prog, const)
@@ -292,26 +313,33 @@ def flop_executions(prog: Program) -> list[float]:
     loop fusions that compute it (`fusion.fusion_copies`) times `work_factors`, both on the
     `rewired` program (a repeat's readers read the op it repeats); of a `cond`, the branch
     with the most flops (`cond_branches`)."""
-    from toast_core.cost.flops import op_flops
-
-    return _costliest_branches(prog, _executions(prog), op_flops)
+    return executions(prog)[0]
 
 
 def transcendental_executions(prog: Program) -> list[float]:
     """`flop_executions` for transcendentals: of a `cond`, the branch with the most of them."""
-    from toast_core.cost.flops import op_transcendentals
-
-    return _costliest_branches(prog, _executions(prog), op_transcendentals)
+    return executions(prog)[1]
 
 
-def _executions(prog: Program) -> list[float]:
+def executions(prog: Program) -> tuple[list[float], list[float]]:
+    """(`flop_executions`, `transcendental_executions`) of `prog`, sharing the work they have
+    in common (the rewiring, liveness and fusions: two seconds of the evaluator's set-up at
+    GPT-3 175B when done twice)."""
+    from toast_core.cost.flops import op_flops, op_transcendentals
+
     simple = rewired(prog)
     live = live_ops(simple)  # a dead reader (a repeat, an identity) is in no fusion
+    factors = _rewired_work_factors(simple, live)
     simple = replace(
-        simple, ops=tuple(op if live[op.index] else replace(op, operands=()) for op in simple.ops)
+        simple,
+        ops=tuple(op if live[op.index] else _with_operands(op, ()) for op in simple.ops),
     )
     copies = fusion_copies(simple, materialized(simple))
-    return [c * w for c, w in zip(copies, work_factors(prog))]
+    each = [c * w for c, w in zip(copies, factors)]
+    return (
+        _costliest_branches(prog, each, op_flops),
+        _costliest_branches(prog, each, op_transcendentals),
+    )
 
 
 def _costliest_branches(prog: Program, executions: list[float], count) -> list[float]:

@@ -81,11 +81,11 @@ class TraceHandle:
     output_paths: tuple[str, ...]
 
 
-def _source(eqn) -> str:
+def _source_of_traceback(traceback) -> str:
     try:
         from jax._src import source_info_util
 
-        frame = source_info_util.user_frame(eqn.source_info.traceback)
+        frame = source_info_util.user_frame(traceback)
     except Exception:  # noqa: BLE001 - source info is best effort
         return ""
     if frame is None:
@@ -93,9 +93,9 @@ def _source(eqn) -> str:
     return f"{os.path.basename(frame.file_name)}:{frame.start_line}"
 
 
-def _name_stack(eqn) -> str:
+def _name_stack_text(name_stack) -> str:
     try:
-        return str(eqn.source_info.name_stack)
+        return str(name_stack)
     except Exception:  # noqa: BLE001
         return ""
 
@@ -175,7 +175,13 @@ def _shape(aval) -> tuple[int, ...]:
 
 
 class _Builder:
-    """Accumulates values, ops and replay steps during the single jaxpr walk."""
+    """Accumulates values, ops and replay steps during the single jaxpr walk.
+
+    The eqns of a 40k-op program share a few hundred tracebacks (equal by their frames), a few
+    name stacks and params dicts (the eqns JAX inlines from one cached jaxpr, once per layer):
+    their conversions are memoized for the walk, by equality for tracebacks and by identity for
+    the others (the object is kept alive with its entry, so its id is not reused). Converting
+    each afresh was half of the walk."""
 
     def __init__(self) -> None:
         self.values: list[Value] = []
@@ -184,6 +190,33 @@ class _Builder:
         self.consts: list[tuple[int, Any]] = []
         self.diagnostics: list[str] = []
         self.bodies: dict[int, tuple] = {}  # start op index -> (body inputs, steps, outputs)
+        self._sources: dict = {}  # traceback -> "file.py:line"
+        self._name_stacks: dict[int, tuple[Any, str]] = {}  # id -> (name stack, its text)
+        self._params: dict[int, tuple[Any, Any, tuple]] = {}  # id -> (params, primitive, plain)
+
+    def source(self, eqn) -> str:
+        """`file.py:line` of the user frame that made `eqn` ("" when unknown)."""
+        traceback = getattr(eqn.source_info, "traceback", None)
+        try:
+            return self._sources[traceback]
+        except KeyError:
+            text = self._sources[traceback] = _source_of_traceback(traceback)
+            return text
+        except TypeError:  # an unhashable traceback
+            return _source_of_traceback(traceback)
+
+    def name_stack(self, eqn) -> str:
+        stack = getattr(eqn.source_info, "name_stack", None)
+        hit = self._name_stacks.get(id(stack))
+        if hit is None or hit[0] is not stack:
+            hit = self._name_stacks[id(stack)] = (stack, _name_stack_text(stack))
+        return hit[1]
+
+    def op_params(self, eqn) -> tuple[tuple[str, object], ...]:
+        hit = self._params.get(id(eqn.params))
+        if hit is None or hit[0] is not eqn.params or hit[1] is not eqn.primitive:
+            hit = self._params[id(eqn.params)] = (eqn.params, eqn.primitive, _op_params(eqn))
+        return hit[2]
 
     def new_value(self, aval, role: str, name: str = "", source: str = "") -> int:
         vid = len(self.values)
@@ -230,14 +263,15 @@ class _Builder:
 
     def _eqn(self, eqn, env, call_path, trip_count, depth, top_level) -> None:
         prim = eqn.primitive.name
-        source = _source(eqn)
-        kw = dict(source=source, name_stack=_name_stack(eqn), call_path=call_path)
         if prim in CALL_PRIMITIVES:
             sub = _call_body(eqn)
             if sub is not None:
                 self._inline(eqn, sub, env, call_path, trip_count, depth, top_level)
                 return
+        source = self.source(eqn)
+        name_stack = self.name_stack(eqn)
         if prim in REGION_PRIMITIVES:
+            kw = dict(source=source, name_stack=name_stack, call_path=call_path)
             operand_ids = [self.read(env, a) for a in eqn.invars]
             start = len(self.ops)  # the region's (first) `*_start` op
             getattr(self, f"_region_{prim}")(eqn, env, operand_ids, trip_count, depth, kw)
@@ -251,22 +285,51 @@ class _Builder:
                     )
                 )
             return
-        operand_ids = [self.read(env, a) for a in eqn.invars]
-        result_ids = self._bind_results(eqn, env, prim, source)
-        op_index = self.add_op(
-            prim,
-            operand_ids,
-            result_ids,
-            _op_params(eqn),
-            trip_count=trip_count,
-            region_depth=depth,
-            **kw,
+        self._op(eqn, prim, env, source, name_stack, call_path, trip_count, depth, top_level)
+
+    def _op(self, eqn, prim, env, source, name_stack, call_path, trip_count, depth, top_level):
+        """An eqn that becomes one op: the walk's inner loop (40k times at GPT-3 175B), written
+        out flat (`read` and `_bind_results` inlined)."""
+        operand_ids = []
+        step_operands = []
+        for atom in eqn.invars:
+            if isinstance(atom, jex.Literal):
+                operand_ids.append(self.read(env, atom))
+                step_operands.append(("lit", atom.val))
+            else:
+                vid = env[atom]
+                operand_ids.append(vid)
+                step_operands.append(vid)
+        values = self.values
+        result_ids = []
+        for var in eqn.outvars:
+            vid = len(values)
+            aval = var.aval
+            values.append(
+                Value(vid, _shape(aval), _dtype_name(aval), "intermediate", f"{prim}#{vid}", source)
+            )
+            if not isinstance(var, jex.DropVar):
+                env[var] = vid
+            result_ids.append(vid)
+        op_index = len(self.ops)
+        results = tuple(result_ids)
+        self.ops.append(
+            Op(
+                op_index,
+                prim,
+                tuple(operand_ids),
+                results,
+                self.op_params(eqn),
+                source,
+                name_stack,
+                call_path,
+                trip_count,
+                depth,
+            )
         )
         if top_level:
-            readers = tuple((op_index, pos) for pos in range(len(operand_ids)))
-            self.steps.append(
-                _Step(eqn, _step_operands(eqn, operand_ids), tuple(result_ids), op_index, readers)
-            )
+            readers = tuple([(op_index, pos) for pos in range(len(operand_ids))])
+            self.steps.append(_Step(eqn, tuple(step_operands), results, op_index, readers))
 
     def _inline(self, eqn, sub, env, call_path, trip_count, depth, top_level) -> None:
         closed_consts = sub.consts if isinstance(sub, jex.ClosedJaxpr) else ()
@@ -441,7 +504,20 @@ def _dead_code_eliminated(closed: jex.ClosedJaxpr) -> jex.ClosedJaxpr:
     return jex.ClosedJaxpr(jaxpr, closed.consts)
 
 
-def _path_names(fn: Callable, args: tuple) -> list[str]:
+@dataclass(frozen=True)
+class _Leaf:
+    """One input leaf: its name (`params.blocks[3].attn.wq`), its path inside its own argument
+    (`.blocks[3].attn.wq`; "" for a bare array), the index of that argument, and the leaf."""
+
+    name: str
+    sub_path: str
+    arg_index: int
+    leaf: Any
+
+
+def _input_leaves(fn: Callable, args: tuple) -> list[_Leaf]:
+    """The input leaves of `fn(*args)` in flattened order (one pytree walk: 3k leaves at GPT-3
+    175B), named after `fn`'s positional parameters."""
     try:
         params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
@@ -454,8 +530,9 @@ def _path_names(fn: Callable, args: tuple) -> list[str]:
     out = []
     for i, arg in enumerate(args):
         base = names[i] if i < len(names) else f"arg{i}"
-        for path, _ in jax.tree_util.tree_flatten_with_path(arg)[0]:
-            out.append(base + _keystr(path))
+        for path, leaf in jax.tree_util.tree_flatten_with_path(arg)[0]:
+            sub_path = _keystr(path)
+            out.append(_Leaf(base + sub_path, sub_path, i, leaf))
     return out
 
 
@@ -480,27 +557,11 @@ def _fn_name(fn: Callable) -> str:
     return str(getattr(fn, "__name__", "fn"))
 
 
-def _leaf_subpaths(args: tuple) -> list[str]:
-    """Each input leaf's path inside its own argument (`.mu.w`, `[0].mu.w`; "" for a bare array)."""
-    out = []
-    for arg in args:
-        out += [_keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(arg)[0]]
-    return out
-
-
-def _arg_index_of_leaves(args: tuple) -> list[int]:
-    out = []
-    for i, arg in enumerate(args):
-        out += [i] * len(jax.tree_util.tree_leaves(arg))
-    return out
-
-
-def _check_leaves(fn: Callable, args: tuple) -> None:
+def _check_leaves(leaves: list[_Leaf]) -> None:
     """Every leaf must be an array, a `jax.ShapeDtypeStruct` or a Python/NumPy scalar; the error
     names the first bad leaf by its path (`batch.mask`) and shows its value and type."""
-    names = _path_names(fn, args)
-    leaves = jax.tree_util.tree_leaves(args)
-    for name, leaf in zip(names, leaves):
+    for x in leaves:
+        name, leaf = x.name, x.leaf
         ok = isinstance(leaf, jax.ShapeDtypeStruct | jax.Array | np.ndarray | np.generic)
         ok = ok or isinstance(leaf, bool | int | float | complex)
         if not ok:
@@ -522,14 +583,17 @@ def trace(fn: Callable, *args: Any, param_argnums: tuple[int, ...] | None = None
     """
     if not callable(fn):
         raise TraceError(bad_value("fn", fn, "a callable JAX function"))
-    _check_leaves(fn, args)
     # JAX's tracing and our walk allocate millions of objects and free few early: full
     # collections over them cost a quarter of the trace of a 40k-op program (see `gcpause`).
     with gc_paused():
-        return _trace(fn, args, param_argnums)
+        leaves = _input_leaves(fn, args)
+        _check_leaves(leaves)
+        return _trace(fn, args, leaves, param_argnums)
 
 
-def _trace(fn: Callable, args: tuple, param_argnums: tuple[int, ...] | None) -> Program:
+def _trace(
+    fn: Callable, args: tuple, leaves: list[_Leaf], param_argnums: tuple[int, ...] | None
+) -> Program:
     try:
         closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
     except Exception as exc:  # noqa: BLE001 - any failure of the user's code is a trace error
@@ -541,9 +605,9 @@ def _trace(fn: Callable, args: tuple, param_argnums: tuple[int, ...] | None) -> 
         param_argnums = (0,) if len(args) > 1 else ()
     closed = _dead_code_eliminated(closed)
     fn_name = _fn_name(fn)
-    in_names = _path_names(fn, args)
-    in_subpaths = _leaf_subpaths(args)
-    arg_of_leaf = _arg_index_of_leaves(args)
+    in_names = [x.name for x in leaves]
+    in_subpaths = [x.sub_path for x in leaves]
+    arg_of_leaf = [x.arg_index for x in leaves]
     out_leaves_with_path = jax.tree_util.tree_flatten_with_path(out_shape)[0]
     out_names = [f"out{_keystr(p)}" for p, _ in out_leaves_with_path]
     out_keys = {(_keystr(p[1:]), tuple(s.shape), str(s.dtype)) for p, s in out_leaves_with_path}

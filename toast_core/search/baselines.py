@@ -33,8 +33,10 @@ from math import prod
 from toast_core.analysis import Analysis
 from toast_core.errors import StrategyError
 from toast_core.mesh import MeshSpec
-from toast_core.strategy import Strategy, resolve
+from toast_core.strategy import Strategy, Unit, resolve, space_of
+from toast_core.strategy.legality import why_illegal_shard
 from toast_core.strategy.memo import per_analysis
+from toast_core.strategy.refs import RefError, named_dim_parts
 
 MODEL_AXIS_NAMES = ("model", "tensor", "tp", "mp", "mlp")
 
@@ -82,20 +84,64 @@ def _is_loop_dim(ana: Analysis, named: tuple[int, ...], input_shapes: set) -> bo
 
 
 class _Builder:
-    """Accumulates tactics, keeping only legal ones."""
+    """Accumulates tactics, keeping only legal ones.
+
+    Most tries of a greedy tactic fail (Megatron on GPT-3 175B: 576 of 607, each head dim once
+    the heads hold the model axis), and the whole check of a 40k-op strategy costs milliseconds.
+    A try that adds one mesh axis to named dims nothing shards yet is first put to the search's
+    incremental check (`why_illegal_shard`, on the atom counts of the current strategy, kept
+    while it does not change), which refuses exactly what the whole check refuses
+    (tests/test_legality_incremental.py); what it allows still goes through the whole check.
+    """
 
     def __init__(self, ana: Analysis, mesh: MeshSpec, name: str) -> None:
         self.ana, self.mesh, self.name = ana, mesh, name
         self.shardings: dict[str, tuple[str, ...]] = {}
         self.options: dict[int, int] = {}
+        self._counted: tuple | None = None  # (strategy key, fine masks, atom counts)
 
     def strategy(self) -> Strategy:
         return Strategy.make(self.ana, self.shardings, self.options, self.name)
 
+    def _refused(self, names: list[str], axes: tuple[str, ...]) -> bool:
+        """Whether the incremental check refuses adding the one mesh axis `axes` to the named
+        dims `names` (none of them sharded yet); False when it does not apply."""
+        space = space_of(self.ana, self.mesh)
+        if len(axes) != 1 or axes[0] not in space.axes.names or not names:
+            return False
+        if any(n in self.shardings for n in names):
+            return False
+        key = (tuple(self.shardings.items()), tuple(sorted(self.options.items())))
+        if self._counted is None or self._counted[0] != key:
+            current = Strategy.make(self.ana, self.shardings, self.options, self.name)
+            masks = space.masks_of(current.shardings, current.options)
+            self._counted = (key, masks, space.axis_counts(masks))
+        _, masks, counts = self._counted
+        res = space.resolution(tuple(sorted(self.options.items())))
+        try:
+            parts = [p for n in names for p in named_dim_parts(self.ana, res, n)]
+        except RefError:
+            return False
+        fines = tuple(f for p in parts for f in p.fine)
+        sizes = {p.size for p in parts}
+        if (
+            not fines
+            or len(sizes) != 1
+            or len(set(fines)) != len(fines)
+            or masks[list(fines)].any()
+        ):
+            return False
+        unit = Unit(tuple(names), fines, sizes.pop(), 0.0)
+        a = space.axes.index(axes[0])
+        return why_illegal_shard(space, masks, unit, a, counts) is not None
+
     def try_shard(self, dim_name: str | list[str], axes: tuple[str, ...], options=None) -> bool:
         """Adds `axes` to one named dim (or to each of a group of them) if the result is legal."""
+        names = [dim_name] if isinstance(dim_name, str) else list(dim_name)
+        if options is None and self._refused(names, tuple(axes)):
+            return False
         shardings = dict(self.shardings)
-        for name in [dim_name] if isinstance(dim_name, str) else dim_name:
+        for name in names:
             shardings[name] = tuple(self.shardings.get(name, ())) + tuple(axes)
         opts = dict(self.options if options is None else options)
         try:
@@ -225,8 +271,7 @@ def _zero3_into(b: _Builder, axes: tuple[str, ...]) -> bool:
     # A named dim the cuts split passes its mesh axes (Megatron's) on to every part.
     inherited: dict[str, tuple[str, ...]] = {}
     for name, held_axes in b.shardings.items():
-        parts = [name] if name in res.names else [n for n in res.names if n.startswith(name + ".")]
-        for part in parts:
+        for part in _part_names(res, name):
             inherited[part] = tuple(held_axes)
     kept = b.shardings
     b.shardings = inherited
@@ -249,6 +294,16 @@ def _zero3_into(b: _Builder, axes: tuple[str, ...]) -> bool:
     return True
 
 
+def _part_names(res, name: str) -> list[str]:
+    """The names under `res` of named dim `name` (`N3`: itself, or its parts `N3.0`, `N3.1`
+    when the cuts split it; a part of another resolution, `N3.1`, only if `res` has it)."""
+    if name in res.names:
+        return [name]
+    if name[:1] == "N" and name[1:].isdigit():
+        return [d.name for d in res.parts(int(name[1:]))]
+    return []
+
+
 def _drop_idle_cuts(b: _Builder, res) -> None:
     """Keeps only the cuts whose parts are sharded differently (the others merely rename
     parts), re-expressing the shardings in the smaller resolution's names."""
@@ -260,7 +315,7 @@ def _drop_idle_cuts(b: _Builder, res) -> None:
 
     needed = {}
     for k, o in b.options.items():
-        parts = [d for d in res.dims if d.parent in ana.conflicts[k].named_dims[:1]]
+        parts = [d for p in ana.conflicts[k].named_dims[:1] for d in res.parts(p)]
         if len({axes_of.get(res.index(d.name), ()) for d in parts}) > 1:
             needed[k] = o
     small = resolve(ana, needed)
@@ -342,7 +397,8 @@ def _fsdp_megatron(ana, mesh, name) -> tuple[Strategy | None, str]:
     _, data_axes = _split_axes(mesh)
     b = _Builder(ana, mesh, name)
     b.shardings, b.options = dict(dpm.shardings), dict(dpm.options)
-    batch_axes = next((axes for n, axes in dpm.shardings if n in _batch_names(ana)), data_axes)
+    batch = _batch_names(ana)
+    batch_axes = next((axes for n, axes in dpm.shardings if n in batch), data_axes)
     if not _zero3_into(b, tuple(batch_axes)):
         return None, "no parameter named dim can be cut off the data and sharded (no train step?)"
     return b.strategy(), why

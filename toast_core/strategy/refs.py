@@ -46,7 +46,7 @@ def named_dim_parts(ana: Analysis, res: Resolution, ref) -> tuple[ResolvedDim, .
         base = int(ref[1:])
         if base >= len(ana.named_dims):
             raise RefError(f"a named dim N0..N{len(ana.named_dims) - 1}")
-        return tuple(d for d in res.dims if d.parent == base)
+        return res.parts(base)
     if re.fullmatch(r"N\d+\.\d+", ref):
         try:
             return (res.by_name(ref),)
@@ -54,7 +54,7 @@ def named_dim_parts(ana: Analysis, res: Resolution, ref) -> tuple[ResolvedDim, .
             raise RefError("a named dim part that exists under the chosen options") from None
     for nd in ana.named_dims:
         if nd.label == ref:
-            return tuple(d for d in res.dims if d.parent == nd.id)
+            return res.parts(nd.id)
     m = re.fullmatch(r"(.+)\.(\d+)(?::(\d+))?", ref)
     if m:
         name, dim, sub = m.group(1), int(m.group(2)), int(m.group(3) or 0)

@@ -154,10 +154,11 @@ def _group_layers(prog) -> dict[int, tuple[str, str]]:
 def remat_space(ana: Analysis) -> RematSpace:
     """The remat groups of `ana` (memoized; empty for a program without a backward part)."""
     prog = ana.program
-    back = [op.index for op in prog.ops if is_backward(op)]
-    if not back:
+    # Per op, whether it is in the backward part (asked a few hundred thousand times below).
+    backward = [is_backward(op) for op in prog.ops]
+    if True not in backward:
         return RematSpace((), len(prog.ops))
-    first_back = back[0]
+    first_back = backward.index(True)
     param_layer = _group_layers(prog)
     # Cut the forward into blocks where a new layer's parameters are first read.
     block_of_op = np.full(len(prog.ops), -1, dtype=np.int64)
@@ -165,7 +166,7 @@ def remat_space(ana: Analysis) -> RematSpace:
     seen: dict[tuple[str, str], int] = {}
     current = -1
     for op in prog.ops[:first_back]:
-        if is_backward(op):
+        if backward[op.index]:
             continue
         for vid in op.operands:
             lay = param_layer.get(vid)
@@ -177,11 +178,11 @@ def remat_space(ana: Analysis) -> RematSpace:
         block_of_op[op.index] = max(current, 0)
     if not keys:
         return RematSpace((), first_back)
-    _move_boundaries(prog, block_of_op, param_layer, first_back)
-    return RematSpace(_make_groups(prog, block_of_op, keys, first_back), first_back)
+    _move_boundaries(prog, block_of_op, param_layer, first_back, backward)
+    return RematSpace(_make_groups(prog, block_of_op, keys, first_back, backward), first_back)
 
 
-def _move_boundaries(prog, block_of_op, param_layer, first_back) -> None:
+def _move_boundaries(prog, block_of_op, param_layer, first_back, backward) -> None:
     """Moves each block boundary to where the fewest activation bytes cross it, between the
     last op reading the previous block's parameters and the first reading the next one's: a
     GPT block then starts at its input `x`, not at its layer norm's scale, so `full` keeps one
@@ -189,7 +190,7 @@ def _move_boundaries(prog, block_of_op, param_layer, first_back) -> None:
     uses = prog.uses()
     last_reader = {}
     for v in prog.values:
-        fwd = [o for o, _ in uses[v.id] if o < first_back and not is_backward(prog.ops[o])]
+        fwd = [o for o, _ in uses[v.id] if o < first_back and not backward[o]]
         if fwd:
             last_reader[v.id] = max(fwd)
     starts = [i for i in range(1, first_back) if block_of_op[i] != block_of_op[i - 1]]
@@ -218,7 +219,7 @@ def _move_boundaries(prog, block_of_op, param_layer, first_back) -> None:
         block_of_op[best_p:b] = block_of_op[b]
 
 
-def _make_groups(prog, block_of_op, keys, first_back) -> tuple[RematGroup, ...]:
+def _make_groups(prog, block_of_op, keys, first_back, backward) -> tuple[RematGroup, ...]:
     producers, uses = prog.producers(), prog.uses()
     n_blocks = len(keys)
     ops_of_block: list[list[int]] = [[] for _ in range(n_blocks)]
@@ -240,10 +241,10 @@ def _make_groups(prog, block_of_op, keys, first_back) -> tuple[RematGroup, ...]:
             continue
         readers = [o for o, _ in uses[v.id]]
         if v.is_output or any(
-            o < first_back and not is_backward(prog.ops[o]) and block_of_op[o] != b for o in readers
+            o < first_back and not backward[o] and block_of_op[o] != b for o in readers
         ):
             kept_always.add(v.id)
-        if any(is_backward(prog.ops[o]) for o in readers):
+        if any(backward[o] for o in readers):
             residuals[b].append(v.id)
 
     def effect(b: int, policy: str) -> RematEffect:
@@ -273,10 +274,10 @@ def _make_groups(prog, block_of_op, keys, first_back) -> tuple[RematGroup, ...]:
                 if p is None or vid in kept or block_of_value(vid) != b:
                     continue
                 stack.append(p)
-        twice = _needed_in_forward(prog, recompute, kept, first_back)
-        first_reader = min(o for v in dropped for o, _ in uses[v] if is_backward(prog.ops[o]))
+        twice = _needed_in_forward(prog, recompute, kept, first_back, backward)
+        first_reader = min(o for v in dropped for o, _ in uses[v] if backward[o])
         fwd_end = [
-            max([producers[v]] + [o for o, _ in uses[v] if not is_backward(prog.ops[o])])
+            max([producers[v]] + [o for o, _ in uses[v] if not backward[o]])
             if producers[v] in twice
             else producers[v] - 1
             for v in dropped
@@ -349,7 +350,7 @@ def _has_batch_dims(op) -> bool:
     return bool(lhs_batch)
 
 
-def _needed_in_forward(prog, recompute: set, kept: set, first_back: int) -> set:
+def _needed_in_forward(prog, recompute: set, kept: set, first_back: int, backward) -> set:
     """The recomputed ops whose forward copy is still needed: a result kept, or read by a
     forward op that is itself needed (every op not recomputed is). The others compute only
     residuals; once those are recomputed, XLA removes the forward copy as dead code."""
@@ -361,9 +362,7 @@ def _needed_in_forward(prog, recompute: set, kept: set, first_back: int) -> set:
                 needed.add(o)
                 break
             if any(
-                r < first_back
-                and not is_backward(prog.ops[r])
-                and (r not in recompute or r in needed)
+                r < first_back and not backward[r] and (r not in recompute or r in needed)
                 for r, _ in uses[v]
             ):
                 needed.add(o)

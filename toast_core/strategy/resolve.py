@@ -48,6 +48,18 @@ class Resolution:
         """Named dim name -> index into dims."""
         return {d.name: i for i, d in enumerate(self.dims)}
 
+    @cached_property
+    def _parts(self) -> dict[int, tuple[ResolvedDim, ...]]:
+        out: dict[int, list[ResolvedDim]] = {}
+        for d in self.dims:
+            out.setdefault(d.parent, []).append(d)
+        return {p: tuple(ds) for p, ds in out.items()}
+
+    def parts(self, parent: int) -> tuple[ResolvedDim, ...]:
+        """The parts of named dim `parent` under these options, in order (an index: a strategy
+        of a 96-layer model names hundreds of named dims, each looked up in thousands of parts)."""
+        return self._parts.get(parent, ())
+
     def index(self, name: str) -> int:
         i = self.names.get(name)
         if i is not None:
