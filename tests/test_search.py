@@ -281,6 +281,28 @@ def test_search_finds_a_plan_that_fits_when_data_parallel_does_not():
     assert result.report.step_time_s <= best_feasible_baseline_s(ana, MESH_8, hw) * (1 + 1e-9)
 
 
+def test_baselines_go_on_past_their_window_until_one_fits():
+    """A closed window (deadline already past) stops the baselines only once one fits, or at
+    `until`: the search must not start from no feasible plan because the machine was slow."""
+    from toast_core.search import seeding
+    from toast_core.search.mcts import _Run
+    from toast_core.search.types import SearchSettings
+
+    ana = mlp()
+    hw = chip(hbm_capacity_bytes=60_000)
+    past, future = 0.0, float("inf")
+
+    def seeded(until):
+        run = _Run(ana, MESH_8, hw, SearchSettings(budget_s=None, num_simulations=1))
+        return seeding.score_baselines(run.scorer, run.env, past, until)[0]
+
+    assert all(t is None for t in seeded(None).values())  # the window alone: nothing scored
+    every = seeded(future)
+    scored = [name for name, t in every.items() if t is not None]
+    assert len(scored) == 1, "it stops at the first baseline that fits"
+    assert list(every).index(scored[0]) > 0, "the scenario needs the first baselines not to fit"
+
+
 def test_when_nothing_fits_the_least_infeasible_plan_is_flagged_loudly():
     ana = mlp()
     hw = chip(hbm_capacity_bytes=10_000)

@@ -71,8 +71,8 @@ class _Run:
         self.ref = 1.0
         self.baselines: dict = {}
 
-    def seed(self, deadline: float | None = None) -> None:
-        self.baselines, admitted = seeding.score_baselines(self.scorer, self.env, deadline)
+    def seed(self, deadline: float | None = None, until: float | None = None) -> None:
+        self.baselines, admitted = seeding.score_baselines(self.scorer, self.env, deadline, until)
         feasible = [t for t in admitted.values() if t is not None]
         self.ref = min(feasible) if feasible else (self.scorer.best_score.step_time_s or 1.0)
 
@@ -225,7 +225,7 @@ def _search(ana, mesh, hw, st: SearchSettings) -> Iterator[SearchEvent]:
             notes=tuple(notes),
         )
 
-    run.seed(phase["baselines"])
+    run.seed(phase["baselines"], phase["descents"])
     yield event(0, False)  # the best baseline, at once
     seeding.descend(run.scorer, run.env, phase["descents"])
     yield event(0, False)
