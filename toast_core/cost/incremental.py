@@ -120,6 +120,7 @@ class _SitesOf:
         red = inc.red_of.take(values)
         self.red_op, self.red_fine = ev.red_op[red], ev.red_fine[red]
         self.red_value, self.red_scan = ev.red_value[red], ev.red_scan[red]
+        self.red_split = ev.red_split[red]
         self._red_site = ev._red_site[red]
         sites = inc.sites_of.take(values)
         self.site_ids = sites  # the evaluator's index of each of these sites

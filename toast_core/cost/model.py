@@ -478,6 +478,13 @@ class Evaluator:
                 partial_fines.append(tuple(red_fines[v]))
         self.rep = np.column_stack([self.rep, partial_id])
         self._partial_fines = tuple(partial_fines)
+        # Per reduction row: (partial-sum id, piece list id) of the split / slice that alone
+        # reads its result, else -1: the partial sum is reduce-scattered onto the pieces' mesh
+        # axes (`_partial_target`).
+        self.red_split = np.full((len(self.red_value), 2), -1, dtype=np.int64)
+        split_of = {v: (i, p) for v, i, p in self.rep[:, [1, 6, 5]].tolist() if i >= 0}
+        for row, v in enumerate(self.red_value.tolist()):
+            self.red_split[row] = split_of.get(v, (-1, -1))
         self.per = np.array(per, dtype=np.int64).reshape(-1, 4)
         self.halos = {(opi, vid) for opi, vid, _, _ in per}
         self.halos |= {(int(o), int(v)) for o, v, *_ in self.rep[self.rep[:, 3] == SLICE].tolist()}
@@ -784,6 +791,9 @@ class Evaluator:
                     rs = np.flatnonzero(scan[:, k] >= 0)
                     if len(rs):
                         scatter[rs] |= self._scatter_masks(scan[rs, k], m[rs], masks)
+                for r in np.flatnonzero(self.red_split[act, 0] >= 0).tolist():
+                    pid, pieces = self.red_split[act[r]].tolist()
+                    scatter[r] |= m[r] & self._partial_target(pid, self.rep_pieces[pieces], masks)
                 ops, vals = self.red_op[act], self.red_value[act]
                 v = value_local[vals]
                 site = self._red_site[act]
@@ -891,7 +901,7 @@ class Evaluator:
         strategy leaves it whole: the operand is a partial sum (over those axes) read only by
         the split / slice, whose pieces are all sharded on them. XLA's propagation gives the
         partial sum the pieces' sharding (all-reduce then dynamic-slice on CPU, a reduce-scatter
-        elsewhere; the all-reduce is priced at the reduction already) and then takes the halos.
+        elsewhere: priced so at the reduction, `red_split`) and then takes the halos.
         0 when that does not apply."""
         if pid < 0:
             return 0
