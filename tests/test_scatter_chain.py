@@ -111,3 +111,24 @@ def test_incremental_prices_the_chain_as_the_full_evaluator_does(reverse):
         assert got.comm_s == pytest.approx(want.comm_s, rel=1e-12)
         assert got.step_time_s == pytest.approx(want.step_time_s, rel=1e-12)
     assert inc.full_evaluations == 1
+
+
+def test_a_weight_gradient_transposed_before_its_sharded_update_is_reduce_scattered():
+    """The label-smoothing MLP's weight gradients come out of the backward matmuls as [F, D] and
+    are transposed to the weights' [D, F] before the update reads them sharded: XLA slices the
+    all-reduced gradient first and transposes the piece, so it reduce-scatters (measured)."""
+    from demos import MODEL_ZOO
+
+    w = MODEL_ZOO["label-smoothing"](size="tiny", train=True)
+    ana = tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
+    prog = ana.program
+    mesh = tc.MeshSpec({"data": 2, "model": 4})
+    report = tc.estimate(ana, tc.baselines.all(ana, mesh)["fsdp"][0], mesh, HW)
+    transposed = [
+        c
+        for c in report.collectives
+        if prog.ops[c.op].primitive == "dot_general"
+        and [prog.ops[o].primitive for o, _ in prog.uses()[c.value]] == ["transpose"]
+    ]
+    assert len(transposed) == 3
+    assert {(c.kind, c.mesh_axes) for c in transposed} == {("reduce-scatter", ("data", "model"))}

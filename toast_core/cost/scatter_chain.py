@@ -1,4 +1,4 @@
-"""Where XLA turns a partial sum into a reduce-scatter: at its uses, or after size-1 reshapes.
+"""Where XLA turns a partial sum into a reduce-scatter: at its uses, or after layout-only ops.
 
 A sharded reduction leaves a partial sum; XLA's SPMD partitioner all-reduces it and each device
 then slices its own piece wherever a reader wants it sharded. On TPU and GPU, XLA's
@@ -16,6 +16,11 @@ it (`scatter_values`). Worked example: a LayerNorm bias gradient under FSDP is
 broadcast), whose result the Adam update reads sharded `[D_data]`. XLA compiles
 all-reduce -> bitcast -> dynamic-slice: one reduce-scatter (measured: GPT-2 train step,
 fsdp_megatron on 2x4).
+
+XLA's simplifier also moves a dynamic-slice ahead of a transpose (slice, then transpose the
+piece), so a transpose continues the chain too (measured: the [256, 64] weight gradients of
+the label-smoothing MLP under FSDP, transposed back to [64, 256] before the update; the
+compiled fusion slices the all-reduce, then transposes).
 
 Elementwise ops in between stop it: XLA computes them on the whole all-reduced buffer and
 slices afterwards, and the all-reduce stays one (measured: Adam's second moment `g * g` of the
@@ -52,11 +57,13 @@ def _big_dims(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def _size_one_reshape_of(prog: Program, op_index: int, value: int) -> int | None:
     """The result of op `op_index` if it only adds or drops size-1 dims of `value` (its first
-    operand), else None."""
+    operand) or transposes it, else None."""
     op = prog.ops[op_index]
-    if op.primitive not in SIZE_ONE_RESHAPES or len(op.results) != 1:
+    if len(op.results) != 1 or not op.operands or op.operands[0] != value:
         return None
-    if not op.operands or op.operands[0] != value:
+    if op.primitive == "transpose":
+        return op.results[0]
+    if op.primitive not in SIZE_ONE_RESHAPES:
         return None
     src, dst = prog.values[value].shape, prog.values[op.results[0]].shape
     if math.prod(src) != math.prod(dst) or _big_dims(src) != _big_dims(dst):
@@ -68,8 +75,8 @@ def scatter_values(
     prog: Program, value: int, uses: list, cut_uses: Collection[tuple[int, int]]
 ) -> tuple[int, ...]:
     """The values whose readers may take a partial sum `value` as a reduce-scatter: `value`
-    itself and each value down its chain of size-1 reshapes (module essay), each the only use
-    of the one before it. A value qualifies when it is no program output and each of its uses
+    itself and each value down its chain of size-1 reshapes and transposes (module essay), each
+    the only use of the one before it. A value qualifies when it is no program output and each of its uses
     is a possible cut (`cut_uses`: where a reader may want it sharded); the cost model then
     reduce-scatters over the mesh axes every use of it holds (`Evaluator._scatter_masks`).
 
