@@ -257,3 +257,26 @@ def test_a_split_partial_sum_matches_xla():
     assert check.compiled_collective_ops_target["reduce-scatter"] == 1
     assert check.predicted_collective_ops_target == check.compiled_collective_ops_target
     assert check.step_time_ratio == pytest.approx(1.0, abs=0.1)
+
+
+def test_incremental_prices_the_split_partial_sum_like_the_full_evaluator():
+    """Sharding the pieces' readers last (the reduce-scatter appears only then) or first, every
+    delta equals a full evaluation."""
+    from toast_core.cost import evaluator
+    from toast_core.cost.incremental import Incremental
+
+    ana, s, _ = _split_program()
+    ev = evaluator(ana, MESH, HW)
+    target = s.fine_masks(ana, MESH)
+    for order in (np.flatnonzero(target), np.flatnonzero(target)[::-1]):
+        masks = np.zeros_like(target)
+        inc = Incremental(ev)
+        inc.tab.full_limit = float("inf")
+        inc.score(masks)
+        for f in order:
+            parent = masks.copy()
+            masks[f] = target[f]
+            assert inc.score(masks, parent).comm_s == pytest.approx(
+                ev.score(masks).comm_s, rel=1e-12
+            )
+        assert inc.full_evaluations == 1
