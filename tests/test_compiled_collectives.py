@@ -102,3 +102,40 @@ def test_the_plan_holds_inside_a_scanned_body():
     _assert_same_collectives(rep)
     assert rep.predicted_collective_ops_target == rep.compiled_collective_ops_target
     assert rep.step_time_ratio == pytest.approx(1.0, abs=0.1)
+
+
+@pytest.mark.slow
+def test_fsdp_megatron_weights_are_gathered_over_data_alone():
+    """FSDP x Megatron on 2x4: a weight stored F on (data, model) and read F on model is
+    permuted, then all-gathered over `data` only (priced over both mesh axes, the MLP's step
+    was predicted 1.21x the XLA-judged one)."""
+    from demos import MODEL_ZOO
+
+    w = MODEL_ZOO["mlp"](size="tiny", train=True)
+    ana = tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
+    mesh = tc.MeshSpec({"data": 2, "model": 4})
+    strategy = tc.baselines.all(ana, mesh)["fsdp_megatron"][0]
+    rep = tc.validate(w.fn, w.args, ana, strategy, tc.jax_mesh(mesh), HW, check_numerics=False)
+    _assert_same_collectives(rep)
+    assert rep.predicted_collective_ops_target == rep.compiled_collective_ops_target
+    assert rep.step_time_ratio == pytest.approx(1.0, abs=0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("lr", "all_reduces"), [(1.0, 0), (0.1, 1)])
+def test_a_gradient_is_reduce_scattered_only_when_its_slice_follows_the_all_reduce(lr, all_reduces):
+    """FSDP with the bias gradient read sharded by the update: after size-1 reshapes alone XLA
+    reduce-scatters it; through a multiply (`b - lr * g`) the multiply runs whole on the
+    all-reduced gradient and the all-reduce stays (XLA's reduce-scatter creator needs the
+    slice right after the all-reduce). Model and judge agree on both."""
+    from test_scatter_chain import bias_step
+
+    fn, args = bias_step(lr)
+    ana = tc.analyze(tc.trace(fn, *args, param_argnums=(0,)))
+    mesh = tc.MeshSpec({"data": 8})
+    strategy = tc.baselines.all(ana, mesh)["fsdp"][0]
+    rep = tc.validate(fn, args, ana, strategy, tc.jax_mesh(mesh), HW, check_numerics=False)
+    _assert_same_collectives(rep)
+    assert rep.compiled_collective_ops_target["all-reduce"] == all_reduces
+    assert rep.predicted_collective_ops_target == rep.compiled_collective_ops_target
+    assert rep.step_time_ratio == pytest.approx(1.0, abs=0.1)

@@ -213,3 +213,70 @@ def test_incremental_evaluation_prices_them_like_the_full_evaluator():
             inc.tab.full_limit = limit
         assert inc.delta_evaluations == 1
         assert got.comm_s == pytest.approx(ev.score(masks).comm_s, rel=1e-12)
+
+
+def split_after_partial_sum(params, x):
+    """A row-parallel projection (a partial sum over `model`) split in two, each piece read by a
+    row-parallel projection sharded like it (the U-Net's skip splits of a conv's output)."""
+    y = x @ params["w1"]  # [B, 64], partial over model
+    a, b = jnp.split(y, 2, axis=1)
+    return jnp.tanh(a) @ params["wa"] + jnp.tanh(b) @ params["wb"]
+
+
+def _split_program():
+    k = jax.random.split(jax.random.PRNGKey(2), 4)
+    params = {
+        "w1": jax.random.normal(k[0], (16, 64)),
+        "wa": jax.random.normal(k[1], (32, 8)),
+        "wb": jax.random.normal(k[2], (32, 8)),
+    }
+    x = jax.random.normal(k[3], (32, 16))
+    ana = tc.analyze(tc.trace(split_after_partial_sum, params, x, param_argnums=(0,)))
+    s = tc.Strategy.make(
+        ana, {dim_name(ana, f"params.{w}", 0): "model" for w in ("w1", "wa", "wb")}
+    )
+    return ana, s, (params, x)
+
+
+def test_a_partial_sum_read_only_by_a_split_of_sharded_pieces_is_reduce_scattered():
+    """XLA gives the partial sum the pieces' sharding: a reduce-scatter onto the split dim (TPU,
+    GPU; all-reduce and dynamic-slice on CPU), then the halos; not an all-reduce."""
+    ana, s, _ = _split_program()
+    report = tc.estimate(ana, s, MESH, HW)
+    y_id = ana.program.ops[0].results[0]
+    (y,) = [c for c in report.collectives if c.value == y_id and c.kind != "collective-permute"]
+    assert (y.kind, y.mesh_axes, y.bytes) == ("reduce-scatter", ("model",), 32 * 64 * F32)
+
+
+@pytest.mark.slow
+def test_a_split_partial_sum_matches_xla():
+    ana, s, args = _split_program()
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+    check = tc.validate(split_after_partial_sum, args, ana, s, mesh, HW)
+    assert check.numerics_ok
+    assert check.compiled_collective_ops_target["reduce-scatter"] == 1
+    assert check.predicted_collective_ops_target == check.compiled_collective_ops_target
+    assert check.step_time_ratio == pytest.approx(1.0, abs=0.1)
+
+
+def test_incremental_prices_the_split_partial_sum_like_the_full_evaluator():
+    """Sharding the pieces' readers last (the reduce-scatter appears only then) or first, every
+    delta equals a full evaluation."""
+    from toast_core.cost import evaluator
+    from toast_core.cost.incremental import Incremental
+
+    ana, s, _ = _split_program()
+    ev = evaluator(ana, MESH, HW)
+    target = s.fine_masks(ana, MESH)
+    for order in (np.flatnonzero(target), np.flatnonzero(target)[::-1]):
+        masks = np.zeros_like(target)
+        inc = Incremental(ev)
+        inc.tab.full_limit = float("inf")
+        inc.score(masks)
+        for f in order:
+            parent = masks.copy()
+            masks[f] = target[f]
+            assert inc.score(masks, parent).comm_s == pytest.approx(
+                ev.score(masks).comm_s, rel=1e-12
+            )
+        assert inc.full_evaluations == 1

@@ -252,6 +252,46 @@ def test_a_reduce_scatter_in_a_loop_body_is_seen_whatever_computes_the_offset():
     assert scattered_elements(LOOP_BODY_TEXT) == {"ar": {0}}
 
 
+ELEMENTWISE_THEN_SLICE_TEXT = """HloModule m, num_partitions=4
+%fused_square_then_slice (param_0: f32[16,16], param_1: u32[]) -> f32[4,16] {
+  %param_0 = f32[16,16]{1,0} parameter(0)
+  %square = f32[16,16]{1,0} multiply(%param_0, %param_0)
+  %param_1 = u32[] parameter(1)
+  %offset = s32[] convert(%param_1)
+  %zero = s32[] constant(0)
+  ROOT %piece = f32[4,16]{1,0} dynamic-slice(%square, %offset, %zero), dynamic_slice_sizes={4,16}
+}
+%fused_bitcast_then_slice (param_0.1: f32[16,16], param_1.1: u32[]) -> f32[4,16] {
+  %param_0.1 = f32[16,16]{1,0} parameter(0)
+  %flat = f32[1,16,16]{2,1,0} bitcast(%param_0.1)
+  %param_1.1 = u32[] parameter(1)
+  %offset.1 = s32[] convert(%param_1.1)
+  %zero.1 = s32[] constant(0)
+  %piece.1 = f32[1,4,16]{2,1,0} dynamic-slice(%flat, %zero.1, %offset.1, %zero.1), dynamic_slice_sizes={1,4,16}
+  ROOT %own = f32[4,16]{1,0} bitcast(%piece.1)
+}
+ENTRY %main (p0: f32[16,16], p1: f32[16,16]) -> (f32[4,16], f32[4,16]) {
+  %p0 = f32[16,16]{1,0} parameter(0)
+  %p1 = f32[16,16]{1,0} parameter(1)
+  %ar0 = f32[16,16]{1,0} all-reduce(%p0), replica_groups=[1,4]<=[4], to_apply=%add
+  %ar1 = f32[16,16]{1,0} all-reduce(%p1), replica_groups=[1,4]<=[4], to_apply=%add
+  %partition-id = u32[] partition-id()
+  %squared = f32[4,16]{1,0} fusion(%ar0, %partition-id), kind=kLoop, calls=%fused_square_then_slice
+  %own = f32[4,16]{1,0} fusion(%ar1, %partition-id), kind=kLoop, calls=%fused_bitcast_then_slice
+  ROOT %t = (f32[4,16]{1,0}, f32[4,16]{1,0}) tuple(%squared, %own)
+}
+"""
+
+
+def test_an_all_reduce_read_whole_by_elementwise_ops_before_the_slice_stays_one():
+    """XLA's reduce-scatter creator (`MatchReduceScatter`) fuses an all-reduce with the
+    dynamic-slice that reads it, through at most a reshape or bitcast: `ar1` (bitcast, then its
+    1/4 slice) is a reduce-scatter on the target; `ar0`, squared whole and only then sliced (as
+    XLA CPU fuses Adam's `g * g` of an FSDP gradient), stays an all-reduce, although its reader
+    returns 1/4 of it from an offset that comes from `partition-id`."""
+    assert scattered_elements(ELEMENTWISE_THEN_SLICE_TEXT) == {"ar1": {0}}
+
+
 ELEMENT_TEXT = """HloModule m, num_partitions=4
 ENTRY %main (p0: f32[16,16], p1: f32[8]) -> (f32[8], f32[4,16]) {
   %p0 = f32[16,16]{1,0} parameter(0)

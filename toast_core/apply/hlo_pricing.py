@@ -77,17 +77,24 @@ def scattered_elements(hlo_text: str) -> dict[str, set[int]]:
 
     XLA's CPU backend has no reduce-scatter: the partitioner emits an all-reduce of the full
     buffer and each device then slices its 1/n piece (a dynamic slice at an offset computed from
-    `partition-id`, usually fused). An element every reader of which takes `partition-id` and
-    returns 1/n of it (n the group size) is such a reduce-scatter; on TPU and GPU it runs as one.
-    So is an element every reader of which only takes a 1/n dynamic-slice of it, itself or in a
-    fusion (`_slices_piece_of`: in a loop body the offset comes from the loop's tuple).
+    `partition-id`, usually fused). On TPU and GPU, XLA's reduce-scatter creator
+    (`MatchReduceScatter`, xla/service/collective_opt_utils.cc) turns an all-reduce into a
+    reduce-scatter only when what reads it is that dynamic-slice, through at most a reshape or
+    bitcast: an element every reader of which only takes a 1/n dynamic-slice of it, itself or
+    in a fusion (`_slices_piece_of`: in a loop body the offset comes from the loop's tuple).
+    An all-reduce that elementwise ops read before the slice stays an all-reduce there (the
+    second moment `g * g` of Adam computed whole, then sliced into its sharded state: measured
+    on the MoE train step under FSDP, whose fusion multiplies the [V, D] all-reduce whole and
+    only then takes the device's rows). A fusion reader whose computation the text does not
+    show is judged by its signature alone: it takes `partition-id` and returns 1/n of the
+    element (n the group size).
     """
     by_name = instructions(hlo_text)
     readers: dict[str, list[str]] = {}
     for name, (_, _, operands, _) in by_name.items():
         for operand in set(operands):
             readers.setdefault(operand, []).append(name)
-    fused_slices = _fused_parameter_slices(hlo_text, by_name)
+    fused_slices, fused_computations = _fused_parameter_slices(hlo_text, by_name)
     out: dict[str, set[int]] = {}
     for c in parse_collectives(hlo_text):
         if c.kind != "all-reduce" or c.name not in by_name or c.group_size < 2:
@@ -106,41 +113,67 @@ def scattered_elements(hlo_text: str) -> dict[str, set[int]]:
             size = math.prod(c.result_shapes[k][1])
             users = readers.get(element, [])
             if users and all(
-                _slices_own_piece(by_name[u], size, c.group_size)
-                or _slices_piece_of(u, element, by_name, fused_slices, size, c.group_size)
+                _slices_piece_of(u, element, by_name, fused_slices, size, c.group_size)
+                or (
+                    not _shows_fused_computation(by_name[u], fused_computations)
+                    and _slices_own_piece(by_name[u], size, c.group_size)
+                )
                 for u in users
             ):
                 out.setdefault(c.name, set()).add(k)
     return out
 
 
-def _fused_parameter_slices(hlo_text: str, by_name: dict) -> dict[tuple[str, int], set[int]]:
-    """(fused computation, parameter number) -> the element counts of everything it is read as
-    there (a dynamic-slice's result, or the parameter's whole size for any other reader)."""
+def _fused_parameter_slices(
+    hlo_text: str, by_name: dict
+) -> tuple[dict[tuple[str, int], set[int]], set[str]]:
+    """((fused computation, parameter number) -> the element counts of everything it is read as
+    there, the names of the computations the text shows). A parameter read by a dynamic-slice,
+    directly or through reshapes, bitcasts and copies (which move no element: XLA's matcher
+    allows a reshape or bitcast between the all-reduce and its slice), counts the slice's
+    elements; any other read counts -1 (read whole, or as an index)."""
     from toast_core.apply.hlo_loops import _computations
 
     _, lines_of = _computations(hlo_text)
     out: dict[tuple[str, int], set[int]] = {}
     for computation, lines in lines_of.items():
         params: dict[str, int] = {}
+        users: dict[str, list[tuple[str, int]]] = {}
         for line in lines:
             found = _PARAMETER.match(line)
             if found is not None:
                 params[found.group(1)] = int(found.group(2))
-        for line in lines:
-            found = _DEFINED.match(line)
-            if found is None or found.group(1) not in by_name or found.group(1) in params:
                 continue
-            opcode, leaves, operands, _ = by_name[found.group(1)]
-            for pos, operand in enumerate(operands):
-                if operand not in params:
-                    continue
-                if opcode == "dynamic-slice" and pos == 0 and len(leaves) == 1:
-                    count = math.prod(leaves[0].dims)
-                else:
-                    count = -1  # read whole (or as an index)
-                out.setdefault((computation, params[operand]), set()).add(count)
-    return out
+            found = _DEFINED.match(line)
+            if found is None or found.group(1) not in by_name:
+                continue
+            for pos, operand in enumerate(by_name[found.group(1)][2]):
+                users.setdefault(operand, []).append((found.group(1), pos))
+        for param, number in params.items():
+            counts = out.setdefault((computation, number), set())
+            stack = [param]
+            while stack:
+                for user, pos in users.get(stack.pop(), []):
+                    opcode, leaves, _, _ = by_name[user]
+                    if opcode == "dynamic-slice" and pos == 0 and len(leaves) == 1:
+                        counts.add(math.prod(leaves[0].dims))
+                    elif opcode in _NO_MOVE and pos == 0:
+                        stack.append(user)
+                    else:
+                        counts.add(-1)
+            if not counts:
+                del out[(computation, number)]
+    return out, set(lines_of)
+
+
+#: Instructions that change no element's value or count (a view of the same buffer).
+_NO_MOVE = frozenset({"bitcast", "reshape", "copy"})
+
+
+def _shows_fused_computation(instruction, computations: set[str]) -> bool:
+    """Whether `instruction` is a fusion whose called computation the text shows."""
+    opcode, _, _, line = instruction
+    return opcode == "fusion" and any(c in computations for c in _CALLS.findall(line))
 
 
 _PARAMETER = re.compile(r"\s*%?([\w.\-]+)\s*=\s*\S+\s+parameter\((\d+)\)")

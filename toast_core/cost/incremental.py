@@ -128,7 +128,8 @@ class _SitesOf:
         self._last_reshards = None
         red = inc.red_of.take(values)
         self.red_op, self.red_fine = ev.red_op[red], ev.red_fine[red]
-        self.red_value, self.red_rs = ev.red_value[red], ev.red_rs[red]
+        self.red_value, self.red_scan = ev.red_value[red], ev.red_scan[red]
+        self.red_split = ev.red_split[red]
         self._red_site = ev._red_site[red]
         sites = inc.sites_of.take(values)
         self.site_ids = sites  # the evaluator's index of each of these sites
@@ -226,6 +227,20 @@ class _Tables:
         val = lay.value_fine.tocoo()
         rows.append(val.row), cols.append(val.col)
         rows.append(ev.red_value), cols.append(ev.red_fine)
+        # A partial sum reduce-scattered down a chain of size-1 reshapes (scatter_chain.py)
+        # depends on the dims of the uses of every value of the chain.
+        use_row = {key: i for i, key in enumerate(lay.use_keys)}
+        uses = ev.ana.program.uses()
+        use_fine = lay.use_fine.tocsr()
+        for value, scan in zip(ev.red_value.tolist(), ev.red_scan.tolist()):
+            for other in scan:
+                if other < 0 or other == value:
+                    continue
+                for u in uses[other]:
+                    fines = use_fine.indices[
+                        use_fine.indptr[use_row[u]] : use_fine.indptr[use_row[u] + 1]
+                    ]
+                    rows.append(np.full(len(fines), value)), cols.append(fines)
         rows.append(ev.rep[:, 1]), cols.append(ev.rep[:, 2])
         rows.append(ev.per[:, 1]), cols.append(ev.per[:, 2])
         # A concatenate's result reshard follows its operand's mesh axes; a split / slice

@@ -66,6 +66,7 @@ from toast_core.cost.remat import (
     recomputed_collectives,
     shorten_lifetimes,
 )
+from toast_core.cost.scatter_chain import scatter_values
 from toast_core.cost.simplify import executions as simplified_executions
 from toast_core.errors import ToastError, bad_value
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
@@ -379,7 +380,7 @@ class Evaluator:
         uses = prog.uses()
         candidate = set(ana.candidate_edges.tolist())
         cand_uses = {(ana.medges[e].op, ana.medges[e].position) for e in candidate}
-        red_op, red_fine, red_value, red_rs = [], [], [], []
+        red_op, red_fine, red_value, red_scan = [], [], [], []
         for op in prog.ops:
             for a in ana.nda.op_atoms[op.index]:
                 if ana.nda.atom_kind[a] != "reduction":
@@ -388,14 +389,15 @@ class Evaluator:
                     red_op.append(op.index)
                     red_fine.append(int(fine[a]))
                     red_value.append(vid)
-                    v = prog.values[vid]
-                    all_cut = bool(uses[vid]) and not v.is_output
-                    all_cut = all_cut and all(u in cand_uses for u in uses[vid])
-                    red_rs.append(all_cut)
+                    red_scan.append(scatter_values(prog, vid, uses, cand_uses))
         self.red_op = np.array(red_op, dtype=np.int64)
         self.red_fine = np.array(red_fine, dtype=np.int64)
         self.red_value = np.array(red_value, dtype=np.int64)
-        self.red_rs = np.array(red_rs, dtype=bool)
+        # [row, k]: the values whose uses may reduce-scatter the row's partial sum, -1 padded.
+        width = max((len(x) for x in red_scan), default=0)
+        self.red_scan = np.full((len(red_scan), width), -1, dtype=np.int64)
+        for row, values in enumerate(red_scan):
+            self.red_scan[row, : len(values)] = values
 
     def _reshard_sites(self) -> None:
         """Uses that a cut or a reshape conflict may reshard: (value, op, position), with the
@@ -477,6 +479,13 @@ class Evaluator:
                 partial_fines.append(tuple(red_fines[v]))
         self.rep = np.column_stack([self.rep, partial_id])
         self._partial_fines = tuple(partial_fines)
+        # Per reduction row: (partial-sum id, piece list id) of the split / slice that alone
+        # reads its result, else -1: the partial sum is reduce-scattered onto the pieces' mesh
+        # axes (`_partial_target`).
+        self.red_split = np.full((len(self.red_value), 2), -1, dtype=np.int64)
+        split_of = {v: (i, p) for v, i, p in self.rep[:, [1, 6, 5]].tolist() if i >= 0}
+        for row, v in enumerate(self.red_value.tolist()):
+            self.red_split[row] = split_of.get(v, (-1, -1))
         self.per = np.array(per, dtype=np.int64).reshape(-1, 4)
         self.halos = {(opi, vid) for opi, vid, _, _ in per}
         self.halos |= {(int(o), int(v)) for o, v, *_ in self.rep[self.rep[:, 3] == SLICE].tolist()}
@@ -784,9 +793,14 @@ class Evaluator:
             if len(act):
                 m = m[act]
                 scatter = np.zeros_like(m)
-                rs = np.flatnonzero(self.red_rs[act])
-                if len(rs):
-                    scatter[rs] = self._scatter_masks(self.red_value[act[rs]], m[rs], masks)
+                scan = self.red_scan[act]
+                for k in range(scan.shape[1]):
+                    rs = np.flatnonzero(scan[:, k] >= 0)
+                    if len(rs):
+                        scatter[rs] |= self._scatter_masks(scan[rs, k], m[rs], masks)
+                for r in np.flatnonzero(self.red_split[act, 0] >= 0).tolist():
+                    pid, pieces = self.red_split[act[r]].tolist()
+                    scatter[r] |= m[r] & self._partial_target(pid, self.rep_pieces[pieces], masks)
                 ops, vals = self.red_op[act], self.red_value[act]
                 v = value_local[vals]
                 site = self._red_site[act]
@@ -894,7 +908,7 @@ class Evaluator:
         strategy leaves it whole: the operand is a partial sum (over those axes) read only by
         the split / slice, whose pieces are all sharded on them. XLA's propagation gives the
         partial sum the pieces' sharding (all-reduce then dynamic-slice on CPU, a reduce-scatter
-        elsewhere; the all-reduce is priced at the reduction already) and then takes the halos.
+        elsewhere: priced so at the reduction, `red_split`) and then takes the halos.
         0 when that does not apply."""
         if pid < 0:
             return 0
@@ -1124,7 +1138,11 @@ class Evaluator:
                 g, s = self.mask_ways[x], self.mask_ways[y]
                 colls.append((CP, x | y, g / s if s >= g else 1.0))
                 if s < g:
-                    colls.append((AG, x, g / s))
+                    # The gather runs among the devices that hold pieces of one target shard:
+                    # over the lost axes the dim keeps none of, when they are that many (F on
+                    # (data, model) -> F on model: a permute, then a gather over data alone).
+                    only = x & ~y
+                    colls.append((AG, only if self.mask_ways[only] * s == g else x, g / s))
                 buffer *= g / s
             plain.append(0 if y else x)
         gathers, ways = self._gathers(np.array(plain, dtype=np.int64))
