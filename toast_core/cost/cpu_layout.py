@@ -1,0 +1,82 @@
+"""XLA:CPU's layout copies of dot operands, for the CPU view of memory (issue 14).
+
+XLA:CPU runs every dot as a 2-D (or batched 2-D) matrix product: its dot decomposer turns
+`dot_general` into `[batch, rows, contracted] x [batch, contracted, cols]` by transposing and
+reshaping each operand, and only a transposition that swaps two contiguous groups (the free dims
+and the contracted dims, either order) is folded into the product. Any other order of an operand's
+dims in its row-major buffer is a real transpose: a copy of the operand, as large as it, written
+before the dot and live until it runs.
+
+Worked example (a fuzz SGD step, measured with XLA's buffer assignment): `x @ w` with x
+`f32[4, 8, 16, 6]` contracted over its dim 2 cannot be a matrix `[192, 16]` in place (the free
+dims 0, 1, 3 surround it), so XLA writes `copy_bitcast_fusion = f32[192, 16]` (12 KiB) into the
+temporary block; the backward dot that contracts x over dims 0, 1, 3 reads the same copy (the same
+grouping of x's dims, one copy). The compiled temporaries were 46 KiB where the model counted 18.
+
+Not every such operand is copied: a value that a loop fusion makes and only dots wanting the same
+grouping read is written in that order by its fusion (layout assignment hands the dot's layout to
+the producer). Program inputs, outputs, and results of non-fusible ops (another dot, a gather...)
+keep their row-major buffers, so they are copied. An outer product (nothing contracted) is an
+elementwise multiply in XLA, not a dot, and copies nothing. Unit dims never matter (bitcasts).
+
+TPU and GPU choose layouts per operand (TPU tiles any dim order; GPU's GEMM rewriter takes
+strided batch and transposed operands), so only the CPU view adds these copies.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from toast_core.cost.fusion import FUSIBLE
+from toast_core.ir.program import Program
+
+
+def _grouping(shape, batch, contracted) -> tuple | None:
+    """The regrouping a dot needs of one operand: None when its row-major order is already
+    `batch..., free..., contracted...` or `batch..., contracted..., free...` (unit dims left
+    out), else (batch, frozenset({free, contracted})): the copy's layout, so that two dots
+    wanting the same grouping share one copy."""
+    wide = [d for d in range(len(shape)) if shape[d] != 1]
+    b = tuple(d for d in batch if shape[d] != 1)
+    c = tuple(d for d in contracted if shape[d] != 1)
+    free = tuple(d for d in wide if d not in batch and d not in contracted)
+    rest = tuple(wide[len(b) :])
+    if tuple(wide[: len(b)]) == b and rest in (free + c, c + free):
+        return None
+    return b, frozenset({free, c})
+
+
+def dot_operand_copies(prog: Program, is_materialized: list[bool]) -> tuple[np.ndarray, ...]:
+    """(value, first op, last op) of each layout copy XLA:CPU makes for dot operands (module
+    essay): one per operand value and grouping, live from the first dot reading it that way to
+    the last."""
+    uses = prog.uses()
+    producers = prog.producers()
+    outputs = set(prog.outputs)
+    wants: dict[tuple, list[int]] = {}
+    for op in prog.ops:
+        if op.primitive != "dot_general":
+            continue
+        (lc, rc), (lb, rb) = op.param("dimension_numbers")
+        if not lc:
+            continue  # an outer product: an elementwise multiply
+        for x, batch, contracted in ((op.operands[0], lb, lc), (op.operands[1], rb, rc)):
+            g = _grouping(prog.values[x].shape, batch, contracted)
+            if g is not None and is_materialized[x]:
+                wants.setdefault((x, g), []).append(op.index)
+    rows = []
+    for (x, _), ops in wants.items():
+        if _written_in_place(prog, x, ops, uses, producers, outputs):
+            continue
+        rows.append((x, min(ops), max(ops)))
+    out = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    return out[:, 0], out[:, 1], out[:, 2]
+
+
+def _written_in_place(prog: Program, x: int, ops: list[int], uses, producers, outputs) -> bool:
+    """Whether a loop fusion making `x` can write it in the order these dots want: a fusible
+    producer, and no reader but them (not an output)."""
+    p = producers[x]
+    if p is None or x in outputs or prog.ops[p].primitive not in FUSIBLE:
+        return False
+    return all(o in ops for o, _ in uses[x])
