@@ -55,7 +55,7 @@ from toast_core.analysis import Analysis
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.concat_slice import CONCAT, SLICE, concat_slice_sites
-from toast_core.cost.cpu_layout import dot_operand_copies
+from toast_core.cost.cpu_buffers import cpu_buffers
 from toast_core.cost.flops import op_flops, op_transcendentals
 from toast_core.cost.fusion import bitcasts, fused_away, materialized
 from toast_core.cost.halo import slice_halo_permutes
@@ -643,7 +643,7 @@ class Evaluator:
         remat: RematEffect | None = None,
         pairs=(),
         align_bytes: int = 0,
-        cpu_layout_copies: bool = False,
+        cpu_buffers: bool = False,
     ):
         """(persistent bytes, live bytes after each op). Resharded copies made at cuts live from
         their first to their last reader; residuals that remat drops live twice, briefly, and so
@@ -653,7 +653,8 @@ class Evaluator:
         gathered from the forward. `align_bytes` rounds each temporary buffer (not the inputs
         and outputs, which get allocations of their exact size) up to that multiple, as a
         backend that places temporaries at aligned offsets of one block does.
-        `cpu_layout_copies` adds XLA:CPU's copies of dot operands (`cpu_layout`)."""
+        `cpu_buffers` adds the temporaries only XLA:CPU makes (`cpu_buffers`: layout copies of
+        dot operands, threefry loops)."""
         delta = np.zeros(self.n_ops + 2)
         b = value_local[self.live_ids]
         if align_bytes:
@@ -672,11 +673,12 @@ class Evaluator:
                 split &= r.bwd_lo > r.fwd_hi + 1
                 np.add.at(delta, r.fwd_hi[split] + 1, -extra[split])
                 np.add.at(delta, r.bwd_lo[split], extra[split])
-        if cpu_layout_copies:
-            vals, lo, hi = self._cpu_dot_copies
-            extra = value_local[vals]
+        if cpu_buffers:
+            vals, lo, hi, scale, count, small = self._cpu_buffers
+            extra = value_local[vals] * scale
             if align_bytes:
                 extra = _round_up(extra, align_bytes)
+            extra = count * extra + small * max(align_bytes, 1)
             np.add.at(delta, lo, extra)
             np.add.at(delta, hi + 1, -extra)
         if remat is not None:
@@ -713,12 +715,12 @@ class Evaluator:
         masks: np.ndarray | None = None,
         *,
         buffer_align_bytes: int = 0,
-        cpu_layout_copies: bool = False,
+        cpu_buffers: bool = False,
     ) -> CostReport:
         """The attributable report of one strategy (validated first). `buffer_align_bytes`
         rounds every temporary buffer up to that multiple (see `_memory`): the memory of a
         backend that aligns them, such as XLA:CPU when the report is compared with it;
-        `cpu_layout_copies` adds the copies XLA:CPU makes of dot operands (`cpu_layout`)."""
+        `cpu_buffers` adds the temporaries only XLA:CPU makes (`cpu_buffers`)."""
         if masks is None:
             masks = strategy.fine_masks(self.ana, self.mesh)
         _, value_local, op_logdeg = self._local(masks)
@@ -737,7 +739,7 @@ class Evaluator:
             eff,
             self._remat_pairs(strategy),
             buffer_align_bytes,
-            cpu_layout_copies,
+            cpu_buffers,
         )
         peak_i = int(np.argmax(timeline)) if len(timeline) else -1
         peak = persistent + (float(timeline[peak_i]) if len(timeline) else 0.0)
@@ -779,9 +781,9 @@ class Evaluator:
         )
 
     @cached_property
-    def _cpu_dot_copies(self) -> tuple[np.ndarray, ...]:
-        """(value, first op, last op) of XLA:CPU's dot-operand layout copies (`cpu_layout`)."""
-        return dot_operand_copies(self.ana.program, self._is_mat.tolist())
+    def _cpu_buffers(self) -> tuple[np.ndarray, ...]:
+        """XLA:CPU's extra temporaries: dot-operand layout copies, threefry loops (`cpu_buffers`)."""
+        return cpu_buffers(self.ana.program, self._is_mat.tolist())
 
     def _remat_pairs(self, strategy: Strategy) -> tuple:
         """(group index, policy index) pairs of a strategy's remat policies."""

@@ -1,6 +1,10 @@
-"""XLA:CPU's layout copies of dot operands, for the CPU view of memory (issue 14).
+"""Temporaries XLA:CPU allocates beyond the target's, for the CPU view of memory (issue 14).
 
-XLA:CPU runs every dot as a 2-D (or batched 2-D) matrix product: its dot decomposer turns
+`validate` compares the predicted memory with XLA:CPU's `memory_analysis()`; two kinds of
+buffer exist there and not on TPU/GPU, and are added to that view only (`cpu_buffers`): layout
+copies of dot operands, and the rolled threefry loop's state.
+
+**Dot operands.** XLA:CPU runs every dot as a 2-D (or batched 2-D) matrix product: its dot decomposer turns
 `dot_general` into `[batch, rows, contracted] x [batch, contracted, cols]` by transposing and
 reshaping each operand, and only a transposition that swaps two contiguous groups (the free dims
 and the contracted dims, either order) is folded into the product. Any other order of an operand's
@@ -21,6 +25,14 @@ elementwise multiply in XLA, not a dot, and copies nothing. Unit dims never matt
 
 TPU and GPU choose layouts per operand (TPU tiles any dim order; GPU's GEMM rewriter takes
 strided batch and transposed operands), so only the CPU view adds these copies.
+
+**Threefry.** JAX lowers the threefry hash behind `jax.random` (dropout masks) to a rolled
+5-round loop on the CPU only (`toast_core.apply.hlo_compute` says more); TPU and GPU unroll it
+into elementwise code fused with its counters and readers, which the model prices. The CPU loop
+holds six word arrays as large as the bits (the two counter words, the two words the loop carries
+and their copies: a dropout mask on f32[4, 16, 16] took 6 x 4 KiB of a 30 KiB temporary block)
+and its state: the tuple's 8-byte pointer table and four u32[4] key copies (each a 64-byte
+aligned temporary). A key split or fold-in runs the same loop on two words.
 """
 
 from __future__ import annotations
@@ -29,6 +41,61 @@ import numpy as np
 
 from toast_core.cost.fusion import FUSIBLE
 from toast_core.ir.program import Program
+
+#: Word arrays the CPU's rolled threefry loop holds, each as large as the bits (module essay).
+THREEFRY_WORD_BUFFERS = 6
+#: The loop's other state, in buffers of up to 64 bytes: the state tuple (8 pointers) and four
+#: u32[4] key copies.
+THREEFRY_STATE_BUFFERS = 5
+_THREEFRY_KEY_OPS = frozenset({"random_split", "random_fold_in"})
+
+
+def cpu_buffers(prog: Program, is_materialized: list[bool]) -> tuple[np.ndarray, ...]:
+    """Every extra temporary of the CPU view as (value, first op, last op, bytes per byte of the
+    value's local size, count of such buffers, count of small state buffers): the layout copies
+    (`dot_operand_copies`) and the threefry loops (`threefry_buffers`)."""
+    rows = [(v, lo, hi, 1.0, 1, 0) for v, lo, hi in zip(*dot_operand_copies(prog, is_materialized))]
+    rows += threefry_buffers(prog)
+    a = np.array(rows, dtype=np.float64).reshape(-1, 6)
+    ints = a[:, [0, 1, 2, 4, 5]].astype(np.int64)
+    return ints[:, 0], ints[:, 1], ints[:, 2], a[:, 3], ints[:, 3], ints[:, 4]
+
+
+def threefry_buffers(prog: Program) -> list[tuple]:
+    """(value, op, op, scale, word buffers, state buffers) per rolled threefry loop: random bits
+    hash one 32-bit word per element of each counter word array (`scale`: word bytes per byte of
+    the bits), a `threefry2x32` its two results' words, a key split or fold-in two words."""
+    rows = []
+    for op in prog.ops:
+        if op.primitive == "random_bits":
+            v = prog.values[op.results[0]]
+            scale = 4.0 / max(1, v.nbytes // max(1, v.size))
+            rows.append(
+                (v.id, op.index, op.index, scale, THREEFRY_WORD_BUFFERS, THREEFRY_STATE_BUFFERS)
+            )
+        elif op.primitive == "threefry2x32":
+            rows.append(
+                (
+                    op.results[0],
+                    op.index,
+                    op.index,
+                    1.0,
+                    3 * len(op.results),
+                    THREEFRY_STATE_BUFFERS,
+                )
+            )
+        elif op.primitive in _THREEFRY_KEY_OPS:
+            rows.append(
+                (
+                    op.results[0],
+                    op.index,
+                    op.index,
+                    0.0,
+                    0,
+                    THREEFRY_STATE_BUFFERS + THREEFRY_WORD_BUFFERS,
+                )
+            )
+    return rows
 
 
 def _grouping(shape, batch, contracted) -> tuple | None:
