@@ -29,10 +29,13 @@ strided batch and transposed operands), so only the CPU view adds these copies.
 **Threefry.** JAX lowers the threefry hash behind `jax.random` (dropout masks) to a rolled
 5-round loop on the CPU only (`toast_core.apply.hlo_compute` says more); TPU and GPU unroll it
 into elementwise code fused with its counters and readers, which the model prices. The CPU loop
-holds six word arrays as large as the bits (the two counter words, the two words the loop carries
-and their copies: a dropout mask on f32[4, 16, 16] took 6 x 4 KiB of a 30 KiB temporary block)
-and its state: the tuple's 8-byte pointer table and four u32[4] key copies (each a 64-byte
-aligned temporary). A key split or fold-in runs the same loop on two words.
+holds four word arrays as large as the bits (the two initial counter words and the two words the
+loop carries; measured in XLA's buffer assignment: 4 x 3 KiB of an Adam step's 24 KiB temporary
+block for a dropout mask on f32[64, 12], three of them live at once for a lone mask), two more
+inside a loop body (the counters are an iota, hoisted out of the enclosing loop and held across
+it: 6 x 4 KiB of 30 KiB in a `fori_loop` accumulation), and its state: the tuple's 8-byte
+pointer table and four u32[4] key copies (each a 64-byte aligned temporary). A
+key split or fold-in runs the same loop on two words.
 """
 
 from __future__ import annotations
@@ -42,8 +45,10 @@ import numpy as np
 from toast_core.cost.fusion import FUSIBLE
 from toast_core.ir.program import Program
 
-#: Word arrays the CPU's rolled threefry loop holds, each as large as the bits (module essay).
-THREEFRY_WORD_BUFFERS = 6
+#: Word arrays the CPU's rolled threefry loop holds, each as large as the bits (module essay),
+#: and the hoisted counters it adds inside a loop body.
+THREEFRY_WORD_BUFFERS = 4
+THREEFRY_HOISTED_COUNTERS = 2
 #: The loop's other state, in buffers of up to 64 bytes: the state tuple (8 pointers) and four
 #: u32[4] key copies.
 THREEFRY_STATE_BUFFERS = 5
@@ -70,31 +75,14 @@ def threefry_buffers(prog: Program) -> list[tuple]:
         if op.primitive == "random_bits":
             v = prog.values[op.results[0]]
             scale = 4.0 / max(1, v.nbytes // max(1, v.size))
-            rows.append(
-                (v.id, op.index, op.index, scale, THREEFRY_WORD_BUFFERS, THREEFRY_STATE_BUFFERS)
-            )
+            words = THREEFRY_WORD_BUFFERS + (THREEFRY_HOISTED_COUNTERS if op.trip_count > 1 else 0)
+            rows.append((v.id, op.index, op.index, scale, words, THREEFRY_STATE_BUFFERS))
         elif op.primitive == "threefry2x32":
-            rows.append(
-                (
-                    op.results[0],
-                    op.index,
-                    op.index,
-                    1.0,
-                    3 * len(op.results),
-                    THREEFRY_STATE_BUFFERS,
-                )
-            )
+            words = THREEFRY_WORD_BUFFERS  # its two results are the carried words
+            rows.append((op.results[0], op.index, op.index, 1.0, words, THREEFRY_STATE_BUFFERS))
         elif op.primitive in _THREEFRY_KEY_OPS:
-            rows.append(
-                (
-                    op.results[0],
-                    op.index,
-                    op.index,
-                    0.0,
-                    0,
-                    THREEFRY_STATE_BUFFERS + THREEFRY_WORD_BUFFERS,
-                )
-            )
+            small = THREEFRY_STATE_BUFFERS + THREEFRY_WORD_BUFFERS  # words of 64 bytes at most
+            rows.append((op.results[0], op.index, op.index, 0.0, 0, small))
     return rows
 
 
