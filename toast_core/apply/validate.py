@@ -293,9 +293,10 @@ def predicted_cpu_memory_bytes(
     ana: Analysis, strategy: Strategy, mesh: MeshSpec, hw: HardwareSpec | str
 ) -> float:
     """The prediction compared with `memory_analysis()` on XLA:CPU (outputs not donated, as
-    `validate` compiles them): `cpu_memory_bytes` of the CPU-aligned report."""
+    `validate` compiles them): `cpu_memory_bytes` of the CPU-aligned report, with the
+    temporaries only XLA:CPU makes (`toast_core.cost.cpu_buffers`)."""
     ev = evaluator(ana, mesh, hardware(hw), CostOptions(donate_outputs=False))
-    report = ev.report(strategy, buffer_align_bytes=CPU_BUFFER_ALIGN_BYTES)
+    report = ev.report(strategy, buffer_align_bytes=CPU_BUFFER_ALIGN_BYTES, cpu_buffers=True)
     return cpu_memory_bytes(report, len(ana.program.outputs))
 
 

@@ -55,6 +55,7 @@ from toast_core.analysis import Analysis
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.concat_slice import CONCAT, SLICE, concat_slice_sites
+from toast_core.cost.cpu_buffers import cpu_buffers
 from toast_core.cost.flops import op_flops, op_transcendentals
 from toast_core.cost.fusion import bitcasts, fused_away, materialized
 from toast_core.cost.halo import slice_halo_permutes
@@ -646,7 +647,13 @@ class Evaluator:
         return np.bincount(ops, weights=extra, minlength=self.n_ops)
 
     def _memory(
-        self, value_local, masks, remat: RematEffect | None = None, pairs=(), align_bytes: int = 0
+        self,
+        value_local,
+        masks,
+        remat: RematEffect | None = None,
+        pairs=(),
+        align_bytes: int = 0,
+        cpu_buffers: bool = False,
     ):
         """(persistent bytes, live bytes after each op). Resharded copies made at cuts live from
         their first to their last reader; residuals that remat drops live twice, briefly, and so
@@ -655,7 +662,9 @@ class Evaluator:
         barrier, FSDP gathers a layer's weights again for its backward instead of keeping them
         gathered from the forward. `align_bytes` rounds each temporary buffer (not the inputs
         and outputs, which get allocations of their exact size) up to that multiple, as a
-        backend that places temporaries at aligned offsets of one block does."""
+        backend that places temporaries at aligned offsets of one block does.
+        `cpu_buffers` adds the temporaries only XLA:CPU makes (`cpu_buffers`: layout copies of
+        dot operands, threefry loops)."""
         delta = np.zeros(self.n_ops + 2)
         b = value_local[self.live_ids]
         if align_bytes:
@@ -674,6 +683,14 @@ class Evaluator:
                 split &= r.bwd_lo > r.fwd_hi + 1
                 np.add.at(delta, r.fwd_hi[split] + 1, -extra[split])
                 np.add.at(delta, r.bwd_lo[split], extra[split])
+        if cpu_buffers:
+            vals, lo, hi, scale, count, small = self._cpu_buffers
+            extra = value_local[vals] * scale
+            if align_bytes:
+                extra = _round_up(extra, align_bytes)
+            extra = count * extra + small * max(align_bytes, 1)
+            np.add.at(delta, lo, extra)
+            np.add.at(delta, hi + 1, -extra)
         if remat is not None:
             held = value_local * self._in_memory
             shorten_lifetimes(delta, held, remat)
@@ -703,11 +720,17 @@ class Evaluator:
         return Score(step, compute_s, comm_s, peak, peak <= self.capacity_bytes)
 
     def report(
-        self, strategy: Strategy, masks: np.ndarray | None = None, *, buffer_align_bytes: int = 0
+        self,
+        strategy: Strategy,
+        masks: np.ndarray | None = None,
+        *,
+        buffer_align_bytes: int = 0,
+        cpu_buffers: bool = False,
     ) -> CostReport:
         """The attributable report of one strategy (validated first). `buffer_align_bytes`
         rounds every temporary buffer up to that multiple (see `_memory`): the memory of a
-        backend that aligns them, such as XLA:CPU when the report is compared with it."""
+        backend that aligns them, such as XLA:CPU when the report is compared with it;
+        `cpu_buffers` adds the temporaries only XLA:CPU makes (`cpu_buffers`)."""
         if masks is None:
             masks = strategy.fine_masks(self.ana, self.mesh)
         _, value_local, op_logdeg = self._local(masks)
@@ -721,7 +744,12 @@ class Evaluator:
         compute_s = float(t.sum()) + recompute_time_s(t, eff)
         recompute_flops = float(flops_local[eff.twice_ops].sum())
         persistent, timeline = self._memory(
-            value_local, masks, eff, self._remat_pairs(strategy), buffer_align_bytes
+            value_local,
+            masks,
+            eff,
+            self._remat_pairs(strategy),
+            buffer_align_bytes,
+            cpu_buffers,
         )
         peak_i = int(np.argmax(timeline)) if len(timeline) else -1
         peak = persistent + (float(timeline[peak_i]) if len(timeline) else 0.0)
@@ -767,6 +795,11 @@ class Evaluator:
             recompute_flops_per_device=recompute_flops,
             remat=strategy.remat,
         )
+
+    @cached_property
+    def _cpu_buffers(self) -> tuple[np.ndarray, ...]:
+        """XLA:CPU's extra temporaries: dot-operand layout copies, threefry loops (`cpu_buffers`)."""
+        return cpu_buffers(self.ana.program, self._is_mat.tolist())
 
     def _remat_pairs(self, strategy: Strategy) -> tuple:
         """(group index, policy index) pairs of a strategy's remat policies."""

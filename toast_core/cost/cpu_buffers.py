@@ -1,0 +1,137 @@
+"""Temporaries XLA:CPU allocates beyond the target's, for the CPU view of memory (issue 14).
+
+`validate` compares the predicted memory with XLA:CPU's `memory_analysis()`; two kinds of
+buffer exist there and not on TPU/GPU, and are added to that view only (`cpu_buffers`): layout
+copies of dot operands, and the rolled threefry loop's state.
+
+**Dot operands.** XLA:CPU runs every dot as a 2-D (or batched 2-D) matrix product: its dot decomposer turns
+`dot_general` into `[batch, rows, contracted] x [batch, contracted, cols]` by transposing and
+reshaping each operand, and only a transposition that swaps two contiguous groups (the free dims
+and the contracted dims, either order) is folded into the product. Any other order of an operand's
+dims in its row-major buffer is a real transpose: a copy of the operand, as large as it, written
+before the dot and live until it runs.
+
+Worked example (a fuzz SGD step, measured with XLA's buffer assignment): `x @ w` with x
+`f32[4, 8, 16, 6]` contracted over its dim 2 cannot be a matrix `[192, 16]` in place (the free
+dims 0, 1, 3 surround it), so XLA writes `copy_bitcast_fusion = f32[192, 16]` (12 KiB) into the
+temporary block; the backward dot that contracts x over dims 0, 1, 3 reads the same copy (the same
+grouping of x's dims, one copy). The compiled temporaries were 46 KiB where the model counted 18.
+
+Not every such operand is copied: a value that a loop fusion makes and only dots wanting the same
+grouping read is written in that order by its fusion (layout assignment hands the dot's layout to
+the producer). Program inputs, outputs, and results of non-fusible ops (another dot, a gather...)
+keep their row-major buffers, so they are copied. An outer product (nothing contracted) is an
+elementwise multiply in XLA, not a dot, and copies nothing. Unit dims never matter (bitcasts).
+
+TPU and GPU choose layouts per operand (TPU tiles any dim order; GPU's GEMM rewriter takes
+strided batch and transposed operands), so only the CPU view adds these copies.
+
+**Threefry.** JAX lowers the threefry hash behind `jax.random` (dropout masks) to a rolled
+5-round loop on the CPU only (`toast_core.apply.hlo_compute` says more); TPU and GPU unroll it
+into elementwise code fused with its counters and readers, which the model prices. The CPU loop
+holds four word arrays as large as the bits (the two initial counter words and the two words the
+loop carries; measured in XLA's buffer assignment: 4 x 3 KiB of an Adam step's 24 KiB temporary
+block for a dropout mask on f32[64, 12], three of them live at once for a lone mask), two more
+inside a loop body (the counters are an iota, hoisted out of the enclosing loop and held across
+it: 6 x 4 KiB of 30 KiB in a `fori_loop` accumulation), and its state: the tuple's 8-byte
+pointer table and four u32[4] key copies (each a 64-byte aligned temporary). A
+key split or fold-in runs the same loop on two words.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from toast_core.cost.fusion import FUSIBLE
+from toast_core.ir.program import Program
+
+#: Word arrays the CPU's rolled threefry loop holds, each as large as the bits (module essay),
+#: and the hoisted counters it adds inside a loop body.
+THREEFRY_WORD_BUFFERS = 4
+THREEFRY_HOISTED_COUNTERS = 2
+#: The loop's other state, in buffers of up to 64 bytes: the state tuple (8 pointers) and four
+#: u32[4] key copies.
+THREEFRY_STATE_BUFFERS = 5
+_THREEFRY_KEY_OPS = frozenset({"random_split", "random_fold_in"})
+
+
+def cpu_buffers(prog: Program, is_materialized: list[bool]) -> tuple[np.ndarray, ...]:
+    """Every extra temporary of the CPU view as (value, first op, last op, bytes per byte of the
+    value's local size, count of such buffers, count of small state buffers): the layout copies
+    (`dot_operand_copies`) and the threefry loops (`threefry_buffers`)."""
+    rows = [(v, lo, hi, 1.0, 1, 0) for v, lo, hi in zip(*dot_operand_copies(prog, is_materialized))]
+    rows += threefry_buffers(prog)
+    a = np.array(rows, dtype=np.float64).reshape(-1, 6)
+    ints = a[:, [0, 1, 2, 4, 5]].astype(np.int64)
+    return ints[:, 0], ints[:, 1], ints[:, 2], a[:, 3], ints[:, 3], ints[:, 4]
+
+
+def threefry_buffers(prog: Program) -> list[tuple]:
+    """(value, op, op, scale, word buffers, state buffers) per rolled threefry loop: random bits
+    hash one 32-bit word per element of each counter word array (`scale`: word bytes per byte of
+    the bits), a `threefry2x32` its two results' words, a key split or fold-in two words."""
+    rows = []
+    for op in prog.ops:
+        if op.primitive == "random_bits":
+            v = prog.values[op.results[0]]
+            scale = 4.0 / max(1, v.nbytes // max(1, v.size))
+            words = THREEFRY_WORD_BUFFERS + (THREEFRY_HOISTED_COUNTERS if op.trip_count > 1 else 0)
+            rows.append((v.id, op.index, op.index, scale, words, THREEFRY_STATE_BUFFERS))
+        elif op.primitive == "threefry2x32":
+            words = THREEFRY_WORD_BUFFERS  # its two results are the carried words
+            rows.append((op.results[0], op.index, op.index, 1.0, words, THREEFRY_STATE_BUFFERS))
+        elif op.primitive in _THREEFRY_KEY_OPS:
+            small = THREEFRY_STATE_BUFFERS + THREEFRY_WORD_BUFFERS  # words of 64 bytes at most
+            rows.append((op.results[0], op.index, op.index, 0.0, 0, small))
+    return rows
+
+
+def _grouping(shape, batch, contracted) -> tuple | None:
+    """The regrouping a dot needs of one operand: None when its row-major order is already
+    `batch..., free..., contracted...` or `batch..., contracted..., free...` (unit dims left
+    out), else (batch, frozenset({free, contracted})): the copy's layout, so that two dots
+    wanting the same grouping share one copy."""
+    wide = [d for d in range(len(shape)) if shape[d] != 1]
+    b = tuple(d for d in batch if shape[d] != 1)
+    c = tuple(d for d in contracted if shape[d] != 1)
+    free = tuple(d for d in wide if d not in batch and d not in contracted)
+    rest = tuple(wide[len(b) :])
+    if tuple(wide[: len(b)]) == b and rest in (free + c, c + free):
+        return None
+    return b, frozenset({free, c})
+
+
+def dot_operand_copies(prog: Program, is_materialized: list[bool]) -> tuple[np.ndarray, ...]:
+    """(value, first op, last op) of each layout copy XLA:CPU makes for dot operands (module
+    essay): one per operand value and grouping, live from the first dot reading it that way to
+    the last."""
+    uses = prog.uses()
+    producers = prog.producers()
+    outputs = set(prog.outputs)
+    wants: dict[tuple, list[int]] = {}
+    for op in prog.ops:
+        if op.primitive != "dot_general":
+            continue
+        (lc, rc), (lb, rb) = op.param("dimension_numbers")
+        if not lc:
+            continue  # an outer product: an elementwise multiply
+        for x, batch, contracted in ((op.operands[0], lb, lc), (op.operands[1], rb, rc)):
+            g = _grouping(prog.values[x].shape, batch, contracted)
+            if g is not None and is_materialized[x]:
+                wants.setdefault((x, g), []).append(op.index)
+    rows = []
+    for (x, _), ops in wants.items():
+        if _written_in_place(prog, x, ops, uses, producers, outputs):
+            continue
+        rows.append((x, min(ops), max(ops)))
+    out = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    return out[:, 0], out[:, 1], out[:, 2]
+
+
+def _written_in_place(prog: Program, x: int, ops: list[int], uses, producers, outputs) -> bool:
+    """Whether a loop fusion making `x` can write it in the order these dots want: a fusible
+    producer, and no reader but them (not an output)."""
+    p = producers[x]
+    if p is None or x in outputs or prog.ops[p].primitive not in FUSIBLE:
+        return False
+    return all(o in ops for o, _ in uses[x])
