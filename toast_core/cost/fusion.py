@@ -65,21 +65,69 @@ def materialized(prog: Program) -> list[bool]:
 def fusion_copies(prog: Program, is_materialized: list[bool]) -> list[int]:
     """How many times each op is computed: once per fusion that contains it.
 
-    An op whose result is materialized, or that XLA does not duplicate, is the root of its own
-    fusion; any other op is fused into the fusions of all its readers. Walking the (topologically
-    ordered) ops backwards, each op's set of fusion roots is the union of its readers' sets.
+    An op whose result is materialized is the root of its own fusion; a cheap op is fused into
+    the fusions of all its fusible readers as well. An op XLA does not duplicate (`NOT_DUPLICATED`) roots its own
+    fusion only when several fusions read it: read by one, XLA fuses it into that one like any
+    op, and its cheap producers with it. `gelu(x, approximate=False)`'s gradient is one loop
+    fusion with the erfc expansion inside; counting erfc apart counted the `x / sqrt(2)` feeding
+    both it and the exp twice. A reduction fuses into its one reader's loop too (logsumexp's
+    `log(sum(exp(x - m))) + m` is one fusion: its `m` is computed once), unless that loop writes
+    more elements than it makes (`_widens`) or already holds a reduction (XLA keeps a reduction
+    feeding another apart). Walking the (topologically ordered) ops backwards, each op's set of
+    fusion roots is the union of its readers' sets.
     """
     uses = prog.uses()
+    costly = _costly_cones(prog, is_materialized)
     roots: list[frozenset[int]] = [frozenset()] * len(prog.ops)
+    holds_reduction = [False] * len(prog.ops)  # per fusion root
+    self_only = frozenset()
     for op in reversed(prog.ops):
-        own = (
-            op.primitive not in FUSIBLE
-            or op.primitive in NOT_DUPLICATED
-            or any(is_materialized[r] for r in op.results)
+        mat = any(is_materialized[r] for r in op.results)
+        if op.primitive not in FUSIBLE:
+            roots[op.index] = frozenset((op.index,))
+            continue
+        readers = frozenset().union(
+            *(roots[o] for r in op.results for o, _ in uses[r] if prog.ops[o].primitive in FUSIBLE)
         )
-        readers = frozenset().union(*(roots[o] for r in op.results for o, _ in uses[r]))
-        roots[op.index] = frozenset((op.index,)) if own or not readers else readers
+        self_only = frozenset((op.index,))
+        if op.primitive not in NOT_DUPLICATED:
+            # A cheap op is fused into every fusion reading it, and also computed in its own
+            # when a non-fusible op or the output reads it (`x * 0.5 + 0.1` read by a dot and a
+            # multiply: XLA computes it for the dot and again inside the multiply's loop),
+            # unless its own fusion holds costly work (`gelu(x)` read by a dot and a max: the
+            # max reads the stored result).
+            if not readers:
+                roots[op.index] = self_only
+            elif mat:
+                roots[op.index] = self_only if costly[op.index] else readers | self_only
+            else:
+                roots[op.index] = readers
+            continue
+        own = mat or len(readers) > 1
+        if not own and op.primitive in _REDUCTIONS and readers:
+            (root,) = readers
+            own = holds_reduction[root] or _widens(prog, op, readers)
+            holds_reduction[root] = holds_reduction[root] or not own
+        roots[op.index] = self_only if own or not readers else readers
+        if own and op.primitive in _REDUCTIONS:
+            holds_reduction[op.index] = True
     return [len(r) for r in roots]
+
+
+def _costly_cones(prog: Program, is_materialized: list[bool]) -> list[bool]:
+    """Per op: whether it, or a fusible producer feeding it through values that stay in
+    registers, is work XLA does not duplicate (`NOT_DUPLICATED`)."""
+    producers = prog.producers()
+    out = [False] * len(prog.ops)
+    for op in prog.ops:
+        if op.primitive not in FUSIBLE:
+            continue
+        out[op.index] = op.primitive in NOT_DUPLICATED or any(
+            out[p]
+            for x in op.operands
+            if not is_materialized[x] and (p := producers[x]) is not None
+        )
+    return out
 
 
 def fused_away(prog: Program, is_materialized: list[bool]) -> list[bool]:
