@@ -32,6 +32,22 @@ FUSIBLE = (
     prim.ELEMENTWISE | prim.FUSIBLE_LAYOUT | _REDUCTIONS | RANDOM_BITS | {"bitcast_convert_type"}
 )
 
+
+def fusible(op, prog: Program) -> bool:
+    """Whether XLA fuses `op` into loops: a `FUSIBLE` primitive, or a dot_general that contracts
+    nothing of size > 1 (an outer product, `[12, 1] @ [1, 8]`), which XLA's simplifier rewrites
+    as a multiply of two broadcasts before fusion: a cheap elementwise op, fused and duplicated
+    like one (measured: a train step whose `x[12, 1] @ w[1, 8]` feeds the loss and the
+    gradient computes the product in both fusions)."""
+    if op.primitive in FUSIBLE:
+        return True
+    if op.primitive != "dot_general" or not op.operands:
+        return False
+    (lc, _), _ = op.param("dimension_numbers")
+    lhs = prog.values[op.operands[0]].shape
+    return all(lhs[d] == 1 for d in lc)
+
+
 #: Fusible ops XLA computes once even when several fusions read them (measured: exp, log, tanh,
 #: sqrt, logistic, divisions... are kept once; sin, cos and tan are duplicated like cheap ops).
 NOT_DUPLICATED = (
@@ -53,12 +69,10 @@ def materialized(prog: Program) -> list[bool]:
     out = []
     for v in prog.values:
         p = producers[v.id]
-        if p is None or v.id in outputs or prog.ops[p].primitive not in FUSIBLE:
+        if p is None or v.id in outputs or not fusible(prog.ops[p], prog):
             out.append(True)
             continue
-        out.append(
-            not uses[v.id] or any(prog.ops[o].primitive not in FUSIBLE for o, _ in uses[v.id])
-        )
+        out.append(not uses[v.id] or any(not fusible(prog.ops[o], prog) for o, _ in uses[v.id]))
     return out
 
 
@@ -83,23 +97,22 @@ def fusion_copies(prog: Program, is_materialized: list[bool]) -> list[int]:
     self_only = frozenset()
     for op in reversed(prog.ops):
         mat = any(is_materialized[r] for r in op.results)
-        if op.primitive not in FUSIBLE:
+        if not fusible(op, prog):
             roots[op.index] = frozenset((op.index,))
             continue
         readers = frozenset().union(
-            *(roots[o] for r in op.results for o, _ in uses[r] if prog.ops[o].primitive in FUSIBLE)
+            *(roots[o] for r in op.results for o, _ in uses[r] if fusible(prog.ops[o], prog))
         )
         self_only = frozenset((op.index,))
         if op.primitive not in NOT_DUPLICATED:
             # A cheap op is fused into every fusion reading it, and also computed in its own
             # when a non-fusible op or the output reads it (`x * 0.5 + 0.1` read by a dot and a
-            # multiply: XLA computes it for the dot and again inside the multiply's loop),
-            # unless its own fusion holds costly work (`gelu(x)` read by a dot and a max: the
-            # max reads the stored result).
+            # multiply: XLA computes it for the dot and again inside the multiply's loop;
+            # `_recomputing_readers` says where).
             if not readers:
                 roots[op.index] = self_only
             elif mat:
-                roots[op.index] = self_only if costly[op.index] else readers | self_only
+                roots[op.index] = self_only | _recomputing_readers(prog, op, roots, costly)
             else:
                 roots[op.index] = readers
             continue
@@ -114,13 +127,37 @@ def fusion_copies(prog: Program, is_materialized: list[bool]) -> list[int]:
     return [len(r) for r in roots]
 
 
+def _recomputing_readers(
+    prog: Program, op, roots: list[frozenset[int]], costly: list[bool]
+) -> frozenset[int]:
+    """The fusions that recompute a stored cheap result rather than read it: none when the
+    result's own fusion holds costly work (`gelu(x)` read by a dot and a max: the max reads
+    the stored result); else the cheap fusions (no costly work of their own: an Adam update's
+    division and square root read the stored moments) that read all of it element by element
+    (elementwise ops, reductions, outer products; slices, pads and other layout readers read
+    the stored buffer: an associative scan's slices of `1 + 0.1 * tanh(h)`)."""
+    if costly[op.index]:
+        return frozenset()
+    uses = prog.uses()
+    return frozenset().union(
+        *(
+            roots[o]
+            for r in op.results
+            for o, _ in uses[r]
+            if prog.ops[o].primitive in prim.ELEMENTWISE | _REDUCTIONS | {"dot_general"}
+            and fusible(prog.ops[o], prog)
+            and not any(costly[root] for root in roots[o])
+        )
+    )
+
+
 def _costly_cones(prog: Program, is_materialized: list[bool]) -> list[bool]:
     """Per op: whether it, or a fusible producer feeding it through values that stay in
     registers, is work XLA does not duplicate (`NOT_DUPLICATED`)."""
     producers = prog.producers()
     out = [False] * len(prog.ops)
     for op in prog.ops:
-        if op.primitive not in FUSIBLE:
+        if not fusible(op, prog):
             continue
         out[op.index] = op.primitive in NOT_DUPLICATED or any(
             out[p]
@@ -155,7 +192,7 @@ def fused_away(prog: Program, is_materialized: list[bool]) -> list[bool]:
     out = [False] * len(prog.values)
     uses = prog.uses()
     for op in prog.ops:
-        if op.index in roots[op.index] or op.primitive not in FUSIBLE:
+        if op.index in roots[op.index] or not fusible(op, prog):
             continue  # roots its own fusion: its result is a buffer
         for r in op.results:
             out[r] = not is_materialized[r] and bool(uses[r])
@@ -169,7 +206,7 @@ def _expansions(prog: Program, is_materialized: list[bool]) -> list[bool]:
     fused = [False] * len(prog.values)
     out = [False] * len(prog.ops)
     for op in prog.ops:
-        if op.primitive not in FUSIBLE or op.primitive in NOT_DUPLICATED:
+        if not fusible(op, prog) or op.primitive in NOT_DUPLICATED:
             continue
         src = sum(source_bytes[x] if fused[x] else prog.values[x].nbytes for x in op.operands)
         for r in op.results:
@@ -190,7 +227,7 @@ def _fusion_roots(
     for op in reversed(prog.ops):
         readers = frozenset().union(*(roots[o] for r in op.results for o, _ in uses[r]))
         own = (
-            op.primitive not in FUSIBLE
+            not fusible(op, prog)
             or any(is_materialized[r] for r in op.results)
             or (len(readers) > 1 and not expansion[op.index])
             or (op.primitive in _REDUCTIONS and _widens(prog, op, readers))
