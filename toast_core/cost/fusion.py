@@ -153,10 +153,16 @@ def _recomputing_readers(
 
 def _costly_cones(prog: Program, is_materialized: list[bool]) -> list[bool]:
     """Per op: whether it, or a fusible producer feeding it through values that stay in
-    registers, is work XLA does not duplicate (`NOT_DUPLICATED`)."""
+    registers, is work XLA does not duplicate (`NOT_DUPLICATED`); work on constants alone (a
+    mean's `1 / N`) is folded, not costly."""
     producers = prog.producers()
+    const = [v.role in ("literal", "constant") for v in prog.values]
     out = [False] * len(prog.ops)
     for op in prog.ops:
+        if op.operands and all(const[x] for x in op.operands):
+            for r in op.results:
+                const[r] = True
+            continue
         if not fusible(op, prog):
             continue
         out[op.index] = op.primitive in NOT_DUPLICATED or any(
