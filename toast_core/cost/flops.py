@@ -2,10 +2,11 @@
 counts them (measured on this jaxlib, one compiled primitive at a time):
 
 * dot_general: `2 * batch * M * N * K` = 2 x result elements x contracted elements (an outer
-  product, with nothing contracted, 1 per result element);
+  product, with nothing of size > 1 contracted, 1 per result element; a dot of vectors 2 K - 1);
 * conv_general_dilated: 2 x output elements x input features per group x kernel window, counting
   only the taps that fall on the input (not on padding), as XLA does;
-* elementwise arithmetic, comparisons, selects and conversions: one flop per result element;
+* elementwise arithmetic, comparisons, selects and conversions: one flop per result element (a
+  division by a spread divisor adds the divisor's reciprocal, one per element it is spread from);
   `integer_pow` one per multiply of its square-and-multiply chain (plus a divide when negative);
 * transcendental functions (exp, log, tanh, sqrt, rsqrt, pow, ...): one *transcendental* per
   element, not a flop; a few expand into both (`logistic`: 3 flops and 1 transcendental);
