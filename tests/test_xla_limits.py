@@ -90,6 +90,25 @@ _REPRODUCTIONS = {
         print("maxerr", float(jnp.abs(g(x, i, u) - f(x, i, u)).max()))
         """,
     ],
+    "slice-prefix-same-shard-size": [
+        # x[0:1] with one element per shard, concatenated with x (the fuzzer's edge pad).
+        """
+        rep = NamedSharding(mesh, P())
+        x = jnp.arange(8, dtype=jnp.float32) + 1
+        f = lambda x: jnp.concatenate([jax.lax.with_sharding_constraint(x[0:1], rep), x])
+        y = jax.jit(f, in_shardings=NamedSharding(mesh, P("d")))(x)
+        print("maxerr", float(jnp.abs(y - f(x)).max()))
+        """,
+        # x[:-1] with two elements per shard, and x gathered whole by another reader.
+        """
+        rep = NamedSharding(mesh, P())
+        wsc = jax.lax.with_sharding_constraint
+        x = jnp.arange(16, dtype=jnp.float32) + 1
+        f = lambda x: (wsc(x[:-1], rep), wsc(x, rep))
+        y = jax.jit(f, in_shardings=NamedSharding(mesh, P("d")))(x)
+        print("maxerr", max(float(jnp.abs(a - b).max()) for a, b in zip(y, f(x))))
+        """,
+    ],
 }
 
 
@@ -304,4 +323,80 @@ def test_one_window_scatter_plans_validate():
     ).best
     for name, plan in plans.items():
         report = tc.validate(one_index_scatter, SCATTER_ARGS, ana, plan, tc.jax_mesh(spec), hw)
+        assert report.numerics_ok, (name, plan, report.max_abs_error)
+
+
+def edge_pad(params, batch):
+    """The fuzzer's program 1041 (seed 13), minimized: `jnp.pad(..., mode="edge")` slices
+    `x[0:1]` and `x[1:2]` and concatenates them with x."""
+    return (jnp.pad(batch["x"], [(1, 2)], mode="edge"),)
+
+
+def prefix_beside_cumsum(b: int):
+    """`x[0:b]` beside a cumulative sum that gathers x along the same dim."""
+
+    def step(params, batch):
+        x = jnp.tanh(batch["x"])
+        return jnp.cumsum(x, axis=0), x[0:b] * 2.0
+
+    return step
+
+
+def _prefix_args(n: int):
+    batch = {"x": jnp.linspace(-2.0, 2.0, n * 3, dtype=jnp.float32).reshape(n, 3)}
+    return {}, batch
+
+
+def _slice_value_and_use_specs(ana, plan, spec):
+    """(the value's PartitionSpec, the use's) of the one prefix slice's operand under the plan."""
+    from toast_core.apply.shard import _Specs
+
+    specs = _Specs(ana, plan, spec)
+    (op,) = [
+        op
+        for op in ana.program.ops
+        if op.primitive == "slice" and not any(op.param("start_indices"))
+    ]
+    value = specs.value(op.operands[0])
+    return value, specs.cut_uses().get((op.index, 0), value)
+
+
+@pytest.mark.parametrize("b, gathered", [(15, True), (9, True), (8, False), (1, False)])
+def test_prefix_slices_read_their_operand_gathered_exactly_when_xla_would_fail(b, gathered):
+    """x[0:b] of [16] on 8 shards (2 elements each): XLA fails when ceil(b / 8) == 2."""
+    ana = tc.analyze(tc.trace(prefix_beside_cumsum(b), *_prefix_args(16)))
+    x = next(v for v in ana.program.values if v.name.endswith("x"))
+    (row,) = ana.value_named_dims(x.id)[0]
+    spec = tc.MeshSpec({"data": 8})
+    plan = tc.Strategy.make(ana, {f"N{row}": "data"})
+    value, use = _slice_value_and_use_specs(ana, plan, spec)
+    assert value == jax.sharding.PartitionSpec("data", None)
+    assert use == (jax.sharding.PartitionSpec(None, None) if gathered else value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "fn, args, mesh_axes",
+    [
+        (edge_pad, ({}, {"x": jnp.asarray([0.5, -1.0], jnp.float32)}), {"data": 2, "model": 4}),
+        (prefix_beside_cumsum(7), _prefix_args(8), {"data": 8}),
+    ],
+    ids=["edge_pad_2x4", "prefix_beside_cumsum_8"],
+)
+def test_prefix_slice_plans_validate(fn, args, mesh_axes):
+    """The sliced dim on `data` (one element per shard; data parallel's plan for the edge pad):
+    before the explicit gather, XLA's verifier rejected it (the fuzzer's invalid plan). Every
+    plan now compiles and matches the unsharded numerics."""
+    ana = tc.analyze(tc.trace(fn, *args))
+    spec = tc.MeshSpec(mesh_axes)
+    hw = tc.hardware("tpu-v5e")
+    plans = {name: s for name, (s, _) in tc.baselines.all(ana, spec).items() if s is not None}
+    plans["search"] = tc.search(ana, spec, hw, budget_s=None, num_simulations=16).best
+    x = next(v for v in ana.program.values if v.name.endswith("x"))
+    (row,) = ana.value_named_dims(x.id)[0]
+    plans["sliced_dim_on_data"] = tc.Strategy.make(ana, {f"N{row}": "data"})
+    value, use = _slice_value_and_use_specs(ana, plans["sliced_dim_on_data"], spec)
+    assert value[0] == "data" and use[0] is None  # the limitation's sharding, gathered
+    for name, plan in plans.items():
+        report = tc.validate(fn, args, ana, plan, tc.jax_mesh(spec), hw)
         assert report.numerics_ok, (name, plan, report.max_abs_error)

@@ -14,6 +14,11 @@ cluster there.
 A value dim split into sub-factors (`[D]` read as `[H, Dh]`) maps to a PartitionSpec entry that
 lists the mesh axes of its sub-factors major first; the strategy check guarantees that only a
 contiguous (major-first) split is sharded.
+
+One use is constrained although the plan does not cut it: a prefix slice `x[0:b]` whose shards
+would keep the operand's shard size reads its operand gathered, as the plan priced it, because
+XLA's partitioner fails on it otherwise (`_gathered_prefix_slice`, known XLA limitation
+`slice-prefix-same-shard-size`).
 """
 
 from __future__ import annotations
@@ -77,7 +82,8 @@ class _Specs:
         return PartitionSpec(*map(_entry, self.space.use_axes(self.masks, opi, pos)))
 
     def cut_uses(self) -> dict[tuple[int, int], PartitionSpec]:
-        """Uses whose sharding differs from their value's (cuts and reshape conflicts)."""
+        """Uses whose sharding differs from their value's (cuts and reshape conflicts), and
+        prefix slices that must read their operand gathered (`_gathered_prefix_slice`)."""
         out = {}
         prog = self.ana.program
         for op in prog.ops:
@@ -85,9 +91,34 @@ class _Specs:
                 if prog.values[vid].rank == 0:
                     continue
                 spec = self.use(op.index, pos)
+                if op.primitive == "slice":
+                    spec = _gathered_prefix_slice(op, prog.values[vid].shape, spec, self.mesh)
                 if spec != self.value(vid):
                     out[(op.index, pos)] = spec
         return out
+
+
+def _gathered_prefix_slice(op, shape, spec: PartitionSpec, mesh: MeshSpec) -> PartitionSpec:
+    """The use sharding of a `slice` operand with every dim that hits the known XLA limitation
+    `slice-prefix-same-shard-size` replicated: a unit-stride slice `x[0:b]` of a dim of n
+    elements sharded k ways where ceil(b / k) == n / k. XLA's partitioner keeps such a slice
+    local and caches the gathered slice as the gathered operand, so another reader that gathers
+    the operand gets `[b]` where it needs `[n]` and the HLO verifier fails. Gathering the operand
+    explicitly first is what the plan priced anyway: the slice's result cannot be sharded k ways
+    there (b is not a multiple of k), so the sliced dim is a replicate factor, an all-gather."""
+    lo, hi = op.param("start_indices", ()), op.param("limit_indices", ())
+    strides = op.param("strides", None) or (1,) * len(lo)
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    changed = False
+    for d, axes in enumerate(entries):
+        if axes is None or int(lo[d]) != 0 or int(strides[d]) != 1:
+            continue
+        n, b = int(shape[d]), int(hi[d])
+        names = (axes,) if isinstance(axes, str) else tuple(axes)
+        k = int(np.prod([mesh.axis_sizes[mesh.axis_names.index(a)] for a in names]))
+        if b < n and -(-b // k) == n // k:
+            entries[d], changed = None, True
+    return PartitionSpec(*entries) if changed else spec
 
 
 def partition_specs(ana: Analysis, strategy: Strategy, mesh: Mesh | MeshSpec):

@@ -2,10 +2,11 @@
 counts them (measured on this jaxlib, one compiled primitive at a time):
 
 * dot_general: `2 * batch * M * N * K` = 2 x result elements x contracted elements (an outer
-  product, with nothing contracted, 1 per result element);
+  product, with nothing of size > 1 contracted, 1 per result element; a dot of vectors 2 K - 1);
 * conv_general_dilated: 2 x output elements x input features per group x kernel window, counting
   only the taps that fall on the input (not on padding), as XLA does;
-* elementwise arithmetic, comparisons, selects and conversions: one flop per result element;
+* elementwise arithmetic, comparisons, selects and conversions: one flop per result element (a
+  division by a spread divisor adds the divisor's reciprocal, one per element it is spread from);
   `integer_pow` one per multiply of its square-and-multiply chain (plus a divide when negative);
 * transcendental functions (exp, log, tanh, sqrt, rsqrt, pow, ...): one *transcendental* per
   element, not a flop; a few expand into both (`logistic`: 3 flops and 1 transcendental);
@@ -109,13 +110,26 @@ def _conv_flops(op: Op, program: Program) -> float:
 
 @flop_rule("dot_general")
 def dot_general_flops(op, program):
-    """2 x result elements x contracted elements (a multiply and an add per term); an outer
-    product (nothing contracted) is one multiply per result element, as XLA rewrites it."""
-    (lc, _), _ = op.param("dimension_numbers")
+    """2 x result elements x contracted elements (a multiply and an add per term). XLA's
+    algebraic simplifier rewrites two degenerate dots (measured):
+
+    * nothing contracted, or only dims of size 1 (an outer product, `[12, 1] @ [1, 8]`): one
+      multiply per result element (96, not 192);
+    * no free dims of size > 1 on either side (a dot of vectors, batched or not: `[16] @ [16]`,
+      `[1, 16] @ [16]`): a multiply and a sum, 2 K - 1 per result element (31, not 32).
+    """
+    (lc, rc), (lb, rb) = op.param("dimension_numbers")
     lhs = program.values[op.operands[0]].shape
-    if not lc:
-        return float(program.values[op.results[0]].size), 0.0
-    return 2.0 * program.values[op.results[0]].size * prod(lhs[d] for d in lc), 0.0
+    rhs = program.values[op.operands[1]].shape
+    out = program.values[op.results[0]].size
+    k = prod(lhs[d] for d in lc)
+    if k == 1:
+        return float(out), 0.0
+    lhs_free = prod(n for d, n in enumerate(lhs) if d not in lc and d not in lb)
+    rhs_free = prod(n for d, n in enumerate(rhs) if d not in rc and d not in rb)
+    if lhs_free == 1 and rhs_free == 1:
+        return float(out * (2 * k - 1)), 0.0
+    return 2.0 * out * k, 0.0
 
 
 @flop_rule("conv_general_dilated")
@@ -139,12 +153,39 @@ def transcendental_flops(op, program):
         - prim.NO_OP_ELEMENTWISE
         - prim.TRANSCENDENTAL
         - prim.EXPANDED_TRANSCENDENTAL
-        - {"integer_pow"}
+        - {"integer_pow", "div"}
     )
 )
 def elementwise_flops(op, program):
     """One flop per result element."""
     return float(_result_size(op, program)), 0.0
+
+
+@flop_rule("div")
+def div_flops(op, program):
+    """One flop per result element, plus the reciprocal of a divisor that is spread: XLA's
+    simplifier rewrites `x / broadcast(b)` as `x * broadcast(1 / b)` and `x / s` (a scalar) as
+    `x * (1 / s)`, computing the reciprocal on the small operand (measured: `x[8, 16] /
+    s[8][:, None]` counts 136, `x[8, 16] / s[]` 129: softmax's normalization is one of these).
+    A constant divisor's reciprocal is folded: nothing added."""
+    n = float(_result_size(op, program))
+    return n + _spread_divisor_elements(op, program), 0.0
+
+
+def _spread_divisor_elements(op: Op, program: Program) -> int:
+    """Elements of what a divisor is spread from: the divisor itself when it is smaller than
+    the result (a scalar, or size-1 dims the op broadcasts), or the operand of the broadcasts
+    that made it; 0 when nothing is spread or it is spread from a literal."""
+    producers = program.producers()
+    v = program.values[op.operands[1]]
+    while v.role != "literal":
+        p = producers[v.id]
+        if p is None or program.ops[p].primitive != "broadcast_in_dim":
+            break
+        v = program.values[program.ops[p].operands[0]]
+    if v.role == "literal":
+        return 0
+    return v.size if v.size < _result_size(op, program) else 0
 
 
 @flop_rule(*sorted(prim.REDUCTIONS))

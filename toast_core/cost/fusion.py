@@ -32,6 +32,22 @@ FUSIBLE = (
     prim.ELEMENTWISE | prim.FUSIBLE_LAYOUT | _REDUCTIONS | RANDOM_BITS | {"bitcast_convert_type"}
 )
 
+
+def fusible(op, prog: Program) -> bool:
+    """Whether XLA fuses `op` into loops: a `FUSIBLE` primitive, or a dot_general that contracts
+    nothing of size > 1 (an outer product, `[12, 1] @ [1, 8]`), which XLA's simplifier rewrites
+    as a multiply of two broadcasts before fusion: a cheap elementwise op, fused and duplicated
+    like one (measured: a train step whose `x[12, 1] @ w[1, 8]` feeds the loss and the
+    gradient computes the product in both fusions)."""
+    if op.primitive in FUSIBLE:
+        return True
+    if op.primitive != "dot_general" or not op.operands:
+        return False
+    (lc, _), _ = op.param("dimension_numbers")
+    lhs = prog.values[op.operands[0]].shape
+    return all(lhs[d] == 1 for d in lc)
+
+
 #: Fusible ops XLA computes once even when several fusions read them (measured: exp, log, tanh,
 #: sqrt, logistic, divisions... are kept once; sin, cos and tan are duplicated like cheap ops).
 NOT_DUPLICATED = (
@@ -50,41 +66,118 @@ def materialized(prog: Program) -> list[bool]:
     producers = prog.producers()
     uses = prog.uses()
     outputs = set(prog.outputs)  # of the program as given (a `simplify.rewired` one too)
-    fusible = _fusible_ops(prog)
+    fuses = _fusible_ops(prog)
     out = []
     for v in prog.values:
         p = producers[v.id]
-        if p is None or v.id in outputs or not fusible[p]:
+        if p is None or v.id in outputs or not fuses[p]:
             out.append(True)
             continue
         readers = uses[v.id]
-        out.append(not readers or not all(fusible[o] for o, _ in readers))
+        out.append(not readers or not all(fuses[o] for o, _ in readers))
     return out
 
 
 def _fusible_ops(prog: Program) -> list[bool]:
-    """Per op, whether its primitive is `FUSIBLE` (asked once per use of each value)."""
-    return [op.primitive in FUSIBLE for op in prog.ops]
+    """Per op, whether XLA fuses it (`fusible`; asked once per use of each value)."""
+    return [fusible(op, prog) for op in prog.ops]
 
 
 def fusion_copies(prog: Program, is_materialized: list[bool]) -> list[int]:
     """How many times each op is computed: once per fusion that contains it.
 
-    An op whose result is materialized, or that XLA does not duplicate, is the root of its own
-    fusion; any other op is fused into the fusions of all its readers. Walking the (topologically
-    ordered) ops backwards, each op's set of fusion roots is the union of its readers' sets.
+    An op whose result is materialized is the root of its own fusion; a cheap op is fused into
+    the fusions of all its fusible readers as well. An op XLA does not duplicate (`NOT_DUPLICATED`) roots its own
+    fusion only when several fusions read it: read by one, XLA fuses it into that one like any
+    op, and its cheap producers with it. `gelu(x, approximate=False)`'s gradient is one loop
+    fusion with the erfc expansion inside; counting erfc apart counted the `x / sqrt(2)` feeding
+    both it and the exp twice. A reduction fuses into its one reader's loop too (logsumexp's
+    `log(sum(exp(x - m))) + m` is one fusion: its `m` is computed once), unless that loop writes
+    more elements than it makes (`_widens`) or already holds a reduction (XLA keeps a reduction
+    feeding another apart). Walking the (topologically ordered) ops backwards, each op's set of
+    fusion roots is the union of its readers' sets.
     """
     uses = prog.uses()
+    costly = _costly_cones(prog, is_materialized)
     roots: list[frozenset[int]] = [frozenset()] * len(prog.ops)
+    holds_reduction = [False] * len(prog.ops)  # per fusion root
+    self_only = frozenset()
     for op in reversed(prog.ops):
-        own = (
-            op.primitive not in FUSIBLE
-            or op.primitive in NOT_DUPLICATED
-            or any(is_materialized[r] for r in op.results)
+        mat = any(is_materialized[r] for r in op.results)
+        if not fusible(op, prog):
+            roots[op.index] = frozenset((op.index,))
+            continue
+        readers = frozenset().union(
+            *(roots[o] for r in op.results for o, _ in uses[r] if fusible(prog.ops[o], prog))
         )
-        readers = frozenset().union(*(roots[o] for r in op.results for o, _ in uses[r]))
-        roots[op.index] = frozenset((op.index,)) if own or not readers else readers
+        self_only = frozenset((op.index,))
+        if op.primitive not in NOT_DUPLICATED:
+            # A cheap op is fused into every fusion reading it, and also computed in its own
+            # when a non-fusible op or the output reads it (`x * 0.5 + 0.1` read by a dot and a
+            # multiply: XLA computes it for the dot and again inside the multiply's loop;
+            # `_recomputing_readers` says where).
+            if not readers:
+                roots[op.index] = self_only
+            elif mat:
+                roots[op.index] = self_only | _recomputing_readers(prog, op, roots, costly)
+            else:
+                roots[op.index] = readers
+            continue
+        own = mat or len(readers) > 1
+        if not own and op.primitive in _REDUCTIONS and readers:
+            (root,) = readers
+            own = holds_reduction[root] or _widens(prog, op, readers)
+            holds_reduction[root] = holds_reduction[root] or not own
+        roots[op.index] = self_only if own or not readers else readers
+        if own and op.primitive in _REDUCTIONS:
+            holds_reduction[op.index] = True
     return [len(r) for r in roots]
+
+
+def _recomputing_readers(
+    prog: Program, op, roots: list[frozenset[int]], costly: list[bool]
+) -> frozenset[int]:
+    """The fusions that recompute a stored cheap result rather than read it: none when the
+    result's own fusion holds costly work (`gelu(x)` read by a dot and a max: the max reads
+    the stored result); else the cheap fusions (no costly work of their own: an Adam update's
+    division and square root read the stored moments) that read all of it element by element
+    (elementwise ops, reductions, outer products; slices, pads and other layout readers read
+    the stored buffer: an associative scan's slices of `1 + 0.1 * tanh(h)`)."""
+    if costly[op.index]:
+        return frozenset()
+    uses = prog.uses()
+    return frozenset().union(
+        *(
+            roots[o]
+            for r in op.results
+            for o, _ in uses[r]
+            if prog.ops[o].primitive in prim.ELEMENTWISE | _REDUCTIONS | {"dot_general"}
+            and fusible(prog.ops[o], prog)
+            and not any(costly[root] for root in roots[o])
+        )
+    )
+
+
+def _costly_cones(prog: Program, is_materialized: list[bool]) -> list[bool]:
+    """Per op: whether it, or a fusible producer feeding it through values that stay in
+    registers, is work XLA does not duplicate (`NOT_DUPLICATED`); work on constants alone (a
+    mean's `1 / N`) is folded, not costly."""
+    producers = prog.producers()
+    const = [v.role in ("literal", "constant") for v in prog.values]
+    out = [False] * len(prog.ops)
+    for op in prog.ops:
+        if op.operands and all(const[x] for x in op.operands):
+            for r in op.results:
+                const[r] = True
+            continue
+        if not fusible(op, prog):
+            continue
+        out[op.index] = op.primitive in NOT_DUPLICATED or any(
+            out[p]
+            for x in op.operands
+            if not is_materialized[x] and (p := producers[x]) is not None
+        )
+    return out
 
 
 def fused_away(prog: Program, is_materialized: list[bool]) -> list[bool]:
@@ -112,7 +205,7 @@ def fused_away(prog: Program, is_materialized: list[bool]) -> list[bool]:
     out = [False] * len(prog.values)
     uses = prog.uses()
     for op in prog.ops:
-        if op.index in roots[op.index] or op.primitive not in FUSIBLE:
+        if op.index in roots[op.index] or not fusible(op, prog):
             continue  # roots its own fusion: its result is a buffer
         for r in op.results:
             out[r] = not is_materialized[r] and bool(uses[r])
@@ -126,7 +219,7 @@ def _expansions(prog: Program, is_materialized: list[bool]) -> list[bool]:
     fused = [False] * len(prog.values)
     out = [False] * len(prog.ops)
     for op in prog.ops:
-        if op.primitive not in FUSIBLE or op.primitive in NOT_DUPLICATED:
+        if not fusible(op, prog) or op.primitive in NOT_DUPLICATED:
             continue
         src = sum(source_bytes[x] if fused[x] else prog.values[x].nbytes for x in op.operands)
         for r in op.results:
@@ -147,7 +240,7 @@ def _fusion_roots(
     for op in reversed(prog.ops):
         readers = frozenset().union(*(roots[o] for r in op.results for o, _ in uses[r]))
         own = (
-            op.primitive not in FUSIBLE
+            not fusible(op, prog)
             or any(is_materialized[r] for r in op.results)
             or (len(readers) > 1 and not expansion[op.index])
             or (op.primitive in _REDUCTIONS and _widens(prog, op, readers))

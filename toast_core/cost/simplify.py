@@ -142,7 +142,7 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
     value it equals; the ops that made them are left unread (dead). Same ops, values and ids.
 
     * **Identities** (`_forwarded`): `x + 0`, `x - 0`, `x * 1`, `x / 1`, `max(x, x)`,
-      `min(x, x)`, `select(p, x, x)` are `x` (`jnp.where(x > 0.1, x, x)` computes nothing, its
+      `min(x, x)`, `max(x, -inf)`, `min(x, inf)`, `select(p, x, x)` are `x` (`jnp.where(x > 0.1, x, x)` computes nothing, its
       compare is dead too; `jax.nn.softplus(x)` is `logaddexp(x, 0)`, whose `x - 0` and `x + 0`
       cost nothing: measured 6 flops per element, not 8).
     * **Common subexpressions**: an op with the same primitive and params as an earlier one, on
@@ -159,6 +159,7 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
     for v in prog.values:
         if v.role == "literal":
             canon[v.id] = literal_key.setdefault((v.name, v.dtype, v.shape), v.id)
+    splats = _splats(prog)
     first: dict = {}
     ops = []
     boundaries = prim.REGION_BOUNDARIES
@@ -167,7 +168,7 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
         ops.append(_with_operands(op, operands) if operands != op.operands else op)
         if not op.results or op.primitive in boundaries:
             continue
-        same = _forwarded(op, operands, prog)
+        same = _forwarded(op, operands, prog, splats)
         if same is not None:
             canon[op.results[0]] = same
             continue
@@ -208,22 +209,56 @@ def _literal(prog: Program, vid: int) -> float | None:
 
 #: (left, right) neutral operand of each binary op: `0 + x`, `x + 0`, `x - 0`, `1 * x`...
 _NEUTRAL = {"add": (0.0, 0.0), "sub": (None, 0.0), "mul": (1.0, 1.0), "div": (None, 1.0)}
+#: The bound that `max` and `min` ignore: `max(x, -inf)` (the `initial=-inf` of softmax's,
+#: log_softmax's and logsumexp's max) is `x`.
+_UNBOUNDED = {"max": float("-inf"), "min": float("inf")}
 
 
-def _forwarded(op: Op, operands: tuple[int, ...], prog: Program) -> int | None:
+#: Ops that spread or pass a constant scalar unchanged: `broadcast_in_dim(1.0)` then `copy` is
+#: how `jax.grad` seeds the cotangent of a `sum`.
+_SPREADS = frozenset({"broadcast_in_dim", "copy"})
+
+
+def _splats(prog: Program) -> dict[int, float]:
+    """Values that are a scalar literal spread unchanged (`broadcast_in_dim 1.0`, a copy of
+    one), with that scalar: XLA's simplifier sees through the broadcast, so `x * [1.0, ...]` is
+    `x` as `x * 1.0` is."""
+    out: dict[int, float] = {}
+    for op in prog.ops:
+        if op.primitive in _SPREADS and len(op.operands) == 1 and len(op.results) == 1:
+            src = op.operands[0]
+            val = out[src] if src in out else _literal(prog, src)
+            if val is not None:
+                out[op.results[0]] = val
+    return out
+
+
+def _forwarded(
+    op: Op, operands: tuple[int, ...], prog: Program, splats: dict[int, float]
+) -> int | None:
     """The operand an identity op equals (see `rewired`), else None."""
     if len(op.results) != 1:
         return None
+
+    def scalar(vid: int) -> float | None:  # a scalar literal, or one spread unchanged
+        return splats[vid] if vid in splats else _literal(prog, vid)
+
+    shape = prog.values[op.results[0]].shape
     if op.primitive in _NEUTRAL and len(operands) == 2:
-        shape = prog.values[op.results[0]].shape
         left, right = _NEUTRAL[op.primitive]
         a, b = operands
-        if right is not None and _literal(prog, b) == right and prog.values[a].shape == shape:
+        if right is not None and scalar(b) == right and prog.values[a].shape == shape:
             return a
-        if left is not None and _literal(prog, a) == left and prog.values[b].shape == shape:
+        if left is not None and scalar(a) == left and prog.values[b].shape == shape:
             return b
     elif op.primitive in ("max", "min") and len(operands) == 2 and operands[0] == operands[1]:
         return operands[0]
+    elif op.primitive in _UNBOUNDED and len(operands) == 2:
+        a, b = operands
+        if scalar(b) == _UNBOUNDED[op.primitive] and prog.values[a].shape == shape:
+            return a
+        if scalar(a) == _UNBOUNDED[op.primitive] and prog.values[b].shape == shape:
+            return b
     elif op.primitive == "select_n" and len(operands) > 2 and len(set(operands[1:])) == 1:
         return operands[1]
     return None
@@ -290,7 +325,12 @@ def _rewired_work_factors(prog: Program, live: list[bool]) -> list[float]:
     """`work_factors` of a program already `rewired`, whose `live_ops` are `live`."""
     const = constant_values(prog)
     uni = uniform_dims(prog)
-    merged = merged_scalings(prog, const) | clamps(prog, const)
+    # Scalings and clamps merge when their inner op has one reader: a dead one (a repeat that
+    # CSE removed) does not count.
+    pruned = replace(
+        prog, ops=tuple(op if live[op.index] else replace(op, operands=()) for op in prog.ops)
+    )
+    merged = merged_scalings(pruned, const) | clamps(pruned, const)
     out = []
     for op in prog.ops:
         if (
