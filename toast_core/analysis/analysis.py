@@ -17,6 +17,7 @@ from functools import cached_property
 
 import numpy as np
 
+from toast_core.analysis.arrays import unique
 from toast_core.analysis.conflicts import (
     ClassGraph,
     Conflict,
@@ -312,7 +313,7 @@ def _named_dims(program: Program, nda: NdaResult, slots: _Slots, atom_dim, n: in
 def _bytes_covered(value: np.ndarray, cls: np.ndarray, nbytes: np.ndarray, n: int) -> np.ndarray:
     """Named dim -> total bytes of the values holding it (each value counted once)."""
     n_values = len(nbytes)
-    pairs = np.unique(cls * n_values + value)
+    pairs = unique(cls * n_values + value)
     out = np.zeros(n, dtype=np.int64)
     np.add.at(out, pairs // n_values, nbytes[pairs % n_values])
     return out
@@ -332,7 +333,7 @@ def _ops_by_dim(nda: NdaResult, atom_dim, leaves, kind: str, n: int) -> list[tup
     # Encode (named dim, owner + 1) in one integer; the base must exceed every owner + 1. Owners
     # are op ids, which can outnumber atoms (a program of mostly scalar ops has few atoms).
     n_owners = int(np.max(nda.atom_owner, initial=-1)) + 2
-    pairs = np.unique(atom_dim[atoms] * n_owners + nda.atom_owner[atoms] + 1)
+    pairs = unique(atom_dim[atoms] * n_owners + nda.atom_owner[atoms] + 1)
     out: list[list[int]] = [[] for _ in range(n)]
     for c, owner in zip((pairs // n_owners).tolist(), (pairs % n_owners - 1).tolist()):
         out[c].append(owner)
@@ -344,7 +345,7 @@ def _cooccurrence(slots: _Slots, atom_dim, n: int, n_values: int) -> frozenset[t
     if n == 0:
         return frozenset()
     holder = np.r_[slots.value, slots.op + n_values]
-    held = np.unique(holder * n + atom_dim[np.r_[slots.atom, slots.op_atom]])
+    held = unique(holder * n + atom_dim[np.r_[slots.atom, slots.op_atom]])
     holder, cls = held // n, held % n
     # Sorted by holder then named dim: each holder's dims are a run, and entries `gap` apart in
     # one run are the pairs of its dims at that distance.
@@ -354,7 +355,7 @@ def _cooccurrence(slots: _Slots, atom_dim, n: int, n_values: int) -> frozenset[t
         if not same.any():
             break
         pairs.append(cls[:-gap][same] * n + cls[gap:][same])
-    codes = np.unique(np.concatenate(pairs))
+    codes = unique(np.concatenate(pairs))
     return frozenset(zip((codes // n).tolist(), (codes % n).tolist()))
 
 
@@ -468,7 +469,7 @@ def _self_clashes(nda: NdaResult, slots: _Slots, atom_dim, n: int) -> dict:
     cls = atom_dim[slots.atom]
     held, count = np.unique(slots.value * max(n, 1) + cls, return_counts=True)
     clash: dict[int, tuple[int, int, int]] = {}
-    for vid in np.unique(held[count > 1] // max(n, 1)).tolist():
+    for vid in unique(held[count > 1] // max(n, 1)).tolist():
         first: dict[int, int] = {}
         for atoms in (nda.value_dim(vid, d) for d in range(nda.value_rank(vid))):
             for a in atoms:
@@ -539,7 +540,7 @@ def _axis_clash_specs(program: Program, slots: _Slots, atom_dim, data_dims, cand
         sinks = set(atoms[data].tolist()) | set(slots.op_atom[op_entries].tolist())
         if sources & sinks:
             continue
-        sites = [_site(program, v) for v in np.unique(vids[data])[:4].tolist()]
+        sites = [_site(program, v) for v in unique(vids[data])[:4].tolist()]
         specs.append((c1, sources, sinks, sites))
     return specs
 

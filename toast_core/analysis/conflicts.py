@@ -29,6 +29,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse import csgraph
 
+from toast_core.analysis.arrays import unique
 from toast_core.ir.program import Program
 
 MAX_OPTIONS = 4
@@ -79,7 +80,7 @@ class ClassGraph:
     def __init__(self, eids, ends, capacity: np.ndarray, unit_bytes: float) -> None:
         """`eids`: the class's M-edge ids; `ends`: their [value atom, use atom] rows;
         `capacity`: bytes per M-edge id (the whole program's array)."""
-        self.nodes = np.unique(ends)
+        self.nodes = unique(ends)
         self.n = len(self.nodes)
         self.eu = np.searchsorted(self.nodes, ends[:, 0])
         self.ev = np.searchsorted(self.nodes, ends[:, 1])

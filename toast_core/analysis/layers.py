@@ -54,6 +54,7 @@ from itertools import chain
 
 import numpy as np
 
+from toast_core.analysis.arrays import unique
 from toast_core.ir.program import Program
 
 #: Neighbourhood rounds: enough to tell q, k and v projections apart through a library Dense
@@ -208,14 +209,14 @@ def apart_if_chained(sig: np.ndarray, value: np.ndarray, cls: np.ndarray) -> np.
     alternates column and row splits), so its classes are decided one by one."""
     value, cls = np.asarray(value, dtype=np.int64), np.asarray(cls, dtype=np.int64)
     n_cls = int(cls.max(initial=-1)) + 1
-    pairs = np.unique(value * n_cls + cls)  # (value, class) held, each once
+    pairs = unique(value * n_cls + cls)  # (value, class) held, each once
     held_value, held_cls = pairs // max(n_cls, 1), pairs % max(n_cls, 1)
     groups, group = np.unique(sig[held_cls], return_inverse=True)
     # (value, group) pairs holding more than one class of the group.
     codes, count = np.unique(held_value * len(groups) + group, return_counts=True)
     if not (count > 1).any():
         return sig
-    bad = groups[np.unique(codes[count > 1] % len(groups))]
+    bad = groups[unique(codes[count > 1] % len(groups))]
     out = sig.copy()
     members = np.isin(sig, bad)
     out[members] = _pair(sig[members], np.flatnonzero(members).astype(np.uint64) + np.uint64(1))
