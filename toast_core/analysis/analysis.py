@@ -23,7 +23,7 @@ from toast_core.analysis.conflicts import (
     Conflict,
     ConflictOption,
     Site,
-    cut_options,
+    cut_options_many,
     describe_cut,
     edge_to_forbid,
     links_sides,
@@ -397,6 +397,7 @@ def _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes) -> tuple
 
     # 1. self-conflicts: values holding one named dim twice, grouped through the ops linking them.
     clash = _self_clashes(nda, slots, atom_dim, len(named))
+    found = []  # (named dim, sites, description, graph, sources, sinks) of each self-conflict
     for values in _linked_clashes(program, clash):
         c = clash[values[0]][0]
         g = graph(c)
@@ -411,13 +412,12 @@ def _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes) -> tuple
         sinks = {a if f else b for a, b, f in zip(a_side, b_side, flip)}
         sites = [_site(program, v) for v in values]
         nd = named[c]
-        add(
-            "self",
-            [c],
-            sites,
-            cut_options(g, sources, sinks),
-            f"{nd.name} {nd.label} appears twice in {program.values[values[0]].display()}",
-        )
+        text = f"{nd.name} {nd.label} appears twice in {program.values[values[0]].display()}"
+        found.append((c, sites, text, g, sources, sinks))
+    # One self-conflict per layer, all in the sequence dim: their max-flows run together.
+    options = cut_options_many([(g, sources, sinks) for *_, g, sources, sinks in found])
+    for (c, sites, text, *_), cuts in zip(found, options):
+        add("self", [c], sites, cuts, text)
 
     # 2. axis clashes: an updated parameter named dim co-occurring with data named dims.
     data_dims = {nd.id for nd in named if nd.is_input and not nd.is_persistent}
