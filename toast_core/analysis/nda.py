@@ -89,6 +89,7 @@ class _FactorForest:
         self.parent: list[int] = []
         self.weight: list[int] = []  # class size, valid at roots (union by size)
         self.next: list[int] = []  # circular list of each class's members: O(1) union
+        self.split: list[int] = []  # the factors `split_class` gave children, in order
 
     @classmethod
     def from_arrays(cls, size: np.ndarray, kind: list[str], owner: np.ndarray) -> _FactorForest:
@@ -138,7 +139,13 @@ class _FactorForest:
         return root
 
     def union(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
+        parent = self.parent
+        ra = parent[a]
+        if parent[ra] != ra:
+            ra = self.find(a)
+        rb = parent[b]
+        if parent[rb] != rb:
+            rb = self.find(b)
         if ra == rb:
             return
         if self.weight[ra] < self.weight[rb]:
@@ -183,6 +190,7 @@ class _FactorForest:
             a = self.new(major, self.kind[m], self.owner[m])
             b = self.new(minor, self.kind[m], self.owner[m])
             self.children[m] = (a, b)
+            self.split.append(m)
             firsts.append(a)
             seconds.append(b)
         for group in (firsts, seconds):
@@ -482,16 +490,26 @@ def run_nda(program: Program) -> NdaResult:
     forest = _FactorForest.from_arrays(size, kinds, factor_owner)
     failed: set[tuple[int, int, int, int]] = set()
     value_list, use_list = value_factor.tolist(), use_factor.tolist()
-    align = forest.align
-    for i in np.flatnonzero(dirty).tolist():
-        a, na = int(links.v_start[i]), int(links.v_count[i])
-        b, nb = int(links.u_start[i]), int(links.u_count[i])
+    align, union, children, factor_size = forest.align, forest.union, forest.children, forest.size
+    replay = np.flatnonzero(dirty)
+    for i, a, na, b, nb in zip(
+        replay.tolist(),
+        links.v_start[replay].tolist(),
+        links.v_count[replay].tolist(),
+        links.u_start[replay].tolist(),
+        links.u_count[replay].tolist(),
+    ):
+        if na == 1 and nb == 1:  # `align`'s first case, inlined: most replayed links are plain
+            fa, fb = value_list[a], use_list[b]
+            if children[fa] is None and children[fb] is None and factor_size[fa] == factor_size[fb]:
+                union(fa, fb)
+                continue
         if not align(value_list[a : a + na], use_list[b : b + nb]):
             failed.add(links.key(i))
 
     # Leaf atoms of every slot (a factor split by refinement becomes its leaves).
     n_initial = len(size)
-    leaves_of = {f: forest.leaves((f,)) for f in range(n_initial) if forest.children[f] is not None}
+    leaves_of = {f: forest.leaves((f,)) for f in sorted(forest.split) if f < n_initial}
     v_atom, v_dim_count = _expand(value_factor, _owner_of(vd_count), len(vd_count), leaves_of)
     u_atom, u_dim_count = _expand(use_factor, _owner_of(ud_count), len(ud_count), leaves_of)
     op_factor = np.arange(n_in, n_initial, dtype=np.int64)
