@@ -30,7 +30,7 @@ from toast_core.analysis.conflicts import (
     nearest_cuts,
     ranked,
 )
-from toast_core.analysis.layers import layer_groups
+from toast_core.analysis.layers import layer_groups, value_signatures
 from toast_core.analysis.nda import (
     MEdge,
     NamedDim,
@@ -66,6 +66,9 @@ class Analysis:
     cooccurrence: frozenset[tuple[int, int]] = field(repr=False)
     dim_groups: tuple[tuple[int, ...], ...] = ()
     conflict_groups: tuple[tuple[int, ...], ...] = ()
+    # [rounds + 1, values] structural labels (`layers.value_signatures`): the groups above and
+    # the search's fine-class groups are both built from them, computed once.
+    value_signatures: np.ndarray = field(default=None, repr=False)
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -196,19 +199,22 @@ def _analyze(program: Program) -> Analysis:
     named = _named_dims(program, nda, slots, atom_dim, n_dims, nbytes)
     cooc = _cooccurrence(slots, atom_dim, n_dims, len(program.values))
     conflicts = _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes)
+    value_sig = value_signatures(program, nda)
     dim_groups, conflict_groups = layer_groups(
-        program,
-        slots.value,
-        slots.dim,
-        slots.sub,
-        atom_dim[slots.atom],
-        named,
-        conflicts,
-        nda.op_rule,
+        value_sig, slots.value, slots.dim, slots.sub, atom_dim[slots.atom], named, conflicts
     )
     diagnostics = tuple(program.diagnostics) + nda.diagnostics
     return Analysis(
-        program, named, conflicts, diagnostics, nda, atom_dim, cooc, dim_groups, conflict_groups
+        program,
+        named,
+        conflicts,
+        diagnostics,
+        nda,
+        atom_dim,
+        cooc,
+        dim_groups,
+        conflict_groups,
+        value_sig,
     )
 
 

@@ -50,11 +50,12 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 
 from toast_core.analysis.arrays import unique
+from toast_core.analysis.nda import NdaResult
 from toast_core.ir.program import Program
 
 #: Neighbourhood rounds: enough to tell q, k and v projections apart through a library Dense
@@ -112,32 +113,28 @@ def _labels(keys) -> np.ndarray:
     return np.fromiter((ids.setdefault(k, len(ids)) for k in keys), dtype=np.uint64)
 
 
-def value_signatures(program: Program, op_rule=None, rounds: int = ROUNDS) -> np.ndarray:
+def value_signatures(program: Program, nda: NdaResult, rounds: int = ROUNDS) -> np.ndarray:
     """[rounds + 1, values] uint64: each value's structural label after 0..rounds rounds.
 
-    `op_rule` (`NdaResult.op_rule`, optional) numbers each op's (primitive, params, operand and
-    result shapes), which saves hashing them again."""
+    `nda` (the program's `NdaResult`) gives the def-use graph as arrays and numbers each op's
+    rule (primitive, params, operand and result shapes), which saves hashing them again."""
     values, ops = program.values, program.ops
     n_values, n_ops = len(values), len(ops)
-    use_op = np.repeat(np.arange(n_ops), [len(op.operands) for op in ops])
-    use_pos = np.fromiter(chain.from_iterable(range(len(op.operands)) for op in ops), np.uint64)
-    use_val = np.fromiter(chain.from_iterable(op.operands for op in ops), np.int64)
-    res_op = np.repeat(np.arange(n_ops), [len(op.results) for op in ops])
-    res_pos = np.fromiter(chain.from_iterable(range(len(op.results)) for op in ops), np.uint64)
-    res_val = np.fromiter(chain.from_iterable(op.results for op in ops), np.int64)
+    use_op, use_val = nda.use_op, nda.use_value
+    use_pos = nda.use_position.astype(np.uint64)
+    n_results = np.diff(nda.result_start)
+    res_op = np.repeat(np.arange(n_ops), n_results)
+    res_pos = (np.arange(len(res_op)) - np.repeat(nda.result_start[:-1], n_results)).astype(
+        np.uint64
+    )
+    res_val = nda.result_value
     by_use_op, by_res_op, by_use_val = _segments(use_op), _segments(res_op), _segments(use_val)
     value_label = _labels((v.shape, v.dtype) for v in values)
-    call_paths: dict = {}
-    for op in ops:
-        if op.call_path not in call_paths:
-            call_paths[op.call_path] = tuple(_DIGITS.sub("#", c) for c in op.call_path)
-    if op_rule is None:
-        op_rule = _labels((op.primitive, op.params) for op in ops)
     with np.errstate(over="ignore"):
         op_label = _mix(
             _pair(
-                _pair(np.asarray(op_rule, dtype=np.uint64), _labels(op.source for op in ops)),
-                _labels(call_paths[op.call_path] for op in ops),
+                _pair(np.asarray(nda.op_rule, dtype=np.uint64), _labels(op.source for op in ops)),
+                _call_path_labels(ops),
             )
             + _segment_sum(_pair(use_pos, value_label[use_val]), by_use_op, n_ops)
             + _segment_sum(
@@ -173,6 +170,21 @@ def value_signatures(program: Program, op_rule=None, rounds: int = ROUNDS) -> np
             from_uses = _segment_sum(_pair(op_sig[use_op], use_pos), by_use_val, n_values)
             sig[r] = _mix(prev + _pair(from_producer, from_uses))
     return sig
+
+
+def _call_path_labels(ops) -> np.ndarray:
+    """Op -> dense id of its call path with digits dropped (`blocks_3/attn` as `blocks_#/attn`),
+    in first-seen order; each distinct path is rewritten once."""
+    ids: dict = {}
+    of_path: dict = {}
+    out = []
+    for path in map(attrgetter("call_path"), ops):
+        label = of_path.get(path)
+        if label is None:
+            key = tuple(_DIGITS.sub("#", c) for c in path)
+            label = of_path[path] = ids.setdefault(key, len(ids))
+        out.append(label)
+    return np.array(out, dtype=np.uint64)
 
 
 def class_signatures(
@@ -227,7 +239,7 @@ def fine_signatures(ana) -> np.ndarray:
     """[fine classes] uint64 of an `Analysis`: equal for the same dim of repeated layers."""
     value, dim, sub, atom = ana.nda.value_slots.T
     sigs = class_signatures(
-        value_signatures(ana.program, ana.nda.op_rule),
+        ana.value_signatures,
         value,
         dim,
         sub,
@@ -237,13 +249,12 @@ def fine_signatures(ana) -> np.ndarray:
     return apart_if_chained(balanced_refinement(sigs), value, ana.fine_of_atom[atom])
 
 
-def layer_groups(program: Program, value, dim, sub, cls, named, conflicts, op_rule=None):
+def layer_groups(value_sig, value, dim, sub, cls, named, conflicts):
     """(dim groups, conflict groups): named dims with equal structural signatures, and conflicts
-    of one kind over grouped named dims with equal option bytes. `value`, `dim`, `sub`, `cls` are
-    the program's value atoms with the named dim of each."""
-    sig = balanced_refinement(
-        class_signatures(value_signatures(program, op_rule), value, dim, sub, cls, len(named))
-    )
+    of one kind over grouped named dims with equal option bytes. `value_sig` is the program's
+    `value_signatures`; `value`, `dim`, `sub`, `cls` are its value atoms with the named dim of
+    each."""
+    sig = balanced_refinement(class_signatures(value_sig, value, dim, sub, cls, len(named)))
     sig = apart_if_chained(sig, value, cls)
     has_values = np.zeros(len(named), dtype=bool)
     has_values[cls] = True

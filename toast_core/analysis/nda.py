@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain
+from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -251,6 +252,7 @@ class NdaResult:
     # Uses (operand `position` of `op`, in op order) and their atoms, laid out the same way.
     use_op: np.ndarray
     use_position: np.ndarray
+    use_value: np.ndarray  # the value each use reads
     use_dims: np.ndarray  # [uses + 1]
     use_dim_atoms: np.ndarray  # [use dims + 1]
     use_atom: np.ndarray  # [k] atoms of every use dim, in order
@@ -264,6 +266,10 @@ class NdaResult:
     fallback_ops: tuple[int, ...] = field(default=())
     # op -> its rule (one number per distinct primitive, params, operand and result shapes)
     op_rule: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # The values each op defines, in op order: op k's are result_value[result_start[k] :
+    # result_start[k + 1]] (with `use_*`, the def-use graph as arrays, for `layers.py`).
+    result_value: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    result_start: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
 
     def value_dim(self, value: int, dim: int) -> tuple[int, ...]:
         """The leaf atoms of one value dim, major to minor."""
@@ -408,11 +414,13 @@ def run_nda(program: Program) -> NdaResult:
     diagnostics, fallback_ops = _fallback_diagnostics(ops, templates, op_template)
 
     # Operands and results of every op, flattened.
-    n_operands = np.fromiter((len(op.operands) for op in ops), dtype=np.int64, count=n_ops)
-    operand_value = np.fromiter(chain.from_iterable(op.operands for op in ops), dtype=np.int64)
+    operands = list(map(attrgetter("operands"), ops))
+    results = list(map(attrgetter("results"), ops))
+    n_operands = np.fromiter(map(len, operands), dtype=np.int64, count=n_ops)
+    operand_value = np.fromiter(chain.from_iterable(operands), dtype=np.int64)
     operand_start = np.cumsum(n_operands) - n_operands
-    n_results = np.fromiter((len(op.results) for op in ops), dtype=np.int64, count=n_ops)
-    result_value = np.fromiter(chain.from_iterable(op.results for op in ops), dtype=np.int64)
+    n_results = np.fromiter(map(len, results), dtype=np.int64, count=n_ops)
+    result_value = np.fromiter(chain.from_iterable(results), dtype=np.int64)
     result_start = np.cumsum(n_results) - n_results
 
     # Factors: inputs' first (one per dim of size > 1, in value order), then each op's.
@@ -552,6 +560,7 @@ def run_nda(program: Program) -> NdaResult:
         value_dim_atoms=value_dim_atoms,
         use_op=use_op,
         use_position=use_position,
+        use_value=operand_value,
         use_dims=use_dims,
         use_dim_atoms=use_dim_atoms,
         use_atom=u_atom,
@@ -562,6 +571,8 @@ def run_nda(program: Program) -> NdaResult:
         diagnostics=tuple(diagnostics),
         fallback_ops=tuple(fallback_ops),
         op_rule=op_template,
+        result_value=result_value,
+        result_start=_offsets(n_results),
     )
 
 
