@@ -602,9 +602,11 @@ class _Batch:
             return {}
         sides = []
         for cut in result[1:]:
+            edges = list(cut)
+            dims = self.atom_dim[self.ends[np.asarray(edges, dtype=np.int64), 0]].tolist()
             by_dim: dict[int, set[int]] = defaultdict(set)
-            for e in cut:
-                by_dim[int(self.atom_dim[self.ends[e, 0]])].add(e)
+            for e, d in zip(edges, dims):
+                by_dim[d].add(e)
             sides.append(by_dim)
         return {
             c1: (0.0, frozenset(sides[0].get(c1, ())), frozenset(sides[1].get(c1, ())))

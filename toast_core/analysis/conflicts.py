@@ -101,10 +101,8 @@ class ClassGraph:
     def __init__(self, eids, ends, capacity: np.ndarray, unit_bytes: float) -> None:
         """`eids`: the class's M-edge ids; `ends`: their [value atom, use atom] rows;
         `capacity`: bytes per M-edge id (the whole program's array)."""
-        self.nodes = unique(ends)
+        self.nodes, (self.eu, self.ev) = _relabel(np.asarray(ends, dtype=np.int64).reshape(-1, 2).T)
         self.n = len(self.nodes)
-        self.eu = np.searchsorted(self.nodes, ends[:, 0])
-        self.ev = np.searchsorted(self.nodes, ends[:, 1])
         self.eid = np.asarray(eids, dtype=np.int64)
         caps = capacity[self.eid]
         self.cap = np.clip(np.ceil(caps / unit_bytes), 1, 1 << 16).astype(np.int64)
@@ -195,6 +193,18 @@ class ClassGraph:
         if blocked:
             cap[np.isin(self.eid[edges], list(blocked))] = self.BIG
         return _Part(len(nodes), eu, ev, cap, self.eid[edges], src, snk, rim)
+
+
+def _relabel(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct ids sorted, `ids` as indices into them): by a bitmap over the id range when
+    that is not much larger than `ids` (atoms are numbered densely), else by sorting."""
+    top = int(ids.max(initial=-1)) + 1
+    if top <= 8 * ids.size + 1024:
+        seen = np.zeros(top, dtype=bool)
+        seen[ids] = True
+        return np.flatnonzero(seen), (np.cumsum(seen) - 1)[ids]
+    distinct = unique(ids)
+    return distinct, np.searchsorted(distinct, ids)
 
 
 @dataclass(frozen=True, slots=True)
