@@ -184,16 +184,25 @@ class _FactorForest:
         return tuple(out)
 
     def split_class(self, f: int, major: int) -> None:
-        """Splits every factor of f's class into (major, size // major) sub-factors."""
-        minor = self.size[f] // major
+        """Splits every factor of f's class into (major, size // major) sub-factors (`new`
+        inlined: most classes split here are single factors, and this runs per refinement)."""
+        size, kind, owner, children = self.size, self.kind, self.owner, self.children
+        minor = size[f] // major
         firsts, seconds = [], []
         for m in self.members(f):
-            a = self.new(major, self.kind[m], self.owner[m])
-            b = self.new(minor, self.kind[m], self.owner[m])
-            self.children[m] = (a, b)
+            a = len(size)
+            k, o = kind[m], owner[m]
+            size += (major, minor)
+            kind += (k, k)
+            owner += (o, o)
+            children += (None, None)
+            self.parent += (a, a + 1)
+            self.weight += (1, 1)
+            self.next += (a, a + 1)
+            children[m] = (a, a + 1)
             self.split.append(m)
             firsts.append(a)
-            seconds.append(b)
+            seconds.append(a + 1)
         for group in (firsts, seconds):
             for x in group[1:]:
                 self.union(group[0], x)
@@ -201,23 +210,25 @@ class _FactorForest:
     def align(self, seq_a, seq_b) -> bool:
         """Links two factorizations of one dim leaf by leaf, refining as needed. False if the
         factorizations have no common refinement (nothing is changed then)."""
+        size, children = self.size, self.children
         if len(seq_a) == 1 and len(seq_b) == 1:
             a, b = seq_a[0], seq_b[0]
-            if (
-                self.children[a] is None
-                and self.children[b] is None
-                and self.size[a] == self.size[b]
-            ):
+            if children[a] is None and children[b] is None and size[a] == size[b]:
                 self.union(a, b)
                 return True
         while True:
             la, lb = self.leaves(seq_a), self.leaves(seq_b)
-            if refine([self.size[f] for f in la], [self.size[f] for f in lb]) is None:
+            sizes_a, sizes_b = [size[f] for f in la], [size[f] for f in lb]
+            if sizes_a == sizes_b:  # leaves already line up: no refinement to check or make
+                for x, y in zip(la, lb):
+                    self.union(x, y)
+                return True
+            if refine(sizes_a, sizes_b) is None:
                 return False
             i = j = 0
             restarted = False
             while i < len(la) and j < len(lb):
-                sa, sb = self.size[la[i]], self.size[lb[j]]
+                sa, sb = sizes_a[i], sizes_b[j]
                 if sa == sb:
                     self.union(la[i], lb[j])
                     i += 1
