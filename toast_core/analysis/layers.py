@@ -78,10 +78,13 @@ def _mix(x: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
+_PAIR_K = np.uint64(0x9E3779B97F4A7C15)
+
+
 def _pair(a, b) -> np.ndarray:
     """A hash of the ordered pair (a, b)."""
     with np.errstate(over="ignore"):
-        return _mix(_mix(a) + np.uint64(0x9E3779B97F4A7C15) * _mix(np.asarray(b, dtype=np.uint64)))
+        return _mix(_mix(a) + _PAIR_K * _mix(np.asarray(b, dtype=np.uint64)))
 
 
 def _segments(owner: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -157,17 +160,26 @@ def value_signatures(program: Program, nda: NdaResult, rounds: int = ROUNDS) -> 
     readers = _segment_sum(_pair(op_label[use_op], use_pos), by_use_val, n_values)
     produced[is_input] = readers[is_input]
     sig[0] = _pair(base, produced)
+    # `_pair(a, b)` mixes both sides; the positions are the same every round, so mixed once.
+    use_pos_mixed, res_pos_mixed = _mix(use_pos), _mix(res_pos + np.uint64(1 << 20))
+    use_pos_scaled, res_pos_scaled = _PAIR_K * _mix(use_pos), _PAIR_K * _mix(res_pos)
     for r in range(1, rounds + 1):
         prev = sig[r - 1]
         with np.errstate(over="ignore"):
             op_sig = _mix(
                 op_label
-                + _segment_sum(_pair(use_pos, prev[use_val]), by_use_op, n_ops)
-                + _segment_sum(_pair(res_pos + np.uint64(1 << 20), prev[res_val]), by_res_op, n_ops)
+                + _segment_sum(
+                    _mix(use_pos_mixed + _PAIR_K * _mix(prev[use_val])), by_use_op, n_ops
+                )
+                + _segment_sum(
+                    _mix(res_pos_mixed + _PAIR_K * _mix(prev[res_val])), by_res_op, n_ops
+                )
             )
             from_producer = np.zeros(n_values, dtype=np.uint64)
-            from_producer[res_val] = _pair(op_sig[res_op], res_pos)
-            from_uses = _segment_sum(_pair(op_sig[use_op], use_pos), by_use_val, n_values)
+            from_producer[res_val] = _mix(_mix(op_sig[res_op]) + res_pos_scaled)
+            from_uses = _segment_sum(
+                _mix(_mix(op_sig[use_op]) + use_pos_scaled), by_use_val, n_values
+            )
             sig[r] = _mix(prev + _pair(from_producer, from_uses))
     return sig
 

@@ -551,6 +551,9 @@ def run_nda(program: Program) -> NdaResult:
     use_index = operand_start[ud_op] + ud_pos
     use_dims = _offsets(np.bincount(use_index, minlength=n_uses))
 
+    # Refinement only appends factors: the first `n_initial` are the arrays the forest began with.
+    atom_size = np.concatenate([size, np.array(forest.size[n_initial:], dtype=np.int64)])
+    atom_owner = np.concatenate([factor_owner, np.array(forest.owner[n_initial:], dtype=np.int64)])
     table = _medge_table(
         links,
         failed,
@@ -560,12 +563,12 @@ def run_nda(program: Program) -> NdaResult:
         np.flatnonzero(is_link),
         v_atom,
         u_atom,
-        np.asarray(forest.size, dtype=np.int64),
+        atom_size,
     )
     return NdaResult(
-        atom_size=np.asarray(forest.size, dtype=np.int64),
+        atom_size=atom_size,
         atom_kind=tuple(forest.kind),
-        atom_owner=np.asarray(forest.owner, dtype=np.int64),
+        atom_owner=atom_owner,
         value_slots=value_slots.astype(np.int64).reshape(-1, 4),
         value_dims=value_dims,
         value_dim_atoms=value_dim_atoms,
