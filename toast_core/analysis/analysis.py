@@ -39,6 +39,7 @@ from toast_core.analysis.nda import (
     first_seen_order,
     run_nda,
 )
+from toast_core.analysis.value_facts import value_facts
 from toast_core.errors import ToastError, bad_value
 from toast_core.gcpause import gc_paused
 from toast_core.ir.program import Program
@@ -51,6 +52,7 @@ _ROLE_RANK = {
     "literal": 5,
     "intermediate": 3,
 }
+_PERSISTENT = {"parameter": 1, "state": 1}
 
 
 @dataclass(frozen=True, eq=False)
@@ -195,11 +197,11 @@ def _analyze(program: Program) -> Analysis:
     nda = run_nda(program)
     slots = _slots(nda)
     atom_dim, n_dims = _atom_dims(nda, slots)
-    nbytes = np.array([v.nbytes for v in program.values], dtype=np.int64)
-    named = _named_dims(program, nda, slots, atom_dim, n_dims, nbytes)
+    facts = value_facts(program)
+    named = _named_dims(program, nda, slots, atom_dim, n_dims, facts)
     cooc = _cooccurrence(slots, atom_dim, n_dims, len(program.values))
-    conflicts = _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes)
-    value_sig = value_signatures(program, nda)
+    conflicts = _find_conflicts(program, nda, slots, atom_dim, named, cooc, facts)
+    value_sig = value_signatures(program, nda, facts)
     dim_groups, conflict_groups = layer_groups(
         value_sig, slots.value, slots.dim, slots.sub, atom_dim[slots.atom], named, conflicts
     )
@@ -260,9 +262,10 @@ def _atom_dims(nda: NdaResult, slots: _Slots) -> tuple[np.ndarray, int]:
     return atom_dim, int(atom_dim.max(initial=-1)) + 1
 
 
-def _named_dims(program: Program, nda: NdaResult, slots: _Slots, atom_dim, n: int, nbytes):
+def _named_dims(program: Program, nda: NdaResult, slots: _Slots, atom_dim, n: int, facts):
     """The `NamedDim` records, gathered for all named dims at once by sorting atoms by dim."""
     values = program.values
+    nbytes = facts.nbytes
     leaves = np.flatnonzero(atom_dim >= 0)
     order, bounds = _group_by(atom_dim[leaves], n)
     atoms = leaves[order].tolist()
@@ -280,12 +283,11 @@ def _named_dims(program: Program, nda: NdaResult, slots: _Slots, atom_dim, n: in
     )
     # Label: the member of the best-ranked role, then of the largest value, then the first; this
     # stable sort is ordered by named dim like `m_order`, so each group's first entry is its best.
-    roles = [v.role for v in values]
-    rank = np.array([_ROLE_RANK.get(r, 9) for r in roles], dtype=np.int64)
+    rank = facts.role_table(_ROLE_RANK, 9)
     best = np.lexsort((-nbytes[slots.value], rank[slots.value], cls))
     covered = _bytes_covered(slots.value, cls, nbytes, n)
-    persistent = _dims_holding([r in ("parameter", "state") for r in roles], slots.value, cls, n)
-    is_input = _dims_holding([r == "input" for r in roles], slots.value, cls, n)
+    persistent = _dims_holding(facts.role_table(_PERSISTENT, 0), slots.value, cls, n)
+    is_input = _dims_holding(facts.role_table({"input": 1}, 0), slots.value, cls, n)
     reduction_ops = _ops_by_dim(nda, atom_dim, leaves, "reduction", n)
     replication_ops = _ops_by_dim(nda, atom_dim, leaves, "replicate", n)
     out = []
@@ -375,8 +377,8 @@ def _class_graphs(nda: NdaResult, atom_dim, nbytes):
     return by_class, ends, capacity, unit
 
 
-def _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes) -> tuple[Conflict, ...]:
-    by_class, ends, capacity, unit = _class_graphs(nda, atom_dim, nbytes)
+def _find_conflicts(program, nda, slots, atom_dim, named, cooc, facts) -> tuple[Conflict, ...]:
+    by_class, ends, capacity, unit = _class_graphs(nda, atom_dim, facts.nbytes)
     graphs: dict[int, ClassGraph] = {}
 
     def graph(c: int) -> ClassGraph:
@@ -434,7 +436,7 @@ def _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes) -> tuple
         if x in data_dims:
             partners[y].add(x)
     candidates = [c for c in sorted(partners) if named[c].is_persistent and c not in data_dims]
-    clash_specs = _axis_clash_specs(program, slots, atom_dim, data_dims, candidates)
+    clash_specs = _axis_clash_specs(program, slots, atom_dim, data_dims, candidates, facts)
     batch = _Batch(by_class, ends, capacity, unit, atom_dim)
     options = _axis_clash_options(clash_specs, graph, batch)
     for c1, _, _, sites in clash_specs:
@@ -473,16 +475,19 @@ def _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes) -> tuple
 def _self_clashes(nda: NdaResult, slots: _Slots, atom_dim, n: int) -> dict:
     """Value -> (named dim, first atom, atom repeating it) for values holding a named dim twice."""
     cls = atom_dim[slots.atom]
-    held, count = np.unique(slots.value * max(n, 1) + cls, return_counts=True)
+    held = np.sort(slots.value * max(n, 1) + cls)
+    repeated = unique(held[1:][held[1:] == held[:-1]] // max(n, 1))
     clash: dict[int, tuple[int, int, int]] = {}
-    for vid in unique(held[count > 1] // max(n, 1)).tolist():
-        first: dict[int, int] = {}
-        for atoms in (nda.value_dim(vid, d) for d in range(nda.value_rank(vid))):
-            for a in atoms:
-                c = int(atom_dim[a])
-                if c in first and vid not in clash:
-                    clash[vid] = (c, first[c], a)
-                first.setdefault(c, a)
+    # The value atoms of those values, in (value, dim, sub) order: each value's atoms in turn.
+    rows = np.flatnonzero(np.isin(slots.value, repeated))
+    first: dict[int, int] = {}
+    current = -1
+    for vid, a, c in zip(slots.value[rows].tolist(), slots.atom[rows].tolist(), cls[rows].tolist()):
+        if vid != current:
+            first, current = {}, vid
+        if c in first and vid not in clash:
+            clash[vid] = (c, first[c], a)
+        first.setdefault(c, a)
     return clash
 
 
@@ -514,7 +519,7 @@ def _linked_clashes(program: Program, clash: dict) -> list[list[int]]:
     return sorted(groups.values(), key=lambda g: g[0])
 
 
-def _axis_clash_specs(program: Program, slots: _Slots, atom_dim, data_dims, candidates):
+def _axis_clash_specs(program: Program, slots: _Slots, atom_dim, data_dims, candidates, facts):
     """(named dim, source atoms, sink atoms, sites) of each candidate parameter dim that the
     program updates: sources are its atoms in persistent or output values free of data dims,
     sinks its atoms in values and ops that also hold a data dim."""
@@ -526,29 +531,43 @@ def _axis_clash_specs(program: Program, slots: _Slots, atom_dim, data_dims, cand
     value_has_data[slots.value[is_data[cls]]] = True
     op_has_data = np.zeros(len(program.ops), dtype=bool)
     op_has_data[slots.op[is_data[op_cls]]] = True
-    # `Value.is_output` / `is_persistent`, read as plain fields (a property call per value adds up).
-    is_output = np.array([v.output_name is not None for v in values], dtype=bool)
-    keeps = is_output | np.array([v.role in ("parameter", "state") for v in values], dtype=bool)
-    order, bounds = _group_by(cls, len(is_data))
-    op_order, op_bounds = _group_by(op_cls, len(is_data))
+    is_output = facts.is_output
+    keeps = is_output | facts.role_table(_PERSISTENT, 0).astype(bool)
+    n = len(is_data)
+    # Every named dim's value atoms at once, in (named dim, value, dim, sub) order, split below
+    # into the parts each clash needs: one pass over the program, not one per candidate.
+    order, _ = _group_by(cls, n)
+    vids, atoms, of_dim = slots.value[order], slots.atom[order], cls[order]
+    data = value_has_data[vids]
+    # Only parameters the program updates (a train step) are worth keeping sharded apart from
+    # the data; in a forward pass, replicated or tensor-parallel weights are the choice.
+    updated = np.zeros(n, dtype=bool)
+    updated[of_dim[is_output[vids] & ~data]] = True
+    source_atoms, source_bounds = _by_dim(atoms, of_dim, ~data & keeps[vids], n)
+    data_atoms, data_bounds = _by_dim(atoms, of_dim, data, n)
+    data_vids, _ = _by_dim(vids, of_dim, data, n)
+    op_order, _ = _group_by(op_cls, n)
+    op_data = op_has_data[slots.op[op_order]]
+    op_atoms, op_bounds = _by_dim(slots.op_atom[op_order], op_cls[op_order], op_data, n)
     specs = []
     for c1 in candidates:
-        entries = order[bounds[c1] : bounds[c1 + 1]]
-        vids, atoms = slots.value[entries], slots.atom[entries]
-        data = value_has_data[vids]
-        # Only parameters the program updates (a train step) are worth keeping sharded apart
-        # from the data; in a forward pass, replicated or tensor-parallel weights are the choice.
-        if not (is_output[vids] & ~data).any():
+        if not updated[c1]:
             continue
-        op_entries = op_order[op_bounds[c1] : op_bounds[c1 + 1]]
-        op_entries = op_entries[op_has_data[slots.op[op_entries]]]
-        sources = set(atoms[~data & keeps[vids]].tolist())
-        sinks = set(atoms[data].tolist()) | set(slots.op_atom[op_entries].tolist())
+        sources = set(source_atoms[source_bounds[c1] : source_bounds[c1 + 1]])
+        lo, hi = data_bounds[c1], data_bounds[c1 + 1]
+        sinks = set(data_atoms[lo:hi]) | set(op_atoms[op_bounds[c1] : op_bounds[c1 + 1]])
         if sources & sinks:
             continue
-        sites = [_site(program, v) for v in unique(vids[data])[:4].tolist()]
+        sites = [_site(program, v) for v in sorted(set(data_vids[lo:hi]))[:4]]
         specs.append((c1, sources, sinks, sites))
     return specs
+
+
+def _by_dim(items: np.ndarray, of_dim: np.ndarray, keep: np.ndarray, n: int):
+    """(the kept items as a list, bounds): named dim c's are `items[bounds[c] : bounds[c + 1]]`,
+    in their order; `of_dim` is sorted."""
+    kept = of_dim[keep]
+    return items[keep].tolist(), np.searchsorted(kept, np.arange(n + 1)).tolist()
 
 
 def _axis_clash_options(specs, graph, batch: _Batch) -> dict[int, list[frozenset[int]]]:

@@ -56,6 +56,7 @@ import numpy as np
 
 from toast_core.analysis.arrays import unique
 from toast_core.analysis.nda import NdaResult
+from toast_core.analysis.value_facts import ValueFacts, value_facts
 from toast_core.ir.program import Program
 
 #: Neighbourhood rounds: enough to tell q, k and v projections apart through a library Dense
@@ -116,11 +117,15 @@ def _labels(keys) -> np.ndarray:
     return np.fromiter((ids.setdefault(k, len(ids)) for k in keys), dtype=np.uint64)
 
 
-def value_signatures(program: Program, nda: NdaResult, rounds: int = ROUNDS) -> np.ndarray:
+def value_signatures(
+    program: Program, nda: NdaResult, facts: ValueFacts | None = None, rounds: int = ROUNDS
+) -> np.ndarray:
     """[rounds + 1, values] uint64: each value's structural label after 0..rounds rounds.
 
     `nda` (the program's `NdaResult`) gives the def-use graph as arrays and numbers each op's
-    rule (primitive, params, operand and result shapes), which saves hashing them again."""
+    rule (primitive, params, operand and result shapes), which saves hashing them again;
+    `facts` (`value_facts(program)`, made if not given) each value's shape, dtype and role."""
+    facts = value_facts(program) if facts is None else facts
     values, ops = program.values, program.ops
     n_values, n_ops = len(values), len(ops)
     use_op, use_val = nda.use_op, nda.use_value
@@ -132,7 +137,7 @@ def value_signatures(program: Program, nda: NdaResult, rounds: int = ROUNDS) -> 
     )
     res_val = nda.result_value
     by_use_op, by_res_op, by_use_val = _segments(use_op), _segments(res_op), _segments(use_val)
-    value_label = _labels((v.shape, v.dtype) for v in values)
+    value_label = facts.shape_label
     with np.errstate(over="ignore"):
         op_label = _mix(
             _pair(
@@ -144,9 +149,7 @@ def value_signatures(program: Program, nda: NdaResult, rounds: int = ROUNDS) -> 
                 _pair(res_pos + np.uint64(1 << 20), value_label[res_val]), by_res_op, n_ops
             )
         )
-    role = np.array(
-        [_ROLE.get(v.role, 7) * 2 + (v.output_name is not None) for v in values], dtype=np.uint64
-    ).reshape(-1)
+    role = (facts.role_table(_ROLE, 7) * 2 + facts.is_output).astype(np.uint64)
     sig = np.zeros((rounds + 1, n_values), dtype=np.uint64)
     base = _pair(value_label, role)
     produced = np.zeros(n_values, dtype=np.uint64)

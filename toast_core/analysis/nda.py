@@ -406,27 +406,28 @@ def run_nda(program: Program) -> NdaResult:
     values, ops = program.values, program.ops
     n_values, n_ops = len(values), len(ops)
     shape_of = [v.shape for v in values].__getitem__
+    operands = list(map(attrgetter("operands"), ops))
+    results = list(map(attrgetter("results"), ops))
     templates: list[_Template] = []
     index: dict = {}
-    op_template = np.zeros(n_ops, dtype=np.int64)
-    for k, op in enumerate(ops):
+    template_of_op = []
+    for op, op_operands, op_results in zip(ops, operands, results):
         key = (
             op.primitive,
             op.params,
-            tuple(map(shape_of, op.operands)),
-            tuple(map(shape_of, op.results)),
+            tuple(map(shape_of, op_operands)),
+            tuple(map(shape_of, op_results)),
         )
         t = index.get(key)
         if t is None:
             rule = factors_of(op, list(key[2]), list(key[3]))
             t = index[key] = len(templates)
             templates.append(_Template.of(rule))
-        op_template[k] = t
+        template_of_op.append(t)
+    op_template = np.array(template_of_op, dtype=np.int64).reshape(n_ops)
     diagnostics, fallback_ops = _fallback_diagnostics(ops, templates, op_template)
 
     # Operands and results of every op, flattened.
-    operands = list(map(attrgetter("operands"), ops))
-    results = list(map(attrgetter("results"), ops))
     n_operands = np.fromiter(map(len, operands), dtype=np.int64, count=n_ops)
     operand_value = np.fromiter(chain.from_iterable(operands), dtype=np.int64)
     operand_start = np.cumsum(n_operands) - n_operands
