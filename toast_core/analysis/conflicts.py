@@ -382,12 +382,10 @@ def ranked(cuts: list[frozenset[int]], capacity: np.ndarray) -> list[frozenset[i
 def describe_cut(program: Program, medge_table, cut: frozenset[int], limit: int = 3) -> str:
     """ "reshard k[8, 32, 64] at dot_general at model.py:42; ..." (one phrase per cut use);
     `medge_table` is `NdaResult.medge_table`."""
-    uses: dict[tuple[int, int], int] = {}
-    for eid in sorted(cut):
-        _, value, op, position = medge_table[eid, :4].tolist()
-        uses.setdefault((value, op), position)
+    rows = medge_table[np.array(sorted(cut), dtype=np.int64).reshape(-1), 1:3].tolist()
+    uses = dict.fromkeys(map(tuple, rows))  # (value, op) of each cut use, first seen first
     parts = []
-    for (vid, opi), _ in list(uses.items())[:limit]:
+    for vid, opi in list(uses)[:limit]:
         v, op = program.values[vid], program.ops[opi]
         parts.append(f"reshard {v.display()} before {op.where()}")
     more = len(uses) - limit
