@@ -669,3 +669,32 @@ def test_vectorized_nda_matches_a_link_by_link_pass_with_reshape_conflicts():
     assert ana.nda.atom_size.tolist() == size and ana.nda.value_atoms == value_atoms
     assert ana.nda.use_atoms == use_atoms and ana.nda.op_atoms == op_atoms
     assert ana.nda.medge_table.tolist() == [list(r) for r in rows]
+
+
+# --- local max-flows ------------------------------------------------------------------------------
+
+
+def _conflict_options(name: str, size: str) -> list:
+    from demos import MODEL_ZOO
+
+    w = MODEL_ZOO[name](size=size, train=True)
+    ana = tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
+    return [(c.kind, c.named_dims, [(o.cuts, o.bytes) for o in c.options]) for c in ana.conflicts]
+
+
+@pytest.mark.parametrize("name,size", [("gpt", "small"), ("llama", "tiny")])
+def test_conflict_options_do_not_depend_on_the_search_radius(name, size, monkeypatch):
+    """Self-conflict cuts are found on balls around each conflict, batched: the options are
+    those of whole-graph max-flows whether the first ball is too small (radius 1: every ball's
+    cut reaches its rim and the radius doubles), the default, or the whole graph, and whether
+    the balls are solved together or one by one."""
+    from toast_core.analysis import conflicts
+
+    found = []
+    for radius, hops, flow_limit in [(1 << 20, 1 << 20, 1), (1, 1, 1 << 30), (8, 16, 1 << 30)]:
+        monkeypatch.setattr(conflicts.ClassGraph, "RADIUS", radius)
+        monkeypatch.setattr(conflicts.ClassGraph, "HOPS", hops)
+        monkeypatch.setattr(conflicts, "_FLOW_LIMIT", flow_limit)
+        found.append(_conflict_options(name, size))
+    assert any(kind == "self" and options for kind, _, options in found[0])
+    assert found[1] == found[0] and found[2] == found[0]

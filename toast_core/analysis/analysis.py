@@ -17,19 +17,20 @@ from functools import cached_property
 
 import numpy as np
 
+from toast_core.analysis.arrays import unique
 from toast_core.analysis.conflicts import (
     ClassGraph,
     Conflict,
     ConflictOption,
     Site,
-    cut_options,
+    cut_options_many,
     describe_cut,
     edge_to_forbid,
     links_sides,
     nearest_cuts,
     ranked,
 )
-from toast_core.analysis.layers import layer_groups
+from toast_core.analysis.layers import layer_groups, value_signatures
 from toast_core.analysis.nda import (
     MEdge,
     NamedDim,
@@ -38,6 +39,7 @@ from toast_core.analysis.nda import (
     first_seen_order,
     run_nda,
 )
+from toast_core.analysis.value_facts import value_facts
 from toast_core.errors import ToastError, bad_value
 from toast_core.gcpause import gc_paused
 from toast_core.ir.program import Program
@@ -50,6 +52,7 @@ _ROLE_RANK = {
     "literal": 5,
     "intermediate": 3,
 }
+_PERSISTENT = {"parameter": 1, "state": 1}
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,6 +68,9 @@ class Analysis:
     cooccurrence: frozenset[tuple[int, int]] = field(repr=False)
     dim_groups: tuple[tuple[int, ...], ...] = ()
     conflict_groups: tuple[tuple[int, ...], ...] = ()
+    # [rounds + 1, values] structural labels (`layers.value_signatures`): the groups above and
+    # the search's fine-class groups are both built from them, computed once.
+    value_signatures: np.ndarray = field(default=None, repr=False)
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -191,23 +197,26 @@ def _analyze(program: Program) -> Analysis:
     nda = run_nda(program)
     slots = _slots(nda)
     atom_dim, n_dims = _atom_dims(nda, slots)
-    nbytes = np.array([v.nbytes for v in program.values], dtype=np.int64)
-    named = _named_dims(program, nda, slots, atom_dim, n_dims, nbytes)
+    facts = value_facts(program)
+    named = _named_dims(program, nda, slots, atom_dim, n_dims, facts)
     cooc = _cooccurrence(slots, atom_dim, n_dims, len(program.values))
-    conflicts = _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes)
+    conflicts = _find_conflicts(program, nda, slots, atom_dim, named, cooc, facts)
+    value_sig = value_signatures(program, nda, facts)
     dim_groups, conflict_groups = layer_groups(
-        program,
-        slots.value,
-        slots.dim,
-        slots.sub,
-        atom_dim[slots.atom],
-        named,
-        conflicts,
-        nda.op_rule,
+        value_sig, slots.value, slots.dim, slots.sub, atom_dim[slots.atom], named, conflicts
     )
     diagnostics = tuple(program.diagnostics) + nda.diagnostics
     return Analysis(
-        program, named, conflicts, diagnostics, nda, atom_dim, cooc, dim_groups, conflict_groups
+        program,
+        named,
+        conflicts,
+        diagnostics,
+        nda,
+        atom_dim,
+        cooc,
+        dim_groups,
+        conflict_groups,
+        value_sig,
     )
 
 
@@ -253,9 +262,10 @@ def _atom_dims(nda: NdaResult, slots: _Slots) -> tuple[np.ndarray, int]:
     return atom_dim, int(atom_dim.max(initial=-1)) + 1
 
 
-def _named_dims(program: Program, nda: NdaResult, slots: _Slots, atom_dim, n: int, nbytes):
+def _named_dims(program: Program, nda: NdaResult, slots: _Slots, atom_dim, n: int, facts):
     """The `NamedDim` records, gathered for all named dims at once by sorting atoms by dim."""
     values = program.values
+    nbytes = facts.nbytes
     leaves = np.flatnonzero(atom_dim >= 0)
     order, bounds = _group_by(atom_dim[leaves], n)
     atoms = leaves[order].tolist()
@@ -273,12 +283,11 @@ def _named_dims(program: Program, nda: NdaResult, slots: _Slots, atom_dim, n: in
     )
     # Label: the member of the best-ranked role, then of the largest value, then the first; this
     # stable sort is ordered by named dim like `m_order`, so each group's first entry is its best.
-    roles = [v.role for v in values]
-    rank = np.array([_ROLE_RANK.get(r, 9) for r in roles], dtype=np.int64)
+    rank = facts.role_table(_ROLE_RANK, 9)
     best = np.lexsort((-nbytes[slots.value], rank[slots.value], cls))
     covered = _bytes_covered(slots.value, cls, nbytes, n)
-    persistent = _dims_holding([r in ("parameter", "state") for r in roles], slots.value, cls, n)
-    is_input = _dims_holding([r == "input" for r in roles], slots.value, cls, n)
+    persistent = _dims_holding(facts.role_table(_PERSISTENT, 0), slots.value, cls, n)
+    is_input = _dims_holding(facts.role_table({"input": 1}, 0), slots.value, cls, n)
     reduction_ops = _ops_by_dim(nda, atom_dim, leaves, "reduction", n)
     replication_ops = _ops_by_dim(nda, atom_dim, leaves, "replicate", n)
     out = []
@@ -312,7 +321,7 @@ def _named_dims(program: Program, nda: NdaResult, slots: _Slots, atom_dim, n: in
 def _bytes_covered(value: np.ndarray, cls: np.ndarray, nbytes: np.ndarray, n: int) -> np.ndarray:
     """Named dim -> total bytes of the values holding it (each value counted once)."""
     n_values = len(nbytes)
-    pairs = np.unique(cls * n_values + value)
+    pairs = unique(cls * n_values + value)
     out = np.zeros(n, dtype=np.int64)
     np.add.at(out, pairs // n_values, nbytes[pairs % n_values])
     return out
@@ -332,7 +341,7 @@ def _ops_by_dim(nda: NdaResult, atom_dim, leaves, kind: str, n: int) -> list[tup
     # Encode (named dim, owner + 1) in one integer; the base must exceed every owner + 1. Owners
     # are op ids, which can outnumber atoms (a program of mostly scalar ops has few atoms).
     n_owners = int(np.max(nda.atom_owner, initial=-1)) + 2
-    pairs = np.unique(atom_dim[atoms] * n_owners + nda.atom_owner[atoms] + 1)
+    pairs = unique(atom_dim[atoms] * n_owners + nda.atom_owner[atoms] + 1)
     out: list[list[int]] = [[] for _ in range(n)]
     for c, owner in zip((pairs // n_owners).tolist(), (pairs % n_owners - 1).tolist()):
         out[c].append(owner)
@@ -344,7 +353,7 @@ def _cooccurrence(slots: _Slots, atom_dim, n: int, n_values: int) -> frozenset[t
     if n == 0:
         return frozenset()
     holder = np.r_[slots.value, slots.op + n_values]
-    held = np.unique(holder * n + atom_dim[np.r_[slots.atom, slots.op_atom]])
+    held = unique(holder * n + atom_dim[np.r_[slots.atom, slots.op_atom]])
     holder, cls = held // n, held % n
     # Sorted by holder then named dim: each holder's dims are a run, and entries `gap` apart in
     # one run are the pairs of its dims at that distance.
@@ -354,7 +363,7 @@ def _cooccurrence(slots: _Slots, atom_dim, n: int, n_values: int) -> frozenset[t
         if not same.any():
             break
         pairs.append(cls[:-gap][same] * n + cls[gap:][same])
-    codes = np.unique(np.concatenate(pairs))
+    codes = unique(np.concatenate(pairs))
     return frozenset(zip((codes // n).tolist(), (codes % n).tolist()))
 
 
@@ -368,8 +377,8 @@ def _class_graphs(nda: NdaResult, atom_dim, nbytes):
     return by_class, ends, capacity, unit
 
 
-def _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes) -> tuple[Conflict, ...]:
-    by_class, ends, capacity, unit = _class_graphs(nda, atom_dim, nbytes)
+def _find_conflicts(program, nda, slots, atom_dim, named, cooc, facts) -> tuple[Conflict, ...]:
+    by_class, ends, capacity, unit = _class_graphs(nda, atom_dim, facts.nbytes)
     graphs: dict[int, ClassGraph] = {}
 
     def graph(c: int) -> ClassGraph:
@@ -396,6 +405,7 @@ def _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes) -> tuple
 
     # 1. self-conflicts: values holding one named dim twice, grouped through the ops linking them.
     clash = _self_clashes(nda, slots, atom_dim, len(named))
+    found = []  # (named dim, sites, description, graph, sources, sinks) of each self-conflict
     for values in _linked_clashes(program, clash):
         c = clash[values[0]][0]
         g = graph(c)
@@ -410,13 +420,12 @@ def _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes) -> tuple
         sinks = {a if f else b for a, b, f in zip(a_side, b_side, flip)}
         sites = [_site(program, v) for v in values]
         nd = named[c]
-        add(
-            "self",
-            [c],
-            sites,
-            cut_options(g, sources, sinks),
-            f"{nd.name} {nd.label} appears twice in {program.values[values[0]].display()}",
-        )
+        text = f"{nd.name} {nd.label} appears twice in {program.values[values[0]].display()}"
+        found.append((c, sites, text, g, sources, sinks))
+    # One self-conflict per layer, all in the sequence dim: their max-flows run together.
+    options = cut_options_many([(g, sources, sinks) for *_, g, sources, sinks in found])
+    for (c, sites, text, *_), cuts in zip(found, options):
+        add("self", [c], sites, cuts, text)
 
     # 2. axis clashes: an updated parameter named dim co-occurring with data named dims.
     data_dims = {nd.id for nd in named if nd.is_input and not nd.is_persistent}
@@ -427,7 +436,7 @@ def _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes) -> tuple
         if x in data_dims:
             partners[y].add(x)
     candidates = [c for c in sorted(partners) if named[c].is_persistent and c not in data_dims]
-    clash_specs = _axis_clash_specs(program, slots, atom_dim, data_dims, candidates)
+    clash_specs = _axis_clash_specs(program, slots, atom_dim, data_dims, candidates, facts)
     batch = _Batch(by_class, ends, capacity, unit, atom_dim)
     options = _axis_clash_options(clash_specs, graph, batch)
     for c1, _, _, sites in clash_specs:
@@ -466,16 +475,19 @@ def _find_conflicts(program, nda, slots, atom_dim, named, cooc, nbytes) -> tuple
 def _self_clashes(nda: NdaResult, slots: _Slots, atom_dim, n: int) -> dict:
     """Value -> (named dim, first atom, atom repeating it) for values holding a named dim twice."""
     cls = atom_dim[slots.atom]
-    held, count = np.unique(slots.value * max(n, 1) + cls, return_counts=True)
+    held = np.sort(slots.value * max(n, 1) + cls)
+    repeated = unique(held[1:][held[1:] == held[:-1]] // max(n, 1))
     clash: dict[int, tuple[int, int, int]] = {}
-    for vid in np.unique(held[count > 1] // max(n, 1)).tolist():
-        first: dict[int, int] = {}
-        for atoms in (nda.value_dim(vid, d) for d in range(nda.value_rank(vid))):
-            for a in atoms:
-                c = int(atom_dim[a])
-                if c in first and vid not in clash:
-                    clash[vid] = (c, first[c], a)
-                first.setdefault(c, a)
+    # The value atoms of those values, in (value, dim, sub) order: each value's atoms in turn.
+    rows = np.flatnonzero(np.isin(slots.value, repeated))
+    first: dict[int, int] = {}
+    current = -1
+    for vid, a, c in zip(slots.value[rows].tolist(), slots.atom[rows].tolist(), cls[rows].tolist()):
+        if vid != current:
+            first, current = {}, vid
+        if c in first and vid not in clash:
+            clash[vid] = (c, first[c], a)
+        first.setdefault(c, a)
     return clash
 
 
@@ -507,7 +519,7 @@ def _linked_clashes(program: Program, clash: dict) -> list[list[int]]:
     return sorted(groups.values(), key=lambda g: g[0])
 
 
-def _axis_clash_specs(program: Program, slots: _Slots, atom_dim, data_dims, candidates):
+def _axis_clash_specs(program: Program, slots: _Slots, atom_dim, data_dims, candidates, facts):
     """(named dim, source atoms, sink atoms, sites) of each candidate parameter dim that the
     program updates: sources are its atoms in persistent or output values free of data dims,
     sinks its atoms in values and ops that also hold a data dim."""
@@ -519,29 +531,43 @@ def _axis_clash_specs(program: Program, slots: _Slots, atom_dim, data_dims, cand
     value_has_data[slots.value[is_data[cls]]] = True
     op_has_data = np.zeros(len(program.ops), dtype=bool)
     op_has_data[slots.op[is_data[op_cls]]] = True
-    # `Value.is_output` / `is_persistent`, read as plain fields (a property call per value adds up).
-    is_output = np.array([v.output_name is not None for v in values], dtype=bool)
-    keeps = is_output | np.array([v.role in ("parameter", "state") for v in values], dtype=bool)
-    order, bounds = _group_by(cls, len(is_data))
-    op_order, op_bounds = _group_by(op_cls, len(is_data))
+    is_output = facts.is_output
+    keeps = is_output | facts.role_table(_PERSISTENT, 0).astype(bool)
+    n = len(is_data)
+    # Every named dim's value atoms at once, in (named dim, value, dim, sub) order, split below
+    # into the parts each clash needs: one pass over the program, not one per candidate.
+    order, _ = _group_by(cls, n)
+    vids, atoms, of_dim = slots.value[order], slots.atom[order], cls[order]
+    data = value_has_data[vids]
+    # Only parameters the program updates (a train step) are worth keeping sharded apart from
+    # the data; in a forward pass, replicated or tensor-parallel weights are the choice.
+    updated = np.zeros(n, dtype=bool)
+    updated[of_dim[is_output[vids] & ~data]] = True
+    source_atoms, source_bounds = _by_dim(atoms, of_dim, ~data & keeps[vids], n)
+    data_atoms, data_bounds = _by_dim(atoms, of_dim, data, n)
+    data_vids, _ = _by_dim(vids, of_dim, data, n)
+    op_order, _ = _group_by(op_cls, n)
+    op_data = op_has_data[slots.op[op_order]]
+    op_atoms, op_bounds = _by_dim(slots.op_atom[op_order], op_cls[op_order], op_data, n)
     specs = []
     for c1 in candidates:
-        entries = order[bounds[c1] : bounds[c1 + 1]]
-        vids, atoms = slots.value[entries], slots.atom[entries]
-        data = value_has_data[vids]
-        # Only parameters the program updates (a train step) are worth keeping sharded apart
-        # from the data; in a forward pass, replicated or tensor-parallel weights are the choice.
-        if not (is_output[vids] & ~data).any():
+        if not updated[c1]:
             continue
-        op_entries = op_order[op_bounds[c1] : op_bounds[c1 + 1]]
-        op_entries = op_entries[op_has_data[slots.op[op_entries]]]
-        sources = set(atoms[~data & keeps[vids]].tolist())
-        sinks = set(atoms[data].tolist()) | set(slots.op_atom[op_entries].tolist())
+        sources = set(source_atoms[source_bounds[c1] : source_bounds[c1 + 1]])
+        lo, hi = data_bounds[c1], data_bounds[c1 + 1]
+        sinks = set(data_atoms[lo:hi]) | set(op_atoms[op_bounds[c1] : op_bounds[c1 + 1]])
         if sources & sinks:
             continue
-        sites = [_site(program, v) for v in np.unique(vids[data])[:4].tolist()]
+        sites = [_site(program, v) for v in sorted(set(data_vids[lo:hi]))[:4]]
         specs.append((c1, sources, sinks, sites))
     return specs
+
+
+def _by_dim(items: np.ndarray, of_dim: np.ndarray, keep: np.ndarray, n: int):
+    """(the kept items as a list, bounds): named dim c's are `items[bounds[c] : bounds[c + 1]]`,
+    in their order; `of_dim` is sorted."""
+    kept = of_dim[keep]
+    return items[keep].tolist(), np.searchsorted(kept, np.arange(n + 1)).tolist()
 
 
 def _axis_clash_options(specs, graph, batch: _Batch) -> dict[int, list[frozenset[int]]]:
@@ -595,9 +621,11 @@ class _Batch:
             return {}
         sides = []
         for cut in result[1:]:
+            edges = list(cut)
+            dims = self.atom_dim[self.ends[np.asarray(edges, dtype=np.int64), 0]].tolist()
             by_dim: dict[int, set[int]] = defaultdict(set)
-            for e in cut:
-                by_dim[int(self.atom_dim[self.ends[e, 0]])].add(e)
+            for e, d in zip(edges, dims):
+                by_dim[d].add(e)
             sides.append(by_dim)
         return {
             c1: (0.0, frozenset(sides[0].get(c1, ())), frozenset(sides[1].get(c1, ())))

@@ -50,10 +50,13 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 
+from toast_core.analysis.arrays import unique
+from toast_core.analysis.nda import NdaResult
+from toast_core.analysis.value_facts import ValueFacts, value_facts
 from toast_core.ir.program import Program
 
 #: Neighbourhood rounds: enough to tell q, k and v projections apart through a library Dense
@@ -76,10 +79,13 @@ def _mix(x: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
+_PAIR_K = np.uint64(0x9E3779B97F4A7C15)
+
+
 def _pair(a, b) -> np.ndarray:
     """A hash of the ordered pair (a, b)."""
     with np.errstate(over="ignore"):
-        return _mix(_mix(a) + np.uint64(0x9E3779B97F4A7C15) * _mix(np.asarray(b, dtype=np.uint64)))
+        return _mix(_mix(a) + _PAIR_K * _mix(np.asarray(b, dtype=np.uint64)))
 
 
 def _segments(owner: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -111,41 +117,39 @@ def _labels(keys) -> np.ndarray:
     return np.fromiter((ids.setdefault(k, len(ids)) for k in keys), dtype=np.uint64)
 
 
-def value_signatures(program: Program, op_rule=None, rounds: int = ROUNDS) -> np.ndarray:
+def value_signatures(
+    program: Program, nda: NdaResult, facts: ValueFacts | None = None, rounds: int = ROUNDS
+) -> np.ndarray:
     """[rounds + 1, values] uint64: each value's structural label after 0..rounds rounds.
 
-    `op_rule` (`NdaResult.op_rule`, optional) numbers each op's (primitive, params, operand and
-    result shapes), which saves hashing them again."""
+    `nda` (the program's `NdaResult`) gives the def-use graph as arrays and numbers each op's
+    rule (primitive, params, operand and result shapes), which saves hashing them again;
+    `facts` (`value_facts(program)`, made if not given) each value's shape, dtype and role."""
+    facts = value_facts(program) if facts is None else facts
     values, ops = program.values, program.ops
     n_values, n_ops = len(values), len(ops)
-    use_op = np.repeat(np.arange(n_ops), [len(op.operands) for op in ops])
-    use_pos = np.fromiter(chain.from_iterable(range(len(op.operands)) for op in ops), np.uint64)
-    use_val = np.fromiter(chain.from_iterable(op.operands for op in ops), np.int64)
-    res_op = np.repeat(np.arange(n_ops), [len(op.results) for op in ops])
-    res_pos = np.fromiter(chain.from_iterable(range(len(op.results)) for op in ops), np.uint64)
-    res_val = np.fromiter(chain.from_iterable(op.results for op in ops), np.int64)
+    use_op, use_val = nda.use_op, nda.use_value
+    use_pos = nda.use_position.astype(np.uint64)
+    n_results = np.diff(nda.result_start)
+    res_op = np.repeat(np.arange(n_ops), n_results)
+    res_pos = (np.arange(len(res_op)) - np.repeat(nda.result_start[:-1], n_results)).astype(
+        np.uint64
+    )
+    res_val = nda.result_value
     by_use_op, by_res_op, by_use_val = _segments(use_op), _segments(res_op), _segments(use_val)
-    value_label = _labels((v.shape, v.dtype) for v in values)
-    call_paths: dict = {}
-    for op in ops:
-        if op.call_path not in call_paths:
-            call_paths[op.call_path] = tuple(_DIGITS.sub("#", c) for c in op.call_path)
-    if op_rule is None:
-        op_rule = _labels((op.primitive, op.params) for op in ops)
+    value_label = facts.shape_label
     with np.errstate(over="ignore"):
         op_label = _mix(
             _pair(
-                _pair(np.asarray(op_rule, dtype=np.uint64), _labels(op.source for op in ops)),
-                _labels(call_paths[op.call_path] for op in ops),
+                _pair(np.asarray(nda.op_rule, dtype=np.uint64), _labels(op.source for op in ops)),
+                _call_path_labels(ops),
             )
             + _segment_sum(_pair(use_pos, value_label[use_val]), by_use_op, n_ops)
             + _segment_sum(
                 _pair(res_pos + np.uint64(1 << 20), value_label[res_val]), by_res_op, n_ops
             )
         )
-    role = np.array(
-        [_ROLE.get(v.role, 7) * 2 + (v.output_name is not None) for v in values], dtype=np.uint64
-    ).reshape(-1)
+    role = (facts.role_table(_ROLE, 7) * 2 + facts.is_output).astype(np.uint64)
     sig = np.zeros((rounds + 1, n_values), dtype=np.uint64)
     base = _pair(value_label, role)
     produced = np.zeros(n_values, dtype=np.uint64)
@@ -159,19 +163,43 @@ def value_signatures(program: Program, op_rule=None, rounds: int = ROUNDS) -> np
     readers = _segment_sum(_pair(op_label[use_op], use_pos), by_use_val, n_values)
     produced[is_input] = readers[is_input]
     sig[0] = _pair(base, produced)
+    # `_pair(a, b)` mixes both sides; the positions are the same every round, so mixed once.
+    use_pos_mixed, res_pos_mixed = _mix(use_pos), _mix(res_pos + np.uint64(1 << 20))
+    use_pos_scaled, res_pos_scaled = _PAIR_K * _mix(use_pos), _PAIR_K * _mix(res_pos)
     for r in range(1, rounds + 1):
         prev = sig[r - 1]
         with np.errstate(over="ignore"):
             op_sig = _mix(
                 op_label
-                + _segment_sum(_pair(use_pos, prev[use_val]), by_use_op, n_ops)
-                + _segment_sum(_pair(res_pos + np.uint64(1 << 20), prev[res_val]), by_res_op, n_ops)
+                + _segment_sum(
+                    _mix(use_pos_mixed + _PAIR_K * _mix(prev[use_val])), by_use_op, n_ops
+                )
+                + _segment_sum(
+                    _mix(res_pos_mixed + _PAIR_K * _mix(prev[res_val])), by_res_op, n_ops
+                )
             )
             from_producer = np.zeros(n_values, dtype=np.uint64)
-            from_producer[res_val] = _pair(op_sig[res_op], res_pos)
-            from_uses = _segment_sum(_pair(op_sig[use_op], use_pos), by_use_val, n_values)
+            from_producer[res_val] = _mix(_mix(op_sig[res_op]) + res_pos_scaled)
+            from_uses = _segment_sum(
+                _mix(_mix(op_sig[use_op]) + use_pos_scaled), by_use_val, n_values
+            )
             sig[r] = _mix(prev + _pair(from_producer, from_uses))
     return sig
+
+
+def _call_path_labels(ops) -> np.ndarray:
+    """Op -> dense id of its call path with digits dropped (`blocks_3/attn` as `blocks_#/attn`),
+    in first-seen order; each distinct path is rewritten once."""
+    ids: dict = {}
+    of_path: dict = {}
+    out = []
+    for path in map(attrgetter("call_path"), ops):
+        label = of_path.get(path)
+        if label is None:
+            key = tuple(_DIGITS.sub("#", c) for c in path)
+            label = of_path[path] = ids.setdefault(key, len(ids))
+        out.append(label)
+    return np.array(out, dtype=np.uint64)
 
 
 def class_signatures(
@@ -208,14 +236,14 @@ def apart_if_chained(sig: np.ndarray, value: np.ndarray, cls: np.ndarray) -> np.
     alternates column and row splits), so its classes are decided one by one."""
     value, cls = np.asarray(value, dtype=np.int64), np.asarray(cls, dtype=np.int64)
     n_cls = int(cls.max(initial=-1)) + 1
-    pairs = np.unique(value * n_cls + cls)  # (value, class) held, each once
+    pairs = unique(value * n_cls + cls)  # (value, class) held, each once
     held_value, held_cls = pairs // max(n_cls, 1), pairs % max(n_cls, 1)
     groups, group = np.unique(sig[held_cls], return_inverse=True)
     # (value, group) pairs holding more than one class of the group.
     codes, count = np.unique(held_value * len(groups) + group, return_counts=True)
     if not (count > 1).any():
         return sig
-    bad = groups[np.unique(codes[count > 1] % len(groups))]
+    bad = groups[unique(codes[count > 1] % len(groups))]
     out = sig.copy()
     members = np.isin(sig, bad)
     out[members] = _pair(sig[members], np.flatnonzero(members).astype(np.uint64) + np.uint64(1))
@@ -226,7 +254,7 @@ def fine_signatures(ana) -> np.ndarray:
     """[fine classes] uint64 of an `Analysis`: equal for the same dim of repeated layers."""
     value, dim, sub, atom = ana.nda.value_slots.T
     sigs = class_signatures(
-        value_signatures(ana.program, ana.nda.op_rule),
+        ana.value_signatures,
         value,
         dim,
         sub,
@@ -236,13 +264,12 @@ def fine_signatures(ana) -> np.ndarray:
     return apart_if_chained(balanced_refinement(sigs), value, ana.fine_of_atom[atom])
 
 
-def layer_groups(program: Program, value, dim, sub, cls, named, conflicts, op_rule=None):
+def layer_groups(value_sig, value, dim, sub, cls, named, conflicts):
     """(dim groups, conflict groups): named dims with equal structural signatures, and conflicts
-    of one kind over grouped named dims with equal option bytes. `value`, `dim`, `sub`, `cls` are
-    the program's value atoms with the named dim of each."""
-    sig = balanced_refinement(
-        class_signatures(value_signatures(program, op_rule), value, dim, sub, cls, len(named))
-    )
+    of one kind over grouped named dims with equal option bytes. `value_sig` is the program's
+    `value_signatures`; `value`, `dim`, `sub`, `cls` are its value atoms with the named dim of
+    each."""
+    sig = balanced_refinement(class_signatures(value_sig, value, dim, sub, cls, len(named)))
     sig = apart_if_chained(sig, value, cls)
     has_values = np.zeros(len(named), dtype=bool)
     has_values[cls] = True

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import chain
+from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -89,6 +90,7 @@ class _FactorForest:
         self.parent: list[int] = []
         self.weight: list[int] = []  # class size, valid at roots (union by size)
         self.next: list[int] = []  # circular list of each class's members: O(1) union
+        self.split: list[int] = []  # the factors `split_class` gave children, in order
 
     @classmethod
     def from_arrays(cls, size: np.ndarray, kind: list[str], owner: np.ndarray) -> _FactorForest:
@@ -138,7 +140,13 @@ class _FactorForest:
         return root
 
     def union(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
+        parent = self.parent
+        ra = parent[a]
+        if parent[ra] != ra:
+            ra = self.find(a)
+        rb = parent[b]
+        if parent[rb] != rb:
+            rb = self.find(b)
         if ra == rb:
             return
         if self.weight[ra] < self.weight[rb]:
@@ -176,15 +184,25 @@ class _FactorForest:
         return tuple(out)
 
     def split_class(self, f: int, major: int) -> None:
-        """Splits every factor of f's class into (major, size // major) sub-factors."""
-        minor = self.size[f] // major
+        """Splits every factor of f's class into (major, size // major) sub-factors (`new`
+        inlined: most classes split here are single factors, and this runs per refinement)."""
+        size, kind, owner, children = self.size, self.kind, self.owner, self.children
+        minor = size[f] // major
         firsts, seconds = [], []
         for m in self.members(f):
-            a = self.new(major, self.kind[m], self.owner[m])
-            b = self.new(minor, self.kind[m], self.owner[m])
-            self.children[m] = (a, b)
+            a = len(size)
+            k, o = kind[m], owner[m]
+            size += (major, minor)
+            kind += (k, k)
+            owner += (o, o)
+            children += (None, None)
+            self.parent += (a, a + 1)
+            self.weight += (1, 1)
+            self.next += (a, a + 1)
+            children[m] = (a, a + 1)
+            self.split.append(m)
             firsts.append(a)
-            seconds.append(b)
+            seconds.append(a + 1)
         for group in (firsts, seconds):
             for x in group[1:]:
                 self.union(group[0], x)
@@ -192,23 +210,25 @@ class _FactorForest:
     def align(self, seq_a, seq_b) -> bool:
         """Links two factorizations of one dim leaf by leaf, refining as needed. False if the
         factorizations have no common refinement (nothing is changed then)."""
+        size, children = self.size, self.children
         if len(seq_a) == 1 and len(seq_b) == 1:
             a, b = seq_a[0], seq_b[0]
-            if (
-                self.children[a] is None
-                and self.children[b] is None
-                and self.size[a] == self.size[b]
-            ):
+            if children[a] is None and children[b] is None and size[a] == size[b]:
                 self.union(a, b)
                 return True
         while True:
             la, lb = self.leaves(seq_a), self.leaves(seq_b)
-            if refine([self.size[f] for f in la], [self.size[f] for f in lb]) is None:
+            sizes_a, sizes_b = [size[f] for f in la], [size[f] for f in lb]
+            if sizes_a == sizes_b:  # leaves already line up: no refinement to check or make
+                for x, y in zip(la, lb):
+                    self.union(x, y)
+                return True
+            if refine(sizes_a, sizes_b) is None:
                 return False
             i = j = 0
             restarted = False
             while i < len(la) and j < len(lb):
-                sa, sb = self.size[la[i]], self.size[lb[j]]
+                sa, sb = sizes_a[i], sizes_b[j]
                 if sa == sb:
                     self.union(la[i], lb[j])
                     i += 1
@@ -243,6 +263,7 @@ class NdaResult:
     # Uses (operand `position` of `op`, in op order) and their atoms, laid out the same way.
     use_op: np.ndarray
     use_position: np.ndarray
+    use_value: np.ndarray  # the value each use reads
     use_dims: np.ndarray  # [uses + 1]
     use_dim_atoms: np.ndarray  # [use dims + 1]
     use_atom: np.ndarray  # [k] atoms of every use dim, in order
@@ -256,6 +277,10 @@ class NdaResult:
     fallback_ops: tuple[int, ...] = field(default=())
     # op -> its rule (one number per distinct primitive, params, operand and result shapes)
     op_rule: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # The values each op defines, in op order: op k's are result_value[result_start[k] :
+    # result_start[k + 1]] (with `use_*`, the def-use graph as arrays, for `layers.py`).
+    result_value: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    result_start: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
 
     def value_dim(self, value: int, dim: int) -> tuple[int, ...]:
         """The leaf atoms of one value dim, major to minor."""
@@ -381,30 +406,33 @@ def run_nda(program: Program) -> NdaResult:
     values, ops = program.values, program.ops
     n_values, n_ops = len(values), len(ops)
     shape_of = [v.shape for v in values].__getitem__
+    operands = list(map(attrgetter("operands"), ops))
+    results = list(map(attrgetter("results"), ops))
     templates: list[_Template] = []
     index: dict = {}
-    op_template = np.zeros(n_ops, dtype=np.int64)
-    for k, op in enumerate(ops):
+    template_of_op = []
+    for op, op_operands, op_results in zip(ops, operands, results):
         key = (
             op.primitive,
             op.params,
-            tuple(map(shape_of, op.operands)),
-            tuple(map(shape_of, op.results)),
+            tuple(map(shape_of, op_operands)),
+            tuple(map(shape_of, op_results)),
         )
         t = index.get(key)
         if t is None:
             rule = factors_of(op, list(key[2]), list(key[3]))
             t = index[key] = len(templates)
             templates.append(_Template.of(rule))
-        op_template[k] = t
+        template_of_op.append(t)
+    op_template = np.array(template_of_op, dtype=np.int64).reshape(n_ops)
     diagnostics, fallback_ops = _fallback_diagnostics(ops, templates, op_template)
 
     # Operands and results of every op, flattened.
-    n_operands = np.fromiter((len(op.operands) for op in ops), dtype=np.int64, count=n_ops)
-    operand_value = np.fromiter(chain.from_iterable(op.operands for op in ops), dtype=np.int64)
+    n_operands = np.fromiter(map(len, operands), dtype=np.int64, count=n_ops)
+    operand_value = np.fromiter(chain.from_iterable(operands), dtype=np.int64)
     operand_start = np.cumsum(n_operands) - n_operands
-    n_results = np.fromiter((len(op.results) for op in ops), dtype=np.int64, count=n_ops)
-    result_value = np.fromiter(chain.from_iterable(op.results for op in ops), dtype=np.int64)
+    n_results = np.fromiter(map(len, results), dtype=np.int64, count=n_ops)
+    result_value = np.fromiter(chain.from_iterable(results), dtype=np.int64)
     result_start = np.cumsum(n_results) - n_results
 
     # Factors: inputs' first (one per dim of size > 1, in value order), then each op's.
@@ -482,16 +510,26 @@ def run_nda(program: Program) -> NdaResult:
     forest = _FactorForest.from_arrays(size, kinds, factor_owner)
     failed: set[tuple[int, int, int, int]] = set()
     value_list, use_list = value_factor.tolist(), use_factor.tolist()
-    align = forest.align
-    for i in np.flatnonzero(dirty).tolist():
-        a, na = int(links.v_start[i]), int(links.v_count[i])
-        b, nb = int(links.u_start[i]), int(links.u_count[i])
+    align, union, children, factor_size = forest.align, forest.union, forest.children, forest.size
+    replay = np.flatnonzero(dirty)
+    for i, a, na, b, nb in zip(
+        replay.tolist(),
+        links.v_start[replay].tolist(),
+        links.v_count[replay].tolist(),
+        links.u_start[replay].tolist(),
+        links.u_count[replay].tolist(),
+    ):
+        if na == 1 and nb == 1:  # `align`'s first case, inlined: most replayed links are plain
+            fa, fb = value_list[a], use_list[b]
+            if children[fa] is None and children[fb] is None and factor_size[fa] == factor_size[fb]:
+                union(fa, fb)
+                continue
         if not align(value_list[a : a + na], use_list[b : b + nb]):
             failed.add(links.key(i))
 
     # Leaf atoms of every slot (a factor split by refinement becomes its leaves).
     n_initial = len(size)
-    leaves_of = {f: forest.leaves((f,)) for f in range(n_initial) if forest.children[f] is not None}
+    leaves_of = {f: forest.leaves((f,)) for f in sorted(forest.split) if f < n_initial}
     v_atom, v_dim_count = _expand(value_factor, _owner_of(vd_count), len(vd_count), leaves_of)
     u_atom, u_dim_count = _expand(use_factor, _owner_of(ud_count), len(ud_count), leaves_of)
     op_factor = np.arange(n_in, n_initial, dtype=np.int64)
@@ -514,6 +552,9 @@ def run_nda(program: Program) -> NdaResult:
     use_index = operand_start[ud_op] + ud_pos
     use_dims = _offsets(np.bincount(use_index, minlength=n_uses))
 
+    # Refinement only appends factors: the first `n_initial` are the arrays the forest began with.
+    atom_size = np.concatenate([size, np.array(forest.size[n_initial:], dtype=np.int64)])
+    atom_owner = np.concatenate([factor_owner, np.array(forest.owner[n_initial:], dtype=np.int64)])
     table = _medge_table(
         links,
         failed,
@@ -523,17 +564,18 @@ def run_nda(program: Program) -> NdaResult:
         np.flatnonzero(is_link),
         v_atom,
         u_atom,
-        np.asarray(forest.size, dtype=np.int64),
+        atom_size,
     )
     return NdaResult(
-        atom_size=np.asarray(forest.size, dtype=np.int64),
+        atom_size=atom_size,
         atom_kind=tuple(forest.kind),
-        atom_owner=np.asarray(forest.owner, dtype=np.int64),
+        atom_owner=atom_owner,
         value_slots=value_slots.astype(np.int64).reshape(-1, 4),
         value_dims=value_dims,
         value_dim_atoms=value_dim_atoms,
         use_op=use_op,
         use_position=use_position,
+        use_value=operand_value,
         use_dims=use_dims,
         use_dim_atoms=use_dim_atoms,
         use_atom=u_atom,
@@ -544,6 +586,8 @@ def run_nda(program: Program) -> NdaResult:
         diagnostics=tuple(diagnostics),
         fallback_ops=tuple(fallback_ops),
         op_rule=op_template,
+        result_value=result_value,
+        result_start=_offsets(n_results),
     )
 
 
