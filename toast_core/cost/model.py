@@ -61,6 +61,7 @@ from toast_core.cost.halo import slice_halo_permutes
 from toast_core.cost.hoist import use_counts
 from toast_core.cost.loop_buffers import buffer_aliases, zero_filled
 from toast_core.cost.remat import (
+    hold_barrier_inputs,
     recompute_comm_s,
     recompute_time_s,
     recomputed_collectives,
@@ -490,7 +491,9 @@ class Evaluator:
         n_ops = len(prog.ops)
         producers = prog.producers()
         self._fused = fused_away(prog, is_mat)
-        self._in_memory = 1.0 - np.array(self._fused, dtype=np.float64)
+        self._is_fused = np.array(self._fused, dtype=bool)
+        self._in_memory = 1.0 - self._is_fused.astype(np.float64)
+        self._producer = np.array([-1 if p is None else p for p in producers], dtype=np.int64)
         self._last_reader = self._last_readers(frozenset())
         born, dies, live_ids, persistent = [], [], [], []
         alias = buffer_aliases(prog)  # loop operands and carries: one buffer (loop_buffers.py)
@@ -667,6 +670,8 @@ class Evaluator:
         if remat is not None:
             held = value_local * self._in_memory
             shorten_lifetimes(delta, held, remat)
+            whole = _round_up(value_local, align_bytes) if align_bytes else value_local
+            hold_barrier_inputs(delta, whole, remat, self._is_fused, self._producer)
             if len(remat.values):
                 vals, new, old = self._remat_liveness(remat)
                 np.add.at(delta, new + 1, -held[vals])
