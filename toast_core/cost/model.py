@@ -31,6 +31,9 @@ per-device shapes follow, and every cut and every sharded reduction implies a co
 * **Memory** per device: all inputs (parameters, optimizer state, data) at their per-device size,
   plus the peak over program order of live intermediates (outputs live to the end; with
   `donate_outputs`, an output that replaces a same-shaped persistent input reuses its buffer).
+  Remat shortens and splits lives (`remat.py`). The same buffers laid out as XLA's buffer
+  assignment does, outputs in allocations of their own for the whole step, are
+  `buffers.allocated_memory` (what `validate` compares with `memory_analysis()`).
 * **Step time** = compute + (1 - overlap) x communication. Ideal time = total flops /
   (devices x peak); efficiency = ideal / step time.
 
@@ -45,7 +48,7 @@ recomputes the same numbers with attribution (`CostReport`).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -524,6 +527,8 @@ class Evaluator:
         self.born = np.array(born, dtype=np.int64)
         self.dies = np.array(dies, dtype=np.int64) + 1
         self.persistent_ids = np.array(persistent, dtype=np.int64)
+        self._live_end = np.full(len(prog.values), -1, dtype=np.int64)  # -1: no buffer
+        self._live_end[self.live_ids] = self.dies
         self.n_ops = n_ops
         self._remat_live_memo: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
@@ -589,6 +594,19 @@ class Evaluator:
                 self._remat_live_memo.clear()
             self._remat_live_memo[key] = hit
         return hit
+
+    def _after_own_life(self, remat: RematEffect) -> RematEffect:
+        """`remat` with each extension starting after its value's own live range: the effect
+        counts a value's last reader among its direct readers, the liveness also through the
+        fused values made from it (a GPT layer's [B, S, D] input read by the next op's fusion),
+        and the overlap would count the value twice for that op."""
+        if not len(remat.extend_values):
+            return remat
+        own_end = self._live_end[remat.extend_values]
+        start = np.minimum(np.maximum(remat.extend_from, own_end), remat.extend_to)
+        if np.array_equal(start, remat.extend_from):
+            return remat
+        return replace(remat, extend_from=start)
 
     # -- evaluation -----------------------------------------------------------------------------
 
@@ -668,9 +686,9 @@ class Evaluator:
                 np.add.at(delta, r.fwd_hi[split] + 1, -extra[split])
                 np.add.at(delta, r.bwd_lo[split], extra[split])
         if remat is not None:
-            held = value_local * self._in_memory
-            shorten_lifetimes(delta, held, remat)
             whole = _round_up(value_local, align_bytes) if align_bytes else value_local
+            held = whole * self._in_memory
+            shorten_lifetimes(delta, held, self._after_own_life(remat))
             hold_barrier_inputs(delta, whole, remat, self._is_fused, self._producer)
             if len(remat.values):
                 vals, new, old = self._remat_liveness(remat)
