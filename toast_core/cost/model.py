@@ -598,8 +598,8 @@ class Evaluator:
     def _after_own_life(self, remat: RematEffect) -> RematEffect:
         """`remat` with each extension starting after its value's own live range: the effect
         counts a value's last reader among its direct readers, the liveness also through the
-        fused values made from it (a GPT layer's [B, S, D] input read by the next op's fusion),
-        and the overlap would count the value twice for that op."""
+        fused values made from it, and the overlap would count the value twice for that op
+        (GPT demo, `full`: one 64 KB value per layer, counted twice at one op)."""
         if not len(remat.extend_values):
             return remat
         own_end = self._live_end[remat.extend_values]
