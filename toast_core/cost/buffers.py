@@ -107,13 +107,16 @@ def timeline_of(size, start, end, n_ops: int) -> np.ndarray:
     return np.cumsum(delta)[:n_ops]
 
 
-def place_in_output_allocations(size, start, end, is_out, n_ops: int):
+def place_in_output_allocations(size, start, end, is_out, n_ops: int, fit_size=None):
     """(bytes of the output allocations, live bytes of the temporary block after each op).
 
     Each output gets an allocation of its size for the whole step; then each temporary,
     biggest first, takes the smallest output allocation it fits in whose occupants (the
-    output from its producer on, temporaries placed before) are never live with it, and
-    otherwise goes to the block."""
+    output from its producer on, temporaries placed before) are never live with it, but at its
+    last op (where its reader may write over it), and otherwise goes to the block. `fit_size`: the temporaries' own sizes, when `size` rounds
+    them up to the block's alignment (an allocation of its own is not aligned: a 24-byte
+    temporary fits a 24-byte output's)."""
+    fit = size if fit_size is None else fit_size
     outs = np.flatnonzero(is_out)
     alloc_size = size[outs]
     order_alloc = np.argsort(alloc_size, kind="stable")
@@ -122,15 +125,17 @@ def place_in_output_allocations(size, start, end, is_out, n_ops: int):
     for a, k in enumerate(outs[order_alloc].tolist()):
         busy[a, start[k] : n_ops + 1] = True
     temps = np.flatnonzero(~is_out)
-    temps = temps[np.lexsort((start[temps], -size[temps]))]
+    temps = temps[np.lexsort((start[temps], -fit[temps]))]
     in_block = np.ones(len(size), dtype=bool)
     in_block[outs] = False
     for k in temps.tolist():
-        first = int(np.searchsorted(alloc_size, size[k]))
+        first = int(np.searchsorted(alloc_size, fit[k]))
         if first >= len(alloc_size):
             continue
         s, e = int(start[k]), int(end[k])
-        free = ~busy[first:, s:e].any(axis=1)
+        # Its last op may write its result over it (XLA shares an operand's buffer with an
+        # elementwise user's: the update `w - lr * g` is written over the gradient g).
+        free = ~busy[first:, s : max(e - 1, s + 1)].any(axis=1)
         if free.any():
             a = first + int(np.argmax(free))
             busy[a, s:e] = True
@@ -152,5 +157,6 @@ def allocated_memory(ev, strategy, align_bytes: int = 0):
     pairs = ev._remat_pairs(strategy)
     effect = remat_effect(ev.remat, pairs) if pairs else None
     size, start, end, is_out = buffer_intervals(ev, value_local, masks, effect, pairs, align_bytes)
-    outputs_bytes, block = place_in_output_allocations(size, start, end, is_out, ev.n_ops)
+    own = buffer_intervals(ev, value_local, masks, effect, pairs, 0)[0] if align_bytes else None
+    outputs_bytes, block = place_in_output_allocations(size, start, end, is_out, ev.n_ops, own)
     return float(value_local[ev.persistent_ids].sum()), outputs_bytes, block
