@@ -302,7 +302,7 @@ def predicted_cpu_memory_bytes(
     in one block)."""
     ev = evaluator(ana, mesh, hardware(hw), CostOptions(donate_outputs=False))
     report = ev.report(strategy, buffer_align_bytes=CPU_BUFFER_ALIGN_BYTES)
-    inputs, outputs, block = allocated_memory(ev, strategy, CPU_BUFFER_ALIGN_BYTES)
+    inputs, outputs, block = allocated_memory(ev, strategy, CPU_BUFFER_ALIGN_BYTES, cpu=True)
     if len(block):
         timeline = inputs + outputs + block
         peak_op = int(np.argmax(timeline))

@@ -27,14 +27,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.strategy.remat import RematEffect, remat_effect
 
+ALL_REDUCE = COLLECTIVE_KINDS.index("all-reduce")
 
-def buffer_intervals(ev, value_local, masks, remat: RematEffect | None, pairs, align_bytes: int):
+
+def buffer_intervals(
+    ev, value_local, masks, remat: RematEffect | None, pairs, align_bytes: int, reduced_at=None
+):
     """(bytes, first op, end op (exclusive), is output) of every buffer of the evaluator's
     timeline: summed over the ops each covers, they give `Evaluator._memory`'s timeline
     exactly (tests/test_buffers.py). A residual that remat drops is two buffers (the forward
-    copy and the recomputed one); a value whose life remat extends or shortens is one."""
+    copy and the recomputed one); a value whose life remat extends or shortens is one.
+
+    `reduced_at` {value: op}: partial sums all-reduced into a new buffer at that op (XLA:CPU's
+    all-reduce is not in place): the partial lives until then, the reduced copy from then on
+    (both at that op), as `all_reduce_issue_ops` finds them."""
     n = ev.n_ops
     b = value_local[ev.live_ids]
     if align_bytes:
@@ -42,9 +51,9 @@ def buffer_intervals(ev, value_local, masks, remat: RematEffect | None, pairs, a
     size, start, end = b.astype(np.float64), ev.born.copy(), ev.dies.copy()
     is_out = ev._live_is_output.copy()
     extra_size, extra_start, extra_end = [], [], []
+    row = np.full(len(value_local), -1, dtype=np.int64)  # value -> its buffer's index
+    row[ev.live_ids] = np.arange(len(ev.live_ids))
     if remat is not None:
-        row = np.full(len(value_local), -1, dtype=np.int64)
-        row[ev.live_ids] = np.arange(len(ev.live_ids))
         if len(remat.values):
             vals, new, _ = ev._remat_liveness(remat)
             end[row[vals]] = new + 1
@@ -75,6 +84,14 @@ def buffer_intervals(ev, value_local, masks, remat: RematEffect | None, pairs, a
             extra_start.append(bwd_start)
             extra_end.append(end[k])
             end[k] = fwd_end + 1
+    for v, t in (reduced_at or {}).items():
+        k = row[v]
+        if k < 0 or is_out[k]:
+            continue
+        extra_size.append(size[k])
+        extra_start.append(t)
+        extra_end.append(max(end[k], t + 1))
+        end[k] = t + 1
     r = ev._reshards(masks)
     if len(r.value):
         rb = value_local[r.value] * r.buffer
@@ -97,6 +114,24 @@ def buffer_intervals(ev, value_local, masks, remat: RematEffect | None, pairs, a
     is_out = np.concatenate([is_out, np.zeros(len(extra_size), dtype=bool)])
     keep = (end > start) & (size > 0)
     return size[keep], start[keep], end[keep], is_out[keep]
+
+
+def all_reduce_issue_ops(ev, masks, value_local) -> dict[int, int]:
+    """{value: op} for every value a sharded reduction leaves partial and an all-reduce sums,
+    at the op where XLA:CPU issues it: its combiner merges the all-reduces of one combined op
+    (`Evaluator._groups`, as the CPU combines) and issues them once the last is ready, so every
+    partial of a data-parallel step's gradients waits for the last one."""
+    kinds, ms, vs, ops, vals, sites = ev._collective_arrays(masks, value_local)
+    if not len(kinds):
+        return {}
+    group = ev._groups(kinds, ms, vs, ops, sites, cpu=True)
+    last = np.full(len(kinds), -1, dtype=np.int64)
+    np.maximum.at(last, group, ops)
+    out: dict[int, int] = {}
+    for i in np.flatnonzero(kinds == ALL_REDUCE).tolist():
+        v, t = int(vals[i]), int(last[group[i]])
+        out[v] = max(out.get(v, -1), t)
+    return out
 
 
 def timeline_of(size, start, end, n_ops: int) -> np.ndarray:
@@ -148,15 +183,25 @@ def _round_up(nbytes, align_bytes: int):
     return np.ceil(np.asarray(nbytes) / align_bytes) * align_bytes
 
 
-def allocated_memory(ev, strategy, align_bytes: int = 0):
+def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
     """(bytes of the inputs, bytes of the output allocations, live bytes of the temporary block
     after each op) of `strategy` as XLA's buffer assignment lays them out (module essay), for
-    the evaluator `ev` (its `donate_outputs` option says which outputs alias their inputs)."""
+    the evaluator `ev` (its `donate_outputs` option says which outputs alias their inputs).
+    `cpu`: all-reduces write new buffers, issued as XLA:CPU combines them
+    (`all_reduce_issue_ops`; the MLP demo, data parallel on 2x4: its gradients' partials in
+    the new weights' allocations, the 48 KB of reduced copies in the block)."""
     masks = strategy.fine_masks(ev.ana, ev.mesh)
     _, value_local, _ = ev._local(masks)
     pairs = ev._remat_pairs(strategy)
     effect = remat_effect(ev.remat, pairs) if pairs else None
-    size, start, end, is_out = buffer_intervals(ev, value_local, masks, effect, pairs, align_bytes)
-    own = buffer_intervals(ev, value_local, masks, effect, pairs, 0)[0] if align_bytes else None
+    reduced = all_reduce_issue_ops(ev, masks, value_local) if cpu else None
+    size, start, end, is_out = buffer_intervals(
+        ev, value_local, masks, effect, pairs, align_bytes, reduced
+    )
+    own = (
+        buffer_intervals(ev, value_local, masks, effect, pairs, 0, reduced)[0]
+        if align_bytes
+        else None
+    )
     outputs_bytes, block = place_in_output_allocations(size, start, end, is_out, ev.n_ops, own)
     return float(value_local[ev.persistent_ids].sum()), outputs_bytes, block
