@@ -186,8 +186,9 @@ def test_remat_moves_compiled_memory_as_predicted(model):
 
     Without remat, with `dots` and with `full` remat everywhere, each prediction within 30 % of
     XLA's figure, and XLA's reduction from the plan without remat within 0.6-1.5 times the
-    predicted one (bench/remat_memory.py --scheduler default, GPT at 8 layers: 1.08, 1.03,
-    0.85, reductions 0.85 and 0.70 of the predicted; Flax 1.00, 1.07, 1.07, reductions 1.14).
+    predicted one (measured here, XLA:CPU's default scheduler: GPT 1.06, 1.08, 0.88,
+    reductions 0.97 and 0.72 of the predicted; Flax 1.00, 1.07, 1.07, reductions 1.14;
+    bench/remat_memory.py runs GPT at 8 layers and both schedulers).
     The Flax rows were 0.64 and 0.60 (memory scheduler) before two fixes: the barrier in front of
     a recomputation holds its kept inputs as buffers, also those fusion would fold into their
     readers (`cost/remat.hold_barrier_inputs`: each layer's LayerNorm product, 3 MB), and XLA

@@ -15,7 +15,14 @@ So the step's memory is `inputs + outputs + max over ops of the temporaries not 
 output's allocation`: above the timeline's peak when remat (or a small step) leaves the output
 allocations idle at the peak - the Flax MLP with `dots` remat (batch 8192, data=8) holds its
 2.6 MB of new parameters and optimizer state all step, beside a 10.5 MB block of activations -
-and equal to it when activations of the outputs' sizes fill them.
+and equal to it when activations of the outputs' sizes fill them. A temporary's last op may
+write its reader's result over it (XLA shares an operand's buffer with an elementwise user's:
+the update `w - lr * g` is written over g), so a gradient read only by its update fits the
+new weight's allocation.
+
+On XLA:CPU (`allocated_memory(cpu=True)`, what `validate` compares) an all-reduce also writes
+a new buffer, issued once the last member of its combined op is ready: a data-parallel step's
+partial gradients wait in the new weights' allocations, the reduced copies in the block.
 
 Worked example: an SGD step whose outputs are the new `w` [D, F] and the loss: w's allocation
 is reserved from the start; the forward's activations [B, F] are bigger than w when B > D, so
