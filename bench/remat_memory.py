@@ -15,9 +15,9 @@ remat plans compile on CPU with CSE and barrier expansion off): `--scheduler mem
 scheduler favours concurrency; TPU/GPU schedulers track memory). Process-wide only: the option
 is not read from per-compile options.
 
-    .venv/bin/python bench/remat_memory.py [--scheduler default|memory]
+    .venv/bin/python bench/remat_memory.py [--scheduler default|memory] [--out NAME]
 
-Writes bench/results/remat_memory_<scheduler>.json.
+Writes bench/results/remat_memory_<scheduler>.json (or bench/results/NAME.json).
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scheduler", choices=("default", "memory"), default="memory")
     ap.add_argument("--only", choices=tuple(CASES), default=None)
+    ap.add_argument("--out", default=None, help="results name (default remat_memory_<scheduler>)")
     a = ap.parse_args()
     flags = "--xla_force_host_platform_device_count=8"
     if a.scheduler == "memory":
@@ -128,7 +129,7 @@ def main() -> None:
     print(f"scheduler: {a.scheduler} (XLA_FLAGS={flags})")
     print(table(rows, cols))
     payload = {"scheduler": a.scheduler, "xla_flags": flags, "cases": CASES, "rows": rows}
-    print("wrote", save(f"remat_memory_{a.scheduler}", payload))
+    print("wrote", save(a.out or f"remat_memory_{a.scheduler}", payload))
 
 
 if __name__ == "__main__":

@@ -184,26 +184,37 @@ MEMORY_CASES = {
 def test_remat_moves_compiled_memory_as_predicted(model):
     """XLA's memory_analysis() moves when remat is applied, by about what the model predicts.
 
-    XLA's reduction (no remat minus full remat) between 0.5 and 2 times the predicted one
-    (measured: GPT 4.42 MB compiled for 6.51 predicted, Flax 8.42 for 10.57), and each absolute
-    figure within 35 % of XLA's (no remat 1.00 and 0.89; full remat 0.73 and 0.69: XLA's figure
-    holds the step's outputs in their own allocations for the whole step, the model from when
-    they are made, which shows most where remat has shrunk everything else). Before the barriers
-    were kept on CPU (validate.REMAT_COMPILER_OPTIONS) and a recomputation waited for the
-    previous block's readers (apply/remat.py), XLA's reduction was 0.12 of the prediction."""
+    Without remat, with `dots` and with `full` remat everywhere, each prediction within 30 % of
+    XLA's figure, and XLA's reduction from the plan without remat within 0.6-1.5 times the
+    predicted one (measured here, XLA:CPU's default scheduler: GPT 1.06, 1.08, 0.88,
+    reductions 0.97 and 0.72 of the predicted; Flax 1.00, 1.07, 1.07, reductions 1.14;
+    bench/remat_memory.py runs GPT at 8 layers and both schedulers).
+    The Flax rows were 0.64 and 0.60 (memory scheduler) before two fixes: the barrier in front of
+    a recomputation holds its kept inputs as buffers, also those fusion would fold into their
+    readers (`cost/remat.hold_barrier_inputs`: each layer's LayerNorm product, 3 MB), and XLA
+    reserves the step's outputs in allocations of their own for the whole step
+    (`cost/buffers.py`: 2.6 MB of new parameters and Adam state, idle at the activation peak).
+    Before the barriers were kept on CPU (validate.REMAT_COMPILER_OPTIONS) and a recomputation
+    waited for the previous block's readers (apply/remat.py), XLA's reduction was 0.12 of the
+    prediction."""
     name, overrides = MEMORY_CASES[model]
     w = demos.MODEL_ZOO[name](**overrides)
     ana = tc.analyze(tc.trace(w.fn, *w.args))
     dp = tc.baselines.data_parallel(ana, MESH)
     jm = tc.jax_mesh(MESH)
     none = tc.validate(w.fn, w.args, ana, dp, jm, HW, check_numerics=False)
-    full = tc.validate(w.fn, w.args, ana, dp.with_remat(ana, "full"), jm, HW, check_numerics=False)
-    for r in (none, full):
-        assert 0.65 <= r.memory_ratio <= 1.35, (r.predicted_memory_bytes, r.compiled_memory_bytes)
-    predicted = none.predicted_memory_bytes - full.predicted_memory_bytes
-    compiled = none.compiled_memory_bytes - full.compiled_memory_bytes
-    assert predicted > 0 and compiled > 0, (predicted, compiled)
-    assert 0.5 <= compiled / predicted <= 2.0, (predicted, compiled)
+    for policy in ("dots", "full"):
+        r = tc.validate(w.fn, w.args, ana, dp.with_remat(ana, policy), jm, HW, check_numerics=False)
+        for check in (none, r):
+            assert 0.7 <= check.memory_ratio <= 1.3, (
+                policy,
+                check.predicted_memory_bytes,
+                check.compiled_memory_bytes,
+            )
+        predicted = none.predicted_memory_bytes - r.predicted_memory_bytes
+        compiled = none.compiled_memory_bytes - r.compiled_memory_bytes
+        assert predicted > 0 and compiled > 0, (policy, predicted, compiled)
+        assert 0.6 <= compiled / predicted <= 1.5, (policy, predicted, compiled)
 
 
 def test_mesh_shapes():

@@ -9,7 +9,8 @@ program:
 * collective bytes per kind vs those parsed from `compiled.as_text()` (result bytes per device),
   and collective *op counts* per kind after XLA's combiners (`toast_core.cost.combine`);
 * per-device memory vs `memory_analysis()`: argument + output + temp - alias (the CPU's
-  `peak_memory_in_bytes` is unreliable);
+  `peak_memory_in_bytes` is unreliable), the prediction laid out as XLA assigns buffers (the
+  outputs in allocations of their own for the whole step, `cost/buffers.py`);
 * step time: the cost model's `predicted_step_time_s` beside `compiled_step_time_s`, priced from
   the compiled program alone (`compiled_step_time`).
 
@@ -37,6 +38,7 @@ Wall time on simulated devices means nothing and is never measured.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +52,7 @@ from toast_core.apply.hlo import collective_bytes_by_kind, collective_ops_by_kin
 from toast_core.apply.hlo_pricing import target_collective_ops, target_comm_s
 from toast_core.apply.shard import mesh_spec_of, shard
 from toast_core.cost import CostOptions, estimate
+from toast_core.cost.buffers import allocated_memory
 from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.cost.model import evaluator, reduction_flops
 from toast_core.errors import ToastError, bad_value
@@ -293,10 +296,22 @@ def predicted_cpu_memory_bytes(
     ana: Analysis, strategy: Strategy, mesh: MeshSpec, hw: HardwareSpec | str
 ) -> float:
     """The prediction compared with `memory_analysis()` on XLA:CPU (outputs not donated, as
-    `validate` compiles them): `cpu_memory_bytes` of the CPU-aligned report, with the
-    temporaries only XLA:CPU makes (`toast_core.cost.cpu_buffers`)."""
+    `validate` compiles them): `cpu_memory_bytes` of the CPU-aligned report, its timeline laid
+    out as XLA's buffer assignment allocates it (`cost/buffers.py`: each output in an allocation
+    of its own for the whole step, which earlier temporaries may borrow; the other temporaries
+    in one block), with the temporaries only XLA:CPU makes (`toast_core.cost.cpu_buffers`)."""
     ev = evaluator(ana, mesh, hardware(hw), CostOptions(donate_outputs=False))
     report = ev.report(strategy, buffer_align_bytes=CPU_BUFFER_ALIGN_BYTES, cpu_buffers=True)
+    inputs, outputs, block = allocated_memory(ev, strategy, CPU_BUFFER_ALIGN_BYTES, cpu=True)
+    if len(block):
+        timeline = inputs + outputs + block
+        peak_op = int(np.argmax(timeline))
+        report = dataclasses.replace(
+            report,
+            peak_bytes=float(timeline[peak_op]),
+            memory_timeline=tuple(timeline.tolist()),
+            peak_op=peak_op,
+        )
     return cpu_memory_bytes(report, len(ana.program.outputs))
 
 

@@ -31,6 +31,9 @@ per-device shapes follow, and every cut and every sharded reduction implies a co
 * **Memory** per device: all inputs (parameters, optimizer state, data) at their per-device size,
   plus the peak over program order of live intermediates (outputs live to the end; with
   `donate_outputs`, an output that replaces a same-shaped persistent input reuses its buffer).
+  Remat shortens and splits lives (`remat.py`). The same buffers laid out as XLA's buffer
+  assignment does, outputs in allocations of their own for the whole step, are
+  `buffers.allocated_memory` (what `validate` compares with `memory_analysis()`).
 * **Step time** = compute + (1 - overlap) x communication. Ideal time = total flops /
   (devices x peak); efficiency = ideal / step time.
 
@@ -45,7 +48,7 @@ recomputes the same numbers with attribution (`CostReport`).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -55,6 +58,7 @@ from toast_core.analysis import Analysis
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.concat_slice import CONCAT, SLICE, concat_slice_sites
+from toast_core.cost.buffers import cpu_temporaries
 from toast_core.cost.cpu_buffers import cpu_buffers
 from toast_core.cost.flops import op_flops, op_transcendentals
 from toast_core.cost.fusion import bitcasts, fused_away, materialized
@@ -62,6 +66,7 @@ from toast_core.cost.halo import slice_halo_permutes
 from toast_core.cost.hoist import use_counts
 from toast_core.cost.loop_buffers import buffer_aliases, zero_filled
 from toast_core.cost.remat import (
+    hold_barrier_inputs,
     recompute_comm_s,
     recompute_time_s,
     recomputed_collectives,
@@ -501,7 +506,9 @@ class Evaluator:
         n_ops = len(prog.ops)
         producers = prog.producers()
         self._fused = fused_away(prog, is_mat)
-        self._in_memory = 1.0 - np.array(self._fused, dtype=np.float64)
+        self._is_fused = np.array(self._fused, dtype=bool)
+        self._in_memory = 1.0 - self._is_fused.astype(np.float64)
+        self._producer = np.array([-1 if p is None else p for p in producers], dtype=np.int64)
         self._last_reader = self._last_readers(frozenset())
         born, dies, live_ids, persistent = [], [], [], []
         alias = buffer_aliases(prog)  # loop operands and carries: one buffer (loop_buffers.py)
@@ -532,6 +539,8 @@ class Evaluator:
         self.born = np.array(born, dtype=np.int64)
         self.dies = np.array(dies, dtype=np.int64) + 1
         self.persistent_ids = np.array(persistent, dtype=np.int64)
+        self._live_end = np.full(len(prog.values), -1, dtype=np.int64)  # -1: no buffer
+        self._live_end[self.live_ids] = self.dies
         self.n_ops = n_ops
         self._remat_live_memo: dict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
@@ -597,6 +606,19 @@ class Evaluator:
                 self._remat_live_memo.clear()
             self._remat_live_memo[key] = hit
         return hit
+
+    def _after_own_life(self, remat: RematEffect) -> RematEffect:
+        """`remat` with each extension starting after its value's own live range: the effect
+        counts a value's last reader among its direct readers, the liveness also through the
+        fused values made from it, and the overlap would count the value twice for that op
+        (GPT demo, `full`: one 64 KB value per layer, counted twice at one op)."""
+        if not len(remat.extend_values):
+            return remat
+        own_end = self._live_end[remat.extend_values]
+        start = np.minimum(np.maximum(remat.extend_from, own_end), remat.extend_to)
+        if np.array_equal(start, remat.extend_from):
+            return remat
+        return replace(remat, extend_from=start)
 
     # -- evaluation -----------------------------------------------------------------------------
 
@@ -684,16 +706,14 @@ class Evaluator:
                 np.add.at(delta, r.fwd_hi[split] + 1, -extra[split])
                 np.add.at(delta, r.bwd_lo[split], extra[split])
         if cpu_buffers:
-            vals, lo, hi, scale, count, small = self._cpu_buffers
-            extra = value_local[vals] * scale
-            if align_bytes:
-                extra = _round_up(extra, align_bytes)
-            extra = count * extra + small * max(align_bytes, 1)
+            extra, lo, end = cpu_temporaries(self, value_local, align_bytes)
             np.add.at(delta, lo, extra)
-            np.add.at(delta, hi + 1, -extra)
+            np.add.at(delta, end, -extra)
         if remat is not None:
-            held = value_local * self._in_memory
-            shorten_lifetimes(delta, held, remat)
+            whole = _round_up(value_local, align_bytes) if align_bytes else value_local
+            held = whole * self._in_memory
+            shorten_lifetimes(delta, held, self._after_own_life(remat))
+            hold_barrier_inputs(delta, whole, remat, self._is_fused, self._producer)
             if len(remat.values):
                 vals, new, old = self._remat_liveness(remat)
                 np.add.at(delta, new + 1, -held[vals])

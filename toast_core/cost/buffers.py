@@ -1,0 +1,233 @@
+"""Memory as XLA's buffer assignment allocates it: the step's outputs in allocations of their own.
+
+The evaluator's timeline (`Evaluator._memory`) counts a value from its producer to its last
+reader, and an output from its producer to the end of the step. XLA's buffer assignment does
+not pack outputs with the temporaries: every entry output (not aliased to a donated input) gets
+an allocation of its own, reserved for the whole step, and `memory_analysis()` reports them
+apart (`output_size_in_bytes`); the temporaries share one block (`temp_size_in_bytes`) sized by
+the heap simulator, the peak of their live bytes. A temporary may still borrow an output's
+allocation before the output is made: buffers are assigned biggest first (outputs first among
+equals), and a temporary that fits in an existing allocation whose occupants are never live at
+the same time takes it instead of a place in the block (`BufferAssigner::AssignSingleHloBuffer`,
+`MaybeAssignBuffer`: no live-range interference, size at most the allocation's).
+
+So the step's memory is `inputs + outputs + max over ops of the temporaries not placed in an
+output's allocation`: above the timeline's peak when remat (or a small step) leaves the output
+allocations idle at the peak - the Flax MLP with `dots` remat (batch 8192, data=8) holds its
+2.6 MB of new parameters and optimizer state all step, beside a 10.5 MB block of activations -
+and equal to it when activations of the outputs' sizes fill them. A temporary's last op may
+write its reader's result over it (XLA shares an operand's buffer with an elementwise user's:
+the update `w - lr * g` is written over g), so a gradient read only by its update fits the
+new weight's allocation.
+
+On XLA:CPU (`allocated_memory(cpu=True)`, what `validate` compares) an all-reduce also writes
+a new buffer, issued once the last member of its combined op is ready: a data-parallel step's
+partial gradients wait in the new weights' allocations, the reduced copies in the block.
+
+Worked example: an SGD step whose outputs are the new `w` [D, F] and the loss: w's allocation
+is reserved from the start; the forward's activations [B, F] are bigger than w when B > D, so
+they go to the block; the weight gradient [D, F], made in the backward and dead once the update
+has read it, fits w's allocation until the update writes w: it is placed there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from toast_core.cost.collectives import COLLECTIVE_KINDS
+from toast_core.strategy.remat import RematEffect, remat_effect
+
+ALL_REDUCE = COLLECTIVE_KINDS.index("all-reduce")
+
+
+def buffer_intervals(
+    ev, value_local, masks, remat: RematEffect | None, pairs, align_bytes: int, reduced_at=None
+):
+    """(bytes, first op, end op (exclusive), is output) of every buffer of the evaluator's
+    timeline: summed over the ops each covers, they give `Evaluator._memory`'s timeline
+    exactly (tests/test_buffers.py). A residual that remat drops is two buffers (the forward
+    copy and the recomputed one); a value whose life remat extends or shortens is one.
+
+    `reduced_at` {value: op}: partial sums all-reduced into a new buffer at that op (XLA:CPU's
+    all-reduce is not in place): the partial lives until then, the reduced copy from then on
+    (both at that op), as `all_reduce_issue_ops` finds them."""
+    n = ev.n_ops
+    b = value_local[ev.live_ids]
+    if align_bytes:
+        b = np.where(ev._live_is_output, b, _round_up(b, align_bytes))
+    size, start, end = b.astype(np.float64), ev.born.copy(), ev.dies.copy()
+    is_out = ev._live_is_output.copy()
+    extra_size, extra_start, extra_end = [], [], []
+    row = np.full(len(value_local), -1, dtype=np.int64)  # value -> its buffer's index
+    row[ev.live_ids] = np.arange(len(ev.live_ids))
+    if remat is not None:
+        if len(remat.values):
+            vals, new, _ = ev._remat_liveness(remat)
+            end[row[vals]] = new + 1
+        for v, lo, hi in zip(
+            remat.extend_values.tolist(), remat.extend_from.tolist(), remat.extend_to.tolist()
+        ):
+            k = row[v]
+            if ev._is_fused[v]:  # held for the barrier (`remat.hold_barrier_inputs`)
+                whole = value_local[v]
+                whole = _round_up(whole, align_bytes) if align_bytes else whole
+                extra_size.append(whole)
+                extra_start.append(ev._producer[v])
+                extra_end.append(hi)
+            elif k >= 0 and lo <= end[k]:
+                end[k] = max(end[k], hi)
+            elif k >= 0:
+                extra_size.append(size[k])
+                extra_start.append(lo)
+                extra_end.append(hi)
+        gap = remat.bwd_start > remat.fwd_end + 1
+        for v, fwd_end, bwd_start in zip(
+            remat.values[gap].tolist(), remat.fwd_end[gap].tolist(), remat.bwd_start[gap].tolist()
+        ):
+            k = row[v]
+            if k < 0:
+                continue  # fused away: no buffer
+            extra_size.append(size[k])
+            extra_start.append(bwd_start)
+            extra_end.append(end[k])
+            end[k] = fwd_end + 1
+    for v, t in (reduced_at or {}).items():
+        k = row[v]
+        if k < 0 or is_out[k]:
+            continue
+        extra_size.append(size[k])
+        extra_start.append(t)
+        extra_end.append(max(end[k], t + 1))
+        end[k] = t + 1
+    r = ev._reshards(masks)
+    if len(r.value):
+        rb = value_local[r.value] * r.buffer
+        if align_bytes:
+            rb = _round_up(rb, align_bytes)
+        lo, hi = r.lo.copy(), r.hi + 1
+        if pairs:
+            split = ev._remat_block_ops(pairs)[r.lo] & (r.fwd_hi >= 0)
+            split &= r.bwd_lo > r.fwd_hi + 1
+            extra_size += rb[split].tolist()
+            extra_start += r.bwd_lo[split].tolist()
+            extra_end += hi[split].tolist()
+            hi = np.where(split, r.fwd_hi + 1, hi)
+        extra_size += rb.tolist()
+        extra_start += lo.tolist()
+        extra_end += hi.tolist()
+    size = np.concatenate([size, np.asarray(extra_size, dtype=np.float64)])
+    start = np.concatenate([start, np.asarray(extra_start, dtype=np.int64)])
+    end = np.minimum(np.concatenate([end, np.asarray(extra_end, dtype=np.int64)]), n)
+    is_out = np.concatenate([is_out, np.zeros(len(extra_size), dtype=bool)])
+    keep = (end > start) & (size > 0)
+    return size[keep], start[keep], end[keep], is_out[keep]
+
+
+def all_reduce_issue_ops(ev, masks, value_local) -> dict[int, int]:
+    """{value: op} for every value a sharded reduction leaves partial and an all-reduce sums,
+    at the op where XLA:CPU issues it: its combiner merges the all-reduces of one combined op
+    (`Evaluator._groups`, as the CPU combines) and issues them once the last is ready, so every
+    partial of a data-parallel step's gradients waits for the last one."""
+    kinds, ms, vs, ops, vals, sites = ev._collective_arrays(masks, value_local)
+    if not len(kinds):
+        return {}
+    group = ev._groups(kinds, ms, vs, ops, sites, cpu=True)
+    last = np.full(len(kinds), -1, dtype=np.int64)
+    np.maximum.at(last, group, ops)
+    out: dict[int, int] = {}
+    for i in np.flatnonzero(kinds == ALL_REDUCE).tolist():
+        v, t = int(vals[i]), int(last[group[i]])
+        out[v] = max(out.get(v, -1), t)
+    return out
+
+
+def timeline_of(size, start, end, n_ops: int) -> np.ndarray:
+    """Live bytes after each op of the buffers [start, end)."""
+    delta = np.zeros(n_ops + 1)
+    np.add.at(delta, start, size)
+    np.add.at(delta, end, -size)
+    return np.cumsum(delta)[:n_ops]
+
+
+def place_in_output_allocations(size, start, end, is_out, n_ops: int, fit_size=None):
+    """(bytes of the output allocations, live bytes of the temporary block after each op).
+
+    Each output gets an allocation of its size for the whole step; then each temporary,
+    biggest first, takes the smallest output allocation it fits in whose occupants (the
+    output from its producer on, temporaries placed before) are never live with it, but at its
+    last op (where its reader may write over it), and otherwise goes to the block. `fit_size`: the temporaries' own sizes, when `size` rounds
+    them up to the block's alignment (an allocation of its own is not aligned: a 24-byte
+    temporary fits a 24-byte output's)."""
+    fit = size if fit_size is None else fit_size
+    outs = np.flatnonzero(is_out)
+    alloc_size = size[outs]
+    order_alloc = np.argsort(alloc_size, kind="stable")
+    alloc_size = alloc_size[order_alloc]
+    busy = np.zeros((len(outs), n_ops + 1), dtype=bool)
+    for a, k in enumerate(outs[order_alloc].tolist()):
+        busy[a, start[k] : n_ops + 1] = True
+    temps = np.flatnonzero(~is_out)
+    temps = temps[np.lexsort((start[temps], -fit[temps]))]
+    in_block = np.ones(len(size), dtype=bool)
+    in_block[outs] = False
+    for k in temps.tolist():
+        first = int(np.searchsorted(alloc_size, fit[k]))
+        if first >= len(alloc_size):
+            continue
+        s, e = int(start[k]), int(end[k])
+        # Its last op may write its result over it (XLA shares an operand's buffer with an
+        # elementwise user's: the update `w - lr * g` is written over the gradient g).
+        free = ~busy[first:, s : max(e - 1, s + 1)].any(axis=1)
+        if free.any():
+            a = first + int(np.argmax(free))
+            busy[a, s:e] = True
+            in_block[k] = False
+    block = timeline_of(size[in_block], start[in_block], end[in_block], n_ops)
+    return float(alloc_size.sum()), block
+
+
+def cpu_temporaries(ev, value_local, align_bytes: int):
+    """(bytes, first op, end op (exclusive)) of the temporaries only XLA:CPU makes (dot-operand
+    layout copies, threefry loops: `cost/cpu_buffers.py`), as `Evaluator._memory(cpu_buffers=
+    True)` counts them."""
+    vals, lo, hi, scale, count, small = ev._cpu_buffers
+    size = value_local[vals] * scale
+    if align_bytes:
+        size = _round_up(size, align_bytes)
+    size = count * size + small * max(align_bytes, 1)
+    return np.asarray(size, dtype=np.float64), lo.astype(np.int64), hi.astype(np.int64) + 1
+
+
+def _round_up(nbytes, align_bytes: int):
+    return np.ceil(np.asarray(nbytes) / align_bytes) * align_bytes
+
+
+def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
+    """(bytes of the inputs, bytes of the output allocations, live bytes of the temporary block
+    after each op) of `strategy` as XLA's buffer assignment lays them out (module essay), for
+    the evaluator `ev` (its `donate_outputs` option says which outputs alias their inputs).
+    `cpu`: all-reduces write new buffers, issued as XLA:CPU combines them
+    (`all_reduce_issue_ops`; the MLP demo, data parallel on 2x4: its gradients' partials in
+    the new weights' allocations, the 48 KB of reduced copies in the block), and the
+    temporaries only XLA:CPU makes (`cpu_temporaries`) join the others."""
+    masks = strategy.fine_masks(ev.ana, ev.mesh)
+    _, value_local, _ = ev._local(masks)
+    pairs = ev._remat_pairs(strategy)
+    effect = remat_effect(ev.remat, pairs) if pairs else None
+    reduced = all_reduce_issue_ops(ev, masks, value_local) if cpu else None
+    size, start, end, is_out = buffer_intervals(
+        ev, value_local, masks, effect, pairs, align_bytes, reduced
+    )
+    own = (
+        buffer_intervals(ev, value_local, masks, effect, pairs, 0, reduced)[0]
+        if align_bytes
+        else None
+    )
+    if cpu:
+        extra, lo, hi = cpu_temporaries(ev, value_local, align_bytes)
+        size, start, end = (np.concatenate(x) for x in ((size, extra), (start, lo), (end, hi)))
+        is_out = np.concatenate([is_out, np.zeros(len(extra), dtype=bool)])
+        if own is not None:
+            own = np.concatenate([own, cpu_temporaries(ev, value_local, 0)[0]])
+    outputs_bytes, block = place_in_output_allocations(size, start, end, is_out, ev.n_ops, own)
+    return float(value_local[ev.persistent_ids].sum()), outputs_bytes, block
