@@ -55,10 +55,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from toast_core.analysis import Analysis
+from toast_core.cost.buffers import cpu_temporaries
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.concat_slice import CONCAT, SLICE, concat_slice_sites
-from toast_core.cost.buffers import cpu_temporaries
 from toast_core.cost.cpu_buffers import cpu_buffers
 from toast_core.cost.flops import op_flops, op_transcendentals
 from toast_core.cost.fusion import bitcasts, fused_away, materialized
