@@ -2,7 +2,8 @@
 
 `validate` compares the predicted memory with XLA:CPU's `memory_analysis()`; two kinds of
 buffer exist there and not on TPU/GPU, and are added to that view only (`cpu_buffers`): layout
-copies of dot operands, and the rolled threefry loop's state.
+copies of dot operands, the rolled threefry loop's state, and the expansion of max-pool
+gradients (`select_and_scatter_add`).
 
 **Dot operands.** XLA:CPU runs every dot as a 2-D (or batched 2-D) matrix product: its dot decomposer turns
 `dot_general` into `[batch, rows, contracted] x [batch, contracted, cols]` by transposing and
@@ -36,6 +37,18 @@ inside a loop body (the counters are an iota, hoisted out of the enclosing loop 
 it: 6 x 4 KiB of 30 KiB in a `fori_loop` accumulation), and its state: the tuple's 8-byte
 pointer table and four u32[4] key copies (each a 64-byte aligned temporary). A
 key split or fold-in runs the same loop on two words.
+
+**Select-and-scatter.** XLA:CPU has no select-and-scatter kernel (TPU and GPU do): it rewrites
+each one (the gradient of a max-pool) into a variadic reduce-window that finds, per window, the
+winner's value and its index along every dim of the operand (one s32 iota as large as the operand
+per dim, all read at once), a concatenation of those indices into `s32[windows, rank]`, and a
+scatter of the cotangent (copied into `f32[windows, 1, ..., 1]`) at them. The scheduler puts the
+operand-less iotas at the start of the step and the reduce-window right after the pooled
+activation is made, in the forward pass, so the concatenated indices stay live until the
+backward scatter. Measured in XLA's buffer assignment (the zoo `convnet`, tiny, replicated:
+temporaries 5.8 MB where the model counted 2.2): 4 x s32[16, 16, 16, 32] + 4 x s32[16, 8, 8, 64]
+iotas (3 MiB) live together from the first op, the reduce-window's five pooled outputs, and the
+s32[32768, 4] + s32[16384, 4] indices held across the backward pass.
 """
 
 from __future__ import annotations
@@ -61,6 +74,7 @@ def cpu_buffers(prog: Program, is_materialized: list[bool]) -> tuple[np.ndarray,
     (`dot_operand_copies`) and the threefry loops (`threefry_buffers`)."""
     rows = [(v, lo, hi, 1.0, 1, 0) for v, lo, hi in zip(*dot_operand_copies(prog, is_materialized))]
     rows += threefry_buffers(prog)
+    rows += select_and_scatter_buffers(prog)
     a = np.array(rows, dtype=np.float64).reshape(-1, 6)
     ints = a[:, [0, 1, 2, 4, 5]].astype(np.int64)
     return ints[:, 0], ints[:, 1], ints[:, 2], a[:, 3], ints[:, 3], ints[:, 4]
@@ -84,6 +98,36 @@ def threefry_buffers(prog: Program) -> list[tuple]:
             small = THREEFRY_STATE_BUFFERS + THREEFRY_WORD_BUFFERS  # words of 64 bytes at most
             rows.append((op.results[0], op.index, op.index, 0.0, 0, small))
     return rows
+
+
+def select_and_scatter_buffers(prog: Program) -> list[tuple]:
+    """(value, first op, last op, scale, count, 0) of the buffers XLA:CPU's expansion of each
+    `select_and_scatter_add` holds (module essay): per dim of the operand an s32 iota as large
+    as it, from the step's start to the reduce-window (right after the operand is made); the
+    window indices (a word per window and dim), from there to the scatter; the reduce-window's
+    own pooled outputs at it (the value and the per-dim indices it concatenates); the copy of
+    the cotangent the scatter reads."""
+    producers = prog.producers()
+    rows = []
+    for op in prog.ops:
+        if op.primitive != "select_and_scatter_add":
+            continue
+        source, operand = op.operands[0], op.operands[1]
+        rank = len(prog.values[operand].shape)
+        window = producers[operand]
+        window = 0 if window is None else window
+        words_op = 4.0 / _itemsize(prog.values[operand])
+        words_src = 4.0 / _itemsize(prog.values[source])
+        rows.append((operand, 0, window, words_op, rank, 0))  # the iotas
+        rows.append((source, window, op.index, words_src, rank, 0))  # the indices, concatenated
+        rows.append((source, window, window, words_src, rank, 0))  # the reduce-window's indices
+        rows.append((source, window, window, 1.0, 1, 0))  # and its value
+        rows.append((source, op.index, op.index, 1.0, 1, 0))  # the scattered cotangent's copy
+    return rows
+
+
+def _itemsize(v) -> int:
+    return max(1, v.nbytes // max(1, v.size))
 
 
 def _grouping(shape, batch, contracted) -> tuple | None:
