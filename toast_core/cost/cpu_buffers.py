@@ -2,8 +2,8 @@
 
 `validate` compares the predicted memory with XLA:CPU's `memory_analysis()`; two kinds of
 buffer exist there and not on TPU/GPU, and are added to that view only (`cpu_buffers`): layout
-copies of dot operands, the rolled threefry loop's state, and the expansion of max-pool
-gradients (`select_and_scatter_add`).
+copies of dot and convolution operands, the rolled threefry loop's state, and the expansion of
+max-pool gradients (`select_and_scatter_add`).
 
 **Dot operands.** XLA:CPU runs every dot as a 2-D (or batched 2-D) matrix product: its dot decomposer turns
 `dot_general` into `[batch, rows, contracted] x [batch, contracted, cols]` by transposing and
@@ -26,6 +26,21 @@ elementwise multiply in XLA, not a dot, and copies nothing. Unit dims never matt
 
 TPU and GPU choose layouts per operand (TPU tiles any dim order; GPU's GEMM rewriter takes
 strided batch and transposed operands), so only the CPU view adds these copies.
+
+**Convolution operands.** XLA:CPU's convolution canonicalization hands its conv kernels the
+input as `[batch, spatial..., feature]` and the kernel as `[spatial..., in feature, out
+feature]` (NHWC, HWIO); an operand whose dims lie in another order (unit dims aside) is
+transposed into a copy as large as it. JAX's weight-gradient convolutions are the usual case:
+they read the activations with batch and feature swapped (`[C, H, W, N]`) and the output's
+cotangent as a kernel with the batch as its in-feature (`[H, W, N, O]`). As for dots, a value
+that a loop fusion makes and only such convolutions read is written transposed by its fusion; an
+input, or a value another op also reads, is copied. The scheduler makes the copy as soon as the
+operand exists (measured: the images' copy at the step's start, the pooled activation's in the
+forward pass), so it lives from the operand's producer to the last convolution reading it. In
+the zoo `convnet` (tiny, replicated) these are f32[3, 16, 16, 16] (the images),
+f32[32, 8, 8, 16] (the first pooled activation) and f32[8, 8, 16, 64] (the second conv's
+cotangent, read by the input-gradient conv too). A transposed output is left to its reader's
+fusion (the SGD update fuses the weight gradient's transpose), so it adds nothing.
 
 **Threefry.** JAX lowers the threefry hash behind `jax.random` (dropout masks) to a rolled
 5-round loop on the CPU only (`toast_core.apply.hlo_compute` says more); TPU and GPU unroll it
@@ -75,6 +90,7 @@ def cpu_buffers(prog: Program, is_materialized: list[bool]) -> tuple[np.ndarray,
     rows = [(v, lo, hi, 1.0, 1, 0) for v, lo, hi in zip(*dot_operand_copies(prog, is_materialized))]
     rows += threefry_buffers(prog)
     rows += select_and_scatter_buffers(prog)
+    rows += conv_operand_copies(prog, is_materialized)
     a = np.array(rows, dtype=np.float64).reshape(-1, 6)
     ints = a[:, [0, 1, 2, 4, 5]].astype(np.int64)
     return ints[:, 0], ints[:, 1], ints[:, 2], a[:, 3], ints[:, 3], ints[:, 4]
@@ -123,6 +139,32 @@ def select_and_scatter_buffers(prog: Program) -> list[tuple]:
         rows.append((source, window, window, words_src, rank, 0))  # the reduce-window's indices
         rows.append((source, window, window, 1.0, 1, 0))  # and its value
         rows.append((source, op.index, op.index, 1.0, 1, 0))  # the scattered cotangent's copy
+    return rows
+
+
+def conv_operand_copies(prog: Program, is_materialized: list[bool]) -> list[tuple]:
+    """(value, producer or 0, last conv, 1, 1, 0) of each transposed copy XLA:CPU makes of a
+    convolution operand not in its canonical dim order (module essay), one per value and order."""
+    uses = prog.uses()
+    producers = prog.producers()
+    outputs = set(prog.outputs)
+    wants: dict[tuple, list[int]] = {}
+    for op in prog.ops:
+        if op.primitive != "conv_general_dilated":
+            continue
+        specs = dict(op.param("dimension_numbers"))
+        (lb, lf, *ls), (ro, ri, *rs) = specs["lhs_spec"], specs["rhs_spec"]
+        for x, order in ((op.operands[0], (lb, *ls, lf)), (op.operands[1], (*rs, ri, ro))):
+            shape = prog.values[x].shape
+            wide = tuple(d for d in order if shape[d] != 1)
+            if wide != tuple(d for d in range(len(shape)) if shape[d] != 1) and is_materialized[x]:
+                wants.setdefault((x, wide), []).append(op.index)
+    rows = []
+    for (x, _), ops in wants.items():
+        if _written_in_place(prog, x, ops, uses, producers, outputs):
+            continue
+        made = producers[x]
+        rows.append((x, 0 if made is None else made, max(ops), 1.0, 1, 0))
     return rows
 
 
