@@ -13,6 +13,7 @@ from toast_core.apply.validate import CPU_BUFFER_ALIGN_BYTES, cpu_memory_bytes
 from toast_core.cost import CostOptions, evaluator
 from toast_core.cost.cpu_buffers import (
     _grouping,
+    conv_operand_copies,
     cpu_buffers,
     dot_operand_copies,
     select_and_scatter_buffers,
@@ -143,6 +144,51 @@ def test_select_and_scatter_holds_iotas_from_the_start_and_indices_until_the_sca
     assert ev.score(strategy.fine_masks(ana, MESH)).peak_bytes == ev.report(strategy).peak_bytes
 
 
+def _two_convs(params, batch):
+    """Two NHWC convs' SGD step: the weight gradients read activations as [C, H, W, N]."""
+
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(
+            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    def loss(p):
+        h = jax.nn.relu(conv(batch["x"], p["c1"]))
+        return jnp.mean(conv(h, p["c2"]) ** 2)
+
+    value, g = jax.value_and_grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, g), value
+
+
+def _two_convs_args():
+    params = {
+        "c1": jax.ShapeDtypeStruct((3, 3, 3, 8), jnp.float32),
+        "c2": jax.ShapeDtypeStruct((3, 3, 8, 8), jnp.float32),
+    }
+    return params, {"x": jax.ShapeDtypeStruct((8, 16, 16, 3), jnp.float32)}
+
+
+def test_conv_operands_out_of_nhwc_order_are_copied_unless_their_fusion_writes_them():
+    prog = tc.analyze(tc.trace(_two_convs, *_two_convs_args())).program
+    rows = conv_operand_copies(prog, materialized(prog))
+    copied = {prog.values[r[0]].shape: r for r in rows}
+    convs = [op.index for op in prog.ops if op.primitive == "conv_general_dilated"]
+    # the images (an input), the hidden activation (also read by the forward conv 2) and
+    # conv 2's cotangent (also read by its input gradient) are read out of NHWC / HWIO order by
+    # the weight gradients: copied from their making to that conv
+    assert set(copied) == {(8, 16, 16, 3), (8, 16, 16, 8)} and len(rows) == 3
+    assert copied[(8, 16, 16, 3)][1:3] == (0, convs[-1])
+    made = {prog.ops[r[1]].primitive: r for r in rows if r[0] != prog.inputs[-1]}
+    assert set(made) == {"max", "mul"}
+    # the activation is held by the model until its weight gradient, by XLA only until conv 2
+    # reads it (the weight gradient reads the copy): the copy is extra only until then
+    assert made["max"][2] == convs[1]
+    # conv 1's cotangent, read by its weight gradient only, is written transposed by its
+    # fusion; the forward convs' operands are already NHWC / HWIO
+    (select,) = [op for op in prog.ops if op.primitive == "select_n"]
+    assert select.results[0] not in {r[0] for r in rows}
+
+
 def _compiled_and_predicted(fn, args, baseline: str):
     ana = tc.analyze(tc.trace(fn, *args))
     strategy = tc.baselines.all(ana, MESH)[baseline][0]
@@ -181,3 +227,15 @@ def test_select_and_scatter_expansion_brings_a_max_pool_step_within_30_percent()
     compiled, predicted, without = _compiled_and_predicted(_pooled, _pooled_args(), "replicated")
     assert abs(without / compiled - 1) > 0.3, (without, compiled)
     assert abs(predicted / compiled - 1) <= 0.3, (predicted, compiled)
+
+
+@pytest.mark.slow
+def test_conv_operand_copies_bring_a_two_conv_step_to_xla():
+    """Compiled 383,196 bytes, predicted 383,196; 289,916 without the copies (0.76): at the
+    backward's peak XLA holds the images', the hidden activation's and conv 2's cotangent's
+    transposed copies, and the activation itself no longer."""
+    compiled, predicted, without = _compiled_and_predicted(
+        _two_convs, _two_convs_args(), "replicated"
+    )
+    assert abs(without / compiled - 1) > 0.2
+    assert abs(predicted / compiled - 1) <= 0.05, (predicted, compiled)

@@ -36,7 +36,10 @@ cotangent as a kernel with the batch as its in-feature (`[H, W, N, O]`). As for 
 that a loop fusion makes and only such convolutions read is written transposed by its fusion; an
 input, or a value another op also reads, is copied. The scheduler makes the copy as soon as the
 operand exists (measured: the images' copy at the step's start, the pooled activation's in the
-forward pass), so it lives from the operand's producer to the last convolution reading it. In
+forward pass), so it lives from the operand's producer to the last convolution reading it, and
+the operand itself only to its last other reader; the model, which holds the operand to its
+last reader of any kind, lacks one copy's bytes only while both are live (the whole step for an
+input or output). In
 the zoo `convnet` (tiny, replicated) these are f32[3, 16, 16, 16] (the images),
 f32[32, 8, 8, 16] (the first pooled activation) and f32[8, 8, 16, 64] (the second conv's
 cotangent, read by the input-gradient conv too). A transposed output is left to its reader's
@@ -143,8 +146,9 @@ def select_and_scatter_buffers(prog: Program) -> list[tuple]:
 
 
 def conv_operand_copies(prog: Program, is_materialized: list[bool]) -> list[tuple]:
-    """(value, producer or 0, last conv, 1, 1, 0) of each transposed copy XLA:CPU makes of a
-    convolution operand not in its canonical dim order (module essay), one per value and order."""
+    """(value, first op, last op, 1, 1, 0) of each transposed copy XLA:CPU makes of a
+    convolution operand not in its canonical dim order (module essay), one per value and order,
+    over the ops where XLA holds both the copy and the operand."""
     uses = prog.uses()
     producers = prog.producers()
     outputs = set(prog.outputs)
@@ -164,7 +168,14 @@ def conv_operand_copies(prog: Program, is_materialized: list[bool]) -> list[tupl
         if _written_in_place(prog, x, ops, uses, producers, outputs):
             continue
         made = producers[x]
-        rows.append((x, 0 if made is None else made, max(ops), 1.0, 1, 0))
+        if made is None or x in outputs:  # the value itself lives throughout: both are held
+            rows.append((x, 0 if made is None else made, max(ops), 1.0, 1, 0))
+            continue
+        # the model holds the value to its last reader; XLA holds it to its last reader but
+        # these convs (which read the copy) and the copy to the last of them: both at once
+        # from the copy's making to whichever ends first
+        others = [o for o, _ in uses[x] if o not in ops]
+        rows.append((x, made, min(max(ops), max(others, default=made)), 1.0, 1, 0))
     return rows
 
 
