@@ -188,7 +188,8 @@ def place_in_output_allocations(size, start, end, is_out, n_ops: int, fit_size=N
 
 def cpu_temporaries(ev, value_local, align_bytes: int):
     """(bytes, first op, end op (exclusive)) of the temporaries only XLA:CPU makes (dot-operand
-    layout copies, threefry loops: `cost/cpu_buffers.py`), as `Evaluator._memory(cpu_buffers=
+    and conv layout copies, threefry loops, select-and-scatter expansions:
+    `cost/cpu_buffers.py`), as `Evaluator._memory(cpu_buffers=
     True)` counts them."""
     vals, lo, hi, scale, count, small = ev._cpu_buffers
     size = value_local[vals] * scale

@@ -56,7 +56,7 @@ it: 6 x 4 KiB of 30 KiB in a `fori_loop` accumulation), and its state: the tuple
 pointer table and four u32[4] key copies (each a 64-byte aligned temporary). A
 key split or fold-in runs the same loop on two words.
 
-**Select-and-scatter.** XLA:CPU has no select-and-scatter kernel (TPU and GPU do): it rewrites
+**Select-and-scatter.** XLA:CPU expands select-and-scatter (TPU and GPU emit it as one kernel): it rewrites
 each one (the gradient of a max-pool) into a variadic reduce-window that finds, per window, the
 winner's value and its index along every dim of the operand (one s32 iota as large as the operand
 per dim, all read at once), a concatenation of those indices into `s32[windows, rank]`, and a
@@ -89,7 +89,8 @@ _THREEFRY_KEY_OPS = frozenset({"random_split", "random_fold_in"})
 def cpu_buffers(prog: Program, is_materialized: list[bool]) -> tuple[np.ndarray, ...]:
     """Every extra temporary of the CPU view as (value, first op, last op, bytes per byte of the
     value's local size, count of such buffers, count of small state buffers): the layout copies
-    (`dot_operand_copies`) and the threefry loops (`threefry_buffers`)."""
+    (`dot_operand_copies`, `conv_operand_copies`), the threefry loops (`threefry_buffers`) and
+    the select-and-scatter expansions (`select_and_scatter_buffers`)."""
     rows = [(v, lo, hi, 1.0, 1, 0) for v, lo, hi in zip(*dot_operand_copies(prog, is_materialized))]
     rows += threefry_buffers(prog)
     rows += select_and_scatter_buffers(prog)

@@ -818,7 +818,8 @@ class Evaluator:
 
     @cached_property
     def _cpu_buffers(self) -> tuple[np.ndarray, ...]:
-        """XLA:CPU's extra temporaries: dot-operand layout copies, threefry loops (`cpu_buffers`)."""
+        """XLA:CPU's extra temporaries: dot and conv operand layout copies, threefry loops,
+        select-and-scatter expansions (`cpu_buffers`)."""
         return cpu_buffers(self.ana.program, self._is_mat.tolist())
 
     def _remat_pairs(self, strategy: Strategy) -> tuple:
