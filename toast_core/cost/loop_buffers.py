@@ -54,3 +54,42 @@ def zero_filled(op) -> list[int]:
     if op.primitive != prim.SCAN_END:
         return []
     return list(op.results[int(dict(op.params).get("num_carry", 0)) :])
+
+
+def held_until(prog: Program, sites) -> list[int]:
+    """For each use site (value, op, operand position), the last op of the loop that holds the
+    copy a reshard makes for that use, or -1 when the copy lives only to its last reader.
+
+    A scan's constants and stacked inputs are operands of the loop: every iteration reads them
+    again, so a copy resharded for them (an FSDP weight gathered for a gradient accumulation
+    loop's body, `scan_start` reading it) is made once before the loop and held until it ends,
+    beside the carry and the body's temporaries. Measured on `grad-accum` FSDP (data=2, fsdp=2,
+    model=2): XLA's buffer assignment keeps the gathered w1 [64, 256] and w2 [256, 32] (96 KiB of
+    384 KiB of temporaries) live through the whole `while`; priced only at `scan_start`, the
+    prediction was 0.77x the compiled memory. A carry's copy is not held apart: it becomes the
+    carry's buffer, which the carry's own value already holds (`buffer_aliases`)."""
+    ends = _scan_ends(prog)
+    out = []
+    for _value, opi, pos in sites:
+        op = prog.ops[opi]
+        held = -1
+        if op.primitive == prim.SCAN_START and opi in ends:
+            params = dict(op.params)
+            consts = int(params.get("num_consts", 0))
+            carry = int(params.get("num_carry", 0))
+            if not consts <= pos < consts + carry:
+                held = ends[opi]
+        out.append(held)
+    return out
+
+
+def _scan_ends(prog: Program) -> dict[int, int]:
+    """scan_start op -> its scan_end op (the next one at the same region depth)."""
+    open_at: list[int] = []
+    ends: dict[int, int] = {}
+    for op in prog.ops:
+        if op.primitive == prim.SCAN_START:
+            open_at.append(op.index)
+        elif op.primitive == prim.SCAN_END and open_at:
+            ends[open_at.pop()] = op.index
+    return ends
