@@ -42,6 +42,45 @@ def test_scan_constants_and_carries_alias_their_operands():
     assert len(alias) >= n + 1
 
 
+def test_a_carry_updated_in_place_shares_the_initial_carrys_buffer():
+    w = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+    xs = jax.ShapeDtypeStruct((4, 8, 64), jnp.float32)
+    prog = tc.trace(_accumulate, w, xs)
+    alias = buffer_aliases(prog)
+    (start,) = [op for op in prog.ops if op.primitive == prim.SCAN_START]
+    (end,) = [op for op in prog.ops if op.primitive == prim.SCAN_END]
+    params = dict(start.params)
+    first_carry = params["num_consts"]
+    init = start.operands[first_carry + 1]  # (i, g): g's zeros
+    updated = end.operands[1]  # g + dg, made in the body
+    assert alias[updated] == alias.get(init, init)
+    assert alias[end.results[1]] == alias.get(init, init)
+
+
+def _swap(x, y):
+    def body(i, c):
+        a, b = c
+        new_a = jnp.sin(b)  # made while the old a is still to be read
+        new_b = a + 1.0
+        return new_a, new_b
+
+    return jax.lax.fori_loop(0, 3, body, (x, y))
+
+
+def test_a_carry_read_after_its_update_is_made_keeps_its_own_buffer():
+    x = jax.ShapeDtypeStruct((16,), jnp.float32)
+    prog = tc.trace(lambda x, y: _swap(x * 2.0, y * 2.0), x, x)
+    alias = buffer_aliases(prog)
+    (start,) = [op for op in prog.ops if op.primitive == prim.SCAN_START]
+    (end,) = [op for op in prog.ops if op.primitive == prim.SCAN_END]
+    n_consts, n_carry = dict(start.params)["num_consts"], dict(start.params)["num_carry"]
+    carry_ops = start.operands[n_consts : n_consts + n_carry]
+    new_a, new_b = end.operands[n_carry - 2 : n_carry]
+    a0, b0 = carry_ops[-2:]
+    assert new_a not in alias  # XLA copies: the old a is read (by new_b) after new_a is made
+    assert alias[new_b] == alias.get(b0, b0)
+
+
 def test_loop_buffers_are_not_counted_twice():
     w = jax.ShapeDtypeStruct((256, 256), jnp.float32)
     xs = jax.ShapeDtypeStruct((4, 8, 256), jnp.float32)

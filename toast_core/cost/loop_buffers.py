@@ -37,12 +37,57 @@ def _pairs(op) -> list[tuple[int, int]]:
 def buffer_aliases(prog: Program) -> dict[int, int]:
     """value id -> id of the value whose buffer it shares (resolved to the first of a chain)."""
     alias: dict[int, int] = {}
+    starts: list = []
+    last_read = _last_direct_reads(prog)
     for op in prog.ops:
+        if op.primitive == prim.SCAN_START:
+            starts.append(op)
+        elif op.primitive == prim.SCAN_END and starts:
+            for out, into in _carry_updates(starts.pop(), op, last_read, prog):
+                alias[out] = alias.get(into, into)
         for result, operand in _pairs(op):
             r, o = prog.values[result], prog.values[operand]
             if r.shape == o.shape and r.dtype == o.dtype and result != operand:
                 alias[result] = alias.get(operand, operand)
     return alias
+
+
+def _carry_updates(start, end, last_read, prog: Program) -> list[tuple[int, int]]:
+    """(carry-out, carry-in) pairs of one scan whose update XLA writes in place: a `while`'s
+    body parameter and its root's element share one buffer, as do the loop's operand and
+    result, so a gradient accumulator `g + dg` is added into the carry it reads. XLA copies
+    the carry instead when the old value is still read after the new one is made (or the new
+    one is a value from outside the body), so those keep buffers of their own.
+
+    Measured on `grad-accum` replicated (2x2x2): XLA keeps the accumulators, the loop's carry
+    and the updated weights in one allocation per weight; with the body's new carry a buffer
+    of its own, the prediction held a third copy of w1 through the update (1.26x compiled)."""
+    n = int(dict(start.params).get("num_carry", 0))
+    consts = int(dict(start.params).get("num_consts", 0))
+    ins = start.results[consts : consts + n]
+    outs = end.operands[:n]
+    producers = prog.producers()
+    pairs = []
+    for cin, cout in zip(ins, outs):
+        p = producers[cout]
+        a, b = prog.values[cin], prog.values[cout]
+        if cin == cout or p is None or p <= start.index or a.shape != b.shape or a.dtype != b.dtype:
+            continue
+        if last_read.get(cin, -1) <= p:
+            pairs.append((cout, cin))
+    return pairs
+
+
+def _last_direct_reads(prog: Program) -> dict[int, int]:
+    """value -> the last op that reads it, `scan_end` aside (it lists the carries it was
+    given besides the updated ones: bookkeeping, not a read of the buffer)."""
+    last: dict[int, int] = {}
+    for op in prog.ops:
+        if op.primitive == prim.SCAN_END:
+            continue
+        for x in op.operands:
+            last[x] = op.index
+    return last
 
 
 def zero_filled(op) -> list[int]:
