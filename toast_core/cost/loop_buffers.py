@@ -12,6 +12,12 @@ buffer counted a gradient accumulation loop's parameters and accumulators twice 
 extends that value's lifetime to cover the alias instead of adding a buffer. Per-iteration slices
 of a scan's stacked inputs (`xs`) and stacked outputs (`ys`) stay new buffers, as do values whose
 shape or dtype differ from the operand they mirror.
+
+Two more rules follow from XLA's `while` sharing one buffer per tuple element between the
+loop's operand, the body's parameter, the body's root and the loop's result: a carry the body
+updates in place (`g + dg`) is the initial carry's buffer (`_carry_updates`), and a copy a
+reshard makes for a constant or a stacked input (an FSDP weight gathered for the body) is held
+until the loop ends (`held_until`), not just at `scan_start`.
 """
 
 from __future__ import annotations
