@@ -135,6 +135,7 @@ class _SitesOf:
         self.site_ids = sites  # the evaluator's index of each of these sites
         self.site_vf, self.site_uf = ev.site_vf[sites], ev.site_uf[sites]
         self.site_value, self.site_op = ev.site_value[sites], ev.site_op[sites]
+        self.site_hold = ev.site_hold[sites]
         rep, per = inc.rep_of.take(values), inc.per_of.take(values)
         self.rep, self._rep_site = ev.rep[rep], ev._rep_site[rep]
         self.rep_before = ev.rep_before[rep]

@@ -64,7 +64,7 @@ from toast_core.cost.flops import op_flops, op_transcendentals
 from toast_core.cost.fusion import bitcasts, fused_away, materialized
 from toast_core.cost.halo import slice_halo_permutes
 from toast_core.cost.hoist import use_counts
-from toast_core.cost.loop_buffers import buffer_aliases, zero_filled
+from toast_core.cost.loop_buffers import buffer_aliases, held_until, zero_filled
 from toast_core.cost.remat import (
     hold_barrier_inputs,
     recompute_comm_s,
@@ -432,6 +432,8 @@ class Evaluator:
         self.site_vf, self.site_uf = vf, uf
         self.site_value = np.array([v for v, _, _ in self.sites], dtype=np.int64)
         self.site_op = np.array([o for _, o, _ in self.sites], dtype=np.int64)
+        # The last op a loop holds each site's resharded copy to (-1: its last reader).
+        self.site_hold = np.array(held_until(ana.program, self.sites), dtype=np.int64)
 
     def _replicate_and_permute_sites(self) -> None:
         ana, prog = self.ana, self.ana.program
@@ -1045,6 +1047,7 @@ class Evaluator:
         hi = np.full(len(uniq), -1)
         np.minimum.at(lo, inverse, ops)
         np.maximum.at(hi, inverse, ops)
+        np.maximum.at(hi, inverse, self.site_hold[cand[active]])  # a loop's operands: held
         back = self._is_backward[ops]
         fwd_hi = np.full(len(uniq), -1)
         bwd_lo = np.full(len(uniq), self.n_ops)
