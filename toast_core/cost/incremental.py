@@ -46,7 +46,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from toast_core.cost.model import Evaluator, Score
-from toast_core.cost.remat import shorten_lifetimes
+from toast_core.cost.remat import hold_barrier_inputs, shorten_lifetimes
 from toast_core.strategy.remat import remat_effect
 
 #: Cached evaluations kept (each holds a few arrays of the program's size).
@@ -310,7 +310,7 @@ class Incremental:
         if entry is None:
             self.full_evaluations += 1
             return ev.score(masks, remat)
-        eff, twice = self._remat_of(remat)
+        eff, twice, lived = self._remat_of(remat)
         compute_s = entry.score.compute_s
         if len(eff.twice_ops):
             compute_s += float(entry.t[eff.twice_ops].sum())
@@ -330,7 +330,8 @@ class Incremental:
                 np.add.at(delta, res_i[3, split] + 1, -entry.res_bytes[split])
                 np.add.at(delta, res_i[4, split], entry.res_bytes[split])
         held = entry.value_local * ev._in_memory
-        shorten_lifetimes(delta, held, eff)
+        shorten_lifetimes(delta, held, lived)
+        hold_barrier_inputs(delta, entry.value_local, eff, ev._is_fused, ev._producer)
         if len(eff.values):
             vals, new, old = ev._remat_liveness(eff)
             np.add.at(delta, new + 1, -held[vals])
@@ -343,13 +344,15 @@ class Incremental:
     # -- internals -----------------------------------------------------------------------------
 
     def _remat_of(self, remat: tuple):
-        """(the `RematEffect` of remat policies, [ops] whether each op runs twice), memoized."""
+        """(the `RematEffect` of remat policies, [ops] whether each op runs twice, the effect
+        with its extensions after their values' own lives as `Evaluator._memory` takes it),
+        memoized."""
         hit = self._remats.get(remat)
         if hit is None:
             eff = remat_effect(self.ev.remat, remat)
             twice = np.zeros(self.tab.n_ops, dtype=bool)
             twice[eff.twice_ops] = True
-            hit = self._remats[remat] = (eff, twice)
+            hit = self._remats[remat] = (eff, twice, self.ev._after_own_life(eff))
         return hit
 
     def _entry(
