@@ -300,6 +300,12 @@ SIMPLIFIED = {
         lambda x, w, v: (lambda h: (h @ w, h * v))(x * 0.5 + 0.1),
         (jnp.ones((64, 8)), jnp.ones((8, 8)), jnp.ones(8)),
     ),
+    # momentum: `m' = 0.9 * m + g` reads two arrays: stored once and read by the update, not
+    # recomputed in it (XLA duplicates only effectively unary producers)
+    "momentum_reads_stored_velocity": (
+        lambda p, m, g: (lambda m2: (p - 1e-2 * m2, m2))(0.9 * m + g),
+        (jnp.ones((64, 32)), jnp.ones((64, 32)), jnp.ones((64, 32))),
+    ),
     # Adam: the update's division and square root read the stored moments (not recomputed)
     "adam_reads_stored_moments": (
         lambda p, m, v, g: (lambda m2, v2: (p - 1e-3 * m2 / (jnp.sqrt(v2) + 1e-8), m2, v2))(

@@ -142,8 +142,12 @@ def _recomputing_readers(
     the stored result); else the cheap fusions (no costly work of their own: an Adam update's
     division and square root read the stored moments) that read all of it element by element
     (elementwise ops, reductions, outer products; slices, pads and other layout readers read
-    the stored buffer: an associative scan's slices of `1 + 0.1 * tanh(h)`)."""
-    if costly[op.index]:
+    the stored buffer: an associative scan's slices of `1 + 0.1 * tanh(h)`). None either when
+    the op reads more than one array (`_more_than_unary`): XLA duplicates a producer that some
+    consumer cannot fuse only when it is effectively unary, as a second input read again would
+    raise the bytes read (`InstructionFusion::ComputeGloballyUnfusible`; momentum SGD's
+    `m' = beta * m + g`, an output read by the update `p - lr * m'`, is stored once and read)."""
+    if costly[op.index] or _more_than_unary(prog, op):
         return frozenset()
     uses = prog.uses()
     return frozenset().union(
@@ -156,6 +160,26 @@ def _recomputing_readers(
             and not any(costly[root] for root in roots[o])
         )
     )
+
+
+def _more_than_unary(prog: Program, op) -> bool:
+    """Whether `op` reads more than one array as large as its result: operands of lower rank,
+    scalars and values spread from them (broadcasts, iotas) do not count, as in XLA's
+    effectively-unary test; nor do an outer product's (`fusible`: XLA rewrites it as a multiply
+    of two broadcasts)."""
+    if op.primitive == "dot_general":
+        return False
+    rank = len(prog.values[op.results[0]].shape) if op.results else 0
+    producers = prog.producers()
+    arrays = 0
+    for v in op.operands:
+        p = producers[v]
+        if p is not None and prog.ops[p].primitive in ("broadcast_in_dim", "iota"):
+            continue
+        shape = prog.values[v].shape
+        if shape and len(shape) >= rank:
+            arrays += 1
+    return arrays > 1
 
 
 def _costly_cones(prog: Program, is_materialized: list[bool]) -> list[bool]:
