@@ -503,15 +503,15 @@ def test_the_epilogue_reserve_grows_with_program_size_and_slowdown():
     times the slowdown seen so far (wall over CPU time), never less than one."""
     import time
 
-    from toast_core.search.mcts import EPILOGUE_CPU_S_PER_OP, _epilogue_start
+    from toast_core.search.mcts import EPILOGUE_CPU_S_PER_OP, _epilogue_start, epilogue_reserve
 
-    now, cpu = time.perf_counter(), time.process_time()
-    # No wall time has passed: the slowdown counts as one.
-    reserve = now + 5.0 - _epilogue_start(now, cpu, 5.0, 40_000)
-    assert reserve == pytest.approx(EPILOGUE_CPU_S_PER_OP * 40_000, rel=0.05)
-    # One second of wall time for (at most) a quarter second of CPU: at least 4x.
+    per_op = EPILOGUE_CPU_S_PER_OP
+    assert epilogue_reserve(0.0, 0.0, 40_000) == pytest.approx(per_op * 40_000)  # no slowdown
+    assert epilogue_reserve(0.5, 1.0, 40_000) == pytest.approx(per_op * 40_000)  # never below 1
+    slow = epilogue_reserve(1.0, 0.25, 40_000)  # a quarter second of CPU in one of wall: 4x
+    assert slow == pytest.approx(4 * per_op * 40_000)
+    assert epilogue_reserve(1.0, 0.25, 600) < slow / 50
+    # The deadline is the budget's end less the reserve at the slowdown seen since `start`.
     start = time.perf_counter() - 1.0
-    slow = start + 5.0 - _epilogue_start(start, time.process_time() - 0.25, 5.0, 40_000)
-    assert slow >= 3.9 * EPILOGUE_CPU_S_PER_OP * 40_000
-    small = start + 5.0 - _epilogue_start(start, time.process_time() - 0.25, 5.0, 600)
-    assert small < slow / 50
+    end = _epilogue_start(start, time.process_time() - 10.0, 5.0, 40_000)  # CPU > wall: 1x
+    assert start + 5.0 - end == pytest.approx(per_op * 40_000)

@@ -158,8 +158,16 @@ def _epilogue_start(start: float, cpu0: float, budget_s: float, n_ops: int) -> f
     budget: its end less the epilogue's CPU time (`EPILOGUE_CPU_S_PER_OP`) at the slowdown seen
     so far (wall time over this process's CPU time since `start`, `cpu0`: on a shared machine
     fixed CPU work takes several times as long; measured +15% on Llama-3 70B at 7x)."""
-    slowdown = (time.perf_counter() - start) / max(time.process_time() - cpu0, 1e-3)
-    return start + budget_s - EPILOGUE_CPU_S_PER_OP * n_ops * max(slowdown, 1.0)
+    wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu0
+    return start + budget_s - epilogue_reserve(wall_s, cpu_s, n_ops)
+
+
+def epilogue_reserve(wall_s: float, cpu_s: float, n_ops: int) -> float:
+    """Seconds kept for the epilogue of a program of `n_ops` ops when `wall_s` of wall time
+    took `cpu_s` of this process's CPU time: `EPILOGUE_CPU_S_PER_OP` per op times that
+    slowdown, never less than one (a CPU time under a millisecond counts as one)."""
+    slowdown = wall_s / max(cpu_s, 1e-3)
+    return EPILOGUE_CPU_S_PER_OP * n_ops * max(slowdown, 1.0)
 
 
 def _deadlines(start: float, ready: float, budget_s: float | None) -> dict[str, float | None]:
