@@ -21,14 +21,19 @@ def _accumulate(w, xs):
     return jax.lax.fori_loop(0, xs.shape[0], body, jnp.zeros_like(w))
 
 
-def test_scan_constants_and_carries_alias_their_operands():
+def _accumulating_loop():
+    """`_accumulate` traced: (program, buffer aliases, its loop's start and end ops, the start's
+    params)."""
     w = jax.ShapeDtypeStruct((64, 64), jnp.float32)
     xs = jax.ShapeDtypeStruct((4, 8, 64), jnp.float32)
     prog = tc.trace(_accumulate, w, xs)
-    alias = buffer_aliases(prog)
     (start,) = [op for op in prog.ops if op.primitive == prim.SCAN_START]
     (end,) = [op for op in prog.ops if op.primitive == prim.SCAN_END]
-    params = dict(start.params)
+    return prog, buffer_aliases(prog), start, end, dict(start.params)
+
+
+def test_scan_constants_and_carries_alias_their_operands():
+    prog, alias, start, end, params = _accumulating_loop()
     n = params["num_consts"] + params["num_carry"]
     assert all(
         alias[r] == o or alias[r] == alias.get(o)
@@ -43,13 +48,7 @@ def test_scan_constants_and_carries_alias_their_operands():
 
 
 def test_a_carry_updated_in_place_shares_the_initial_carrys_buffer():
-    w = jax.ShapeDtypeStruct((64, 64), jnp.float32)
-    xs = jax.ShapeDtypeStruct((4, 8, 64), jnp.float32)
-    prog = tc.trace(_accumulate, w, xs)
-    alias = buffer_aliases(prog)
-    (start,) = [op for op in prog.ops if op.primitive == prim.SCAN_START]
-    (end,) = [op for op in prog.ops if op.primitive == prim.SCAN_END]
-    params = dict(start.params)
+    prog, alias, start, end, params = _accumulating_loop()
     first_carry = params["num_consts"]
     init = start.operands[first_carry + 1]  # (i, g): g's zeros
     updated = end.operands[1]  # g + dg, made in the body
