@@ -48,8 +48,28 @@ def test_slice_halo_permutes_edge_cases():
     assert slice_halo_permutes(64, 1, 0, 32) == ()  # unsharded: nothing to exchange
     assert slice_halo_permutes(63, 4, 0, 32) is None  # uneven shards: gathered
     assert slice_halo_permutes(64, 4, 0, 64) == ()  # the whole dim: every shard is local
+    assert slice_halo_permutes(8, 8, 0, 0) == ()  # empty (fuzz seed 14 #297): nothing moves
     with pytest.raises(ToastError, match="slice_halo_permutes"):
         slice_halo_permutes(64, 4, 40, 32)
+
+
+def test_an_empty_slice_of_a_sharded_dim_is_searched():
+    """Fuzz seed 14 #297: the gradient of `jnp.pad(v, (1, 2), mode="edge")` on a dim of 8
+    sharded 8 ways takes an empty slice; pricing its halo raised a ToastError in the search."""
+
+    def step(w, x):
+        def loss(w):
+            return jnp.mean(jnp.pad(x @ w, [(0, 0), (1, 2)], mode="edge"))
+
+        return w - 0.1 * jax.grad(loss)(w)
+
+    args = (jax.ShapeDtypeStruct((8, 8), jnp.float32), jax.ShapeDtypeStruct((16, 8), jnp.float32))
+    ana = tc.analyze(tc.trace(step, *args))
+    mesh = tc.MeshSpec({"data": 8})
+    for strategy, _ in tc.baselines.all(ana, mesh).values():
+        if strategy is not None:
+            tc.estimate(ana, strategy, mesh, "tpu-v5e")
+    tc.search(ana, mesh, "tpu-v5e", budget_s=None, num_simulations=24, seed=0)
 
 
 # -- the cost model on a small program --------------------------------------------------------

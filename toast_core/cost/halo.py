@@ -36,12 +36,13 @@ __all__ = ["slice_halo_permutes"]
 def slice_halo_permutes(dim_size: int, n: int, start: int, size: int) -> tuple[int, ...] | None:
     """Sizes (elements along the dim) of the collective-permutes XLA emits to slice
     `[start, start + size)` of a dim of `dim_size` elements sharded `n` ways into a result
-    sharded `n` ways; None when XLA gathers the operand instead (module essay)."""
-    if n < 1 or dim_size < 1 or size < 1 or start < 0 or start + size > dim_size:
+    sharded `n` ways; None when XLA gathers the operand instead (module essay). An empty slice
+    (size 0: an edge pad's gradient can take one) moves nothing."""
+    if n < 1 or dim_size < 1 or size < 0 or start < 0 or start + size > dim_size:
         raise ToastError(
             bad_value("slice_halo_permutes", (dim_size, n, start, size), "a slice inside the dim")
         )
-    if n == 1:
+    if n == 1 or size == 0:
         return ()
     if dim_size % n or size % n:
         return None
