@@ -30,6 +30,21 @@ def _assert_same_collectives(rep) -> None:
         assert rep.predicted_collective_bytes[kind] == pytest.approx(nbytes, rel=0.25), kind
 
 
+def _assert_zoo_baseline_compiles_as_priced(model: str, baseline: str) -> None:
+    """The tiny zoo train step `model` under `baseline` on 2x4: the compiled collectives as
+    predicted (kinds, counts after combining) and the step within 10 % of the XLA-judged one."""
+    from demos import MODEL_ZOO
+
+    w = MODEL_ZOO[model](size="tiny", train=True)
+    ana = tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
+    mesh = tc.MeshSpec({"data": 2, "model": 4})
+    strategy = tc.baselines.all(ana, mesh)[baseline][0]
+    rep = tc.validate(w.fn, w.args, ana, strategy, tc.jax_mesh(mesh), HW, check_numerics=False)
+    _assert_same_collectives(rep)
+    assert rep.predicted_collective_ops_target == rep.compiled_collective_ops_target
+    assert rep.step_time_ratio == pytest.approx(1.0, abs=0.1)
+
+
 @pytest.mark.slow
 def test_top_k_operand_is_gathered_whole_under_data_parallel():
     """XLA's partitioner has no `topk` handler: the batch-sharded scores are all-gathered."""
@@ -51,16 +66,7 @@ def test_a_loop_constant_gathered_at_the_loop_is_gathered_once_before_it():
     reads them (once, hoisted) and all-reduces the gradients in the body. `tc.shard` constrains
     the loop's operands at its start op, so XLA does that too (unconstrained, it propagated the
     weights' sharding into the body and gathered activations every iteration instead)."""
-    from demos import MODEL_ZOO
-
-    w = MODEL_ZOO["grad-accum"](size="tiny", train=True)
-    ana = tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
-    mesh = tc.MeshSpec({"data": 2, "model": 4})
-    strategy = tc.baselines.all(ana, mesh)["fsdp"][0]
-    rep = tc.validate(w.fn, w.args, ana, strategy, tc.jax_mesh(mesh), HW, check_numerics=False)
-    _assert_same_collectives(rep)
-    assert rep.predicted_collective_ops_target == rep.compiled_collective_ops_target
-    assert rep.step_time_ratio == pytest.approx(1.0, abs=0.1)
+    _assert_zoo_baseline_compiles_as_priced("grad-accum", "fsdp")
 
 
 @pytest.mark.slow
@@ -109,16 +115,7 @@ def test_fsdp_megatron_weights_are_gathered_over_data_alone():
     """FSDP x Megatron on 2x4: a weight stored F on (data, model) and read F on model is
     permuted, then all-gathered over `data` only (priced over both mesh axes, the MLP's step
     was predicted 1.21x the XLA-judged one)."""
-    from demos import MODEL_ZOO
-
-    w = MODEL_ZOO["mlp"](size="tiny", train=True)
-    ana = tc.analyze(tc.trace(w.fn, *w.args, param_argnums=w.param_argnums))
-    mesh = tc.MeshSpec({"data": 2, "model": 4})
-    strategy = tc.baselines.all(ana, mesh)["fsdp_megatron"][0]
-    rep = tc.validate(w.fn, w.args, ana, strategy, tc.jax_mesh(mesh), HW, check_numerics=False)
-    _assert_same_collectives(rep)
-    assert rep.predicted_collective_ops_target == rep.compiled_collective_ops_target
-    assert rep.step_time_ratio == pytest.approx(1.0, abs=0.1)
+    _assert_zoo_baseline_compiles_as_priced("mlp", "fsdp_megatron")
 
 
 @pytest.mark.slow
