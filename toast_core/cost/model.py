@@ -60,7 +60,7 @@ from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.concat_slice import CONCAT, SLICE, concat_slice_sites
 from toast_core.cost.cpu_buffers import cpu_buffers
-from toast_core.cost.flops import op_flops, op_transcendentals
+from toast_core.cost.flops import op_counts
 from toast_core.cost.fusion import bitcasts, fused_away, materialized
 from toast_core.cost.halo import slice_halo_permutes
 from toast_core.cost.hoist import use_counts
@@ -325,8 +325,9 @@ class Evaluator:
         flop_runs, trans_runs = simplified_executions(prog)
         executions = self.trip * np.array(flop_runs, dtype=np.float64)
         trans_executions = self.trip * np.array(trans_runs, dtype=float)
-        self.op_flops = np.array([op_flops(op, prog) for op in prog.ops]) * executions
-        self.op_trans = np.array([op_transcendentals(op, prog) for op in prog.ops])
+        flops, trans = op_counts(prog)
+        self.op_flops = np.array(flops) * executions
+        self.op_trans = np.array(trans)
         self.op_trans *= trans_executions
         self.total_flops = float(self.op_flops.sum())
         self.nbytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
@@ -384,8 +385,8 @@ class Evaluator:
         ana, prog = self.ana, self.ana.program
         fine = ana.fine_of_atom
         uses = prog.uses()
-        candidate = set(ana.candidate_edges.tolist())
-        cand_uses = {(ana.medges[e].op, ana.medges[e].position) for e in candidate}
+        # From the M-edge table, not `ana.medges` (127k records built for these few columns).
+        cand_uses = set(map(tuple, ana.nda.medge_table[ana.candidate_edges, 2:4].tolist()))
         red_op, red_fine, red_value, red_scan = [], [], [], []
         for op in prog.ops:
             for a in ana.nda.op_atoms[op.index]:
@@ -409,10 +410,7 @@ class Evaluator:
         """Uses that a cut or a reshape conflict may reshard: (value, op, position), with the
         fine classes of every dim on both sides padded into arrays [site, dim, sub-factor]."""
         ana = self.ana
-        keys = {
-            (ana.medges[e].value, ana.medges[e].op, ana.medges[e].position): None
-            for e in ana.candidate_edges.tolist()
-        }
+        keys = dict.fromkeys(map(tuple, ana.nda.medge_table[ana.candidate_edges, 1:4].tolist()))
         for vid, opi, pos, _ in ana.nda.reshape_sites:
             keys[(vid, opi, pos)] = None
         self.sites = list(keys)

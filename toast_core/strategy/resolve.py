@@ -111,13 +111,10 @@ class _Resolver:
     def __init__(self, ana: Analysis) -> None:
         fine = ana.fine_of_atom
         edges = ana.candidate_edges.tolist()
-        self.ends = np.array(
-            [
-                (int(fine[ana.nda.medges[e].value_atom]), int(fine[ana.nda.medges[e].use_atom]))
-                for e in edges
-            ],
-            dtype=np.int64,
-        ).reshape(-1, 2)
+        # The fine classes of each candidate edge's (value atom, use atom): M-edge table
+        # columns 6 and 7.
+        atoms = ana.nda.medge_table[np.array(edges, dtype=np.int64), 6:8]
+        self.ends = fine[atoms].astype(np.int64).reshape(-1, 2)
         row = {e: i for i, e in enumerate(edges)}
         self.option_rows = {
             (c.id, o.index): np.array([row[e] for e in o.cuts], dtype=np.int64)
