@@ -13,6 +13,8 @@ one copy and reads its result.
 
 from __future__ import annotations
 
+import weakref
+
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
@@ -78,9 +80,21 @@ def materialized(prog: Program) -> list[bool]:
     return out
 
 
+#: id(program) -> (weak reference to it, `_fusible_ops` of it): the passes of one evaluator
+#: build (`materialized`, `fusion_copies`, `fused_away`...) ask each op 300k times at GPT-3 175B.
+_FUSIBLE_MEMO: dict[int, tuple[weakref.ref, list[bool]]] = {}
+
+
 def _fusible_ops(prog: Program) -> list[bool]:
-    """Per op, whether XLA fuses it (`fusible`; asked once per use of each value)."""
-    return [fusible(op, prog) for op in prog.ops]
+    """Per op, whether XLA fuses it (`fusible`), computed once per program (read-only)."""
+    hit = _FUSIBLE_MEMO.get(id(prog))
+    if hit is not None and hit[0]() is prog:
+        return hit[1]
+    out = [fusible(op, prog) for op in prog.ops]
+    if len(_FUSIBLE_MEMO) >= 8:
+        _FUSIBLE_MEMO.clear()
+    _FUSIBLE_MEMO[id(prog)] = (weakref.ref(prog), out)
+    return out
 
 
 def fusion_copies(prog: Program, is_materialized: list[bool]) -> list[int]:
@@ -98,18 +112,17 @@ def fusion_copies(prog: Program, is_materialized: list[bool]) -> list[int]:
     fusion roots is the union of its readers' sets.
     """
     uses = prog.uses()
+    fuses = _fusible_ops(prog)
     costly = _costly_cones(prog, is_materialized)
     roots: list[frozenset[int]] = [frozenset()] * len(prog.ops)
     holds_reduction = [False] * len(prog.ops)  # per fusion root
     self_only = frozenset()
     for op in reversed(prog.ops):
         mat = any(is_materialized[r] for r in op.results)
-        if not fusible(op, prog):
+        if not fuses[op.index]:
             roots[op.index] = frozenset((op.index,))
             continue
-        readers = frozenset().union(
-            *(roots[o] for r in op.results for o, _ in uses[r] if fusible(prog.ops[o], prog))
-        )
+        readers = frozenset().union(*(roots[o] for r in op.results for o, _ in uses[r] if fuses[o]))
         self_only = frozenset((op.index,))
         if op.primitive not in NOT_DUPLICATED:
             # A cheap op is fused into every fusion reading it, and also computed in its own
@@ -150,13 +163,14 @@ def _recomputing_readers(
     if costly[op.index] or _more_than_unary(prog, op):
         return frozenset()
     uses = prog.uses()
+    fuses = _fusible_ops(prog)
     return frozenset().union(
         *(
             roots[o]
             for r in op.results
             for o, _ in uses[r]
             if prog.ops[o].primitive in prim.ELEMENTWISE | _REDUCTIONS | {"dot_general"}
-            and fusible(prog.ops[o], prog)
+            and fuses[o]
             and not any(costly[root] for root in roots[o])
         )
     )
@@ -189,12 +203,13 @@ def _costly_cones(prog: Program, is_materialized: list[bool]) -> list[bool]:
     producers = prog.producers()
     const = [v.role in ("literal", "constant") for v in prog.values]
     out = [False] * len(prog.ops)
+    fuses = _fusible_ops(prog)
     for op in prog.ops:
         if op.operands and all(const[x] for x in op.operands):
             for r in op.results:
                 const[r] = True
             continue
-        if not fusible(op, prog):
+        if not fuses[op.index]:
             continue
         out[op.index] = op.primitive in NOT_DUPLICATED or any(
             out[p]
@@ -228,8 +243,9 @@ def fused_away(prog: Program, is_materialized: list[bool]) -> list[bool]:
     roots = _fusion_roots(prog, is_materialized, expansion)
     out = [False] * len(prog.values)
     uses = prog.uses()
+    fuses = _fusible_ops(prog)
     for op in prog.ops:
-        if op.index in roots[op.index] or not fusible(op, prog):
+        if op.index in roots[op.index] or not fuses[op.index]:
             continue  # roots its own fusion: its result is a buffer
         for r in op.results:
             out[r] = not is_materialized[r] and bool(uses[r])
@@ -242,8 +258,9 @@ def _expansions(prog: Program, is_materialized: list[bool]) -> list[bool]:
     source_bytes = [0.0] * len(prog.values)  # bytes a fused value is recomputed from
     fused = [False] * len(prog.values)
     out = [False] * len(prog.ops)
+    fuses = _fusible_ops(prog)
     for op in prog.ops:
-        if not fusible(op, prog) or op.primitive in NOT_DUPLICATED:
+        if not fuses[op.index] or op.primitive in NOT_DUPLICATED:
             continue
         src = sum(source_bytes[x] if fused[x] else prog.values[x].nbytes for x in op.operands)
         for r in op.results:
@@ -260,11 +277,12 @@ def _fusion_roots(
     loop or another reduction, root their own; an expansion is fused into all its readers'
     fusions, any other op only when they are one."""
     uses = prog.uses()
+    fuses = _fusible_ops(prog)
     roots: list[frozenset[int]] = [frozenset()] * len(prog.ops)
     for op in reversed(prog.ops):
         readers = frozenset().union(*(roots[o] for r in op.results for o, _ in uses[r]))
         own = (
-            not fusible(op, prog)
+            not fuses[op.index]
             or any(is_materialized[r] for r in op.results)
             or (len(readers) > 1 and not expansion[op.index])
             or (op.primitive in _REDUCTIONS and _widens(prog, op, readers))
