@@ -321,15 +321,25 @@ def work_factors(prog: Program) -> list[float]:
     return _rewired_work_factors(simple, live_ops(simple))
 
 
-def _rewired_work_factors(prog: Program, live: list[bool]) -> list[float]:
-    """`work_factors` of a program already `rewired`, whose `live_ops` are `live`."""
+def _pruned(prog: Program, live: list[bool]) -> Program:
+    """`prog` with its dead ops reading nothing (a dead reader is in no fusion and does not
+    count as a reader)."""
+    return replace(
+        prog, ops=tuple(op if live[op.index] else _with_operands(op, ()) for op in prog.ops)
+    )
+
+
+def _rewired_work_factors(
+    prog: Program, live: list[bool], pruned: Program | None = None
+) -> list[float]:
+    """`work_factors` of a program already `rewired`, whose `live_ops` are `live` (and whose
+    `_pruned` program is `pruned`, when the caller has it)."""
     const = constant_values(prog)
     uni = uniform_dims(prog)
     # Scalings and clamps merge when their inner op has one reader: a dead one (a repeat that
     # CSE removed) does not count.
-    pruned = replace(
-        prog, ops=tuple(op if live[op.index] else replace(op, operands=()) for op in prog.ops)
-    )
+    if pruned is None:
+        pruned = _pruned(prog, live)
     merged = merged_scalings(pruned, const) | clamps(pruned, const)
     out = []
     for op in prog.ops:
@@ -369,11 +379,9 @@ def executions(prog: Program) -> tuple[list[float], list[float]]:
 
     simple = rewired(prog)
     live = live_ops(simple)  # a dead reader (a repeat, an identity) is in no fusion
-    factors = _rewired_work_factors(simple, live)
-    simple = replace(
-        simple,
-        ops=tuple(op if live[op.index] else _with_operands(op, ()) for op in simple.ops),
-    )
+    pruned = _pruned(simple, live)
+    factors = _rewired_work_factors(simple, live, pruned)
+    simple = pruned
     copies = fusion_copies(simple, materialized(simple))
     each = [c * w for c, w in zip(copies, factors)]
     return (
@@ -439,6 +447,8 @@ def _elementwise_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
         vshape = prog.values[v].shape
         if len(vshape) == len(shape):
             s = s | {d for d, n in enumerate(vshape) if n == 1 and shape[d] > 1}
+        if not s:  # the intersection is empty: most ops, whose operands are no broadcasts
+            return frozenset()
         sets.append(s)
     if not sets:
         return frozenset()

@@ -36,31 +36,65 @@ def _csr(rows: list[list[int]], n_cols: int) -> sp.csr_matrix:
     indptr = np.zeros(len(rows) + 1, dtype=np.int64)
     indptr[1:] = np.cumsum(list(map(len, rows)))
     indices = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=int(indptr[-1]))
+    return _csr_of(indices, indptr, n_cols)
+
+
+def _csr_of(indices: np.ndarray, indptr: np.ndarray, n_cols: int) -> sp.csr_matrix:
+    """Row i holds `indices[indptr[i]:indptr[i + 1]]`, each counted once per occurrence."""
     data = np.ones(len(indices), dtype=np.float64)
-    m = sp.csr_matrix((data, indices, indptr), shape=(len(rows), n_cols))
+    m = sp.csr_matrix((data, indices, indptr), shape=(len(indptr) - 1, n_cols))
     m.sum_duplicates()
     return m
+
+
+def _nested(items: list, dim_starts: np.ndarray, starts: np.ndarray) -> list:
+    """`items` cut into dims at the offsets `dim_starts`, and those dims into groups (a value's
+    or a use's) at `starts`: the layout of `NdaResult`'s atom tables."""
+    b = dim_starts.tolist()
+    dims = [tuple(items[x:y]) for x, y in zip(b, b[1:])]
+    g = starts.tolist()
+    return [tuple(dims[x:y]) for x, y in zip(g, g[1:])]
+
+
+def _gathered_rows(flat: np.ndarray, starts: np.ndarray, order: np.ndarray):
+    """(indices, indptr) of the rows `flat[starts[u]:starts[u + 1]]` for u in `order`."""
+    lengths = np.diff(starts)[order]
+    indptr = np.zeros(len(order) + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum(lengths)
+    offset = np.arange(int(indptr[-1]), dtype=np.int64) - np.repeat(indptr[:-1], lengths)
+    return flat[np.repeat(starts[:-1][order], lengths) + offset], indptr
 
 
 @per_analysis(max_keys=1)
 def layout(ana: Analysis) -> Layout:
     """The incidence matrices of `ana`, built once per analysis (see `memo.py`).
 
-    Written with `map` over Python lists rather than generators: a 40k-op program has a quarter
-    of a million atoms, each visited three times."""
+    The fine classes of the atom tables are looked up at once in NumPy, then cut into dims and
+    values (or uses); the incidence rows are read straight off the tables: a 40k-op program has
+    a quarter of a million atoms."""
     # Python ints: indexing a list is far cheaper per atom than indexing the array.
     fine_of = ana.fine_of_atom.tolist().__getitem__
     nda = ana.nda
-
-    def dims_fine(dims) -> tuple[tuple[int, ...], ...]:
-        return tuple([tuple(map(fine_of, atoms)) for atoms in dims])
-
-    value_dim_fine = tuple(map(dims_fine, nda.value_atoms))
-    use_dim_fine = dict(zip(nda.use_atoms.keys(), map(dims_fine, nda.use_atoms.values())))
-    flat = chain.from_iterable
-    value_rows = [list(flat(dims)) for dims in value_dim_fine]
+    value_slot_fine = ana.fine_of_atom[nda.value_slots[:, 3]]
+    use_slot_fine = ana.fine_of_atom[nda.use_atom]
+    value_dim_fine = tuple(_nested(value_slot_fine.tolist(), nda.value_dim_atoms, nda.value_dims))
+    use_keys_in_order = list(zip(nda.use_op.tolist(), nda.use_position.tolist()))
+    use_dim_fine = dict(
+        zip(use_keys_in_order, _nested(use_slot_fine.tolist(), nda.use_dim_atoms, nda.use_dims))
+    )
     use_keys = tuple(sorted(use_dim_fine))
-    use_rows = [list(flat(use_dim_fine[k])) for k in use_keys]
+    # Row ranges of each value's (use's) atoms in the tables; uses in `use_keys` order.
+    value_fine = _csr_of(
+        value_slot_fine.astype(np.int64), nda.value_dim_atoms[nda.value_dims], ana.n_fine
+    )
+    use_starts = nda.use_dim_atoms[nda.use_dims]
+    if len(use_keys) == len(use_keys_in_order):
+        order = np.lexsort((nda.use_position, nda.use_op))
+        use_idx, use_ptr = _gathered_rows(use_slot_fine.astype(np.int64), use_starts, order)
+        use_fine = _csr_of(use_idx, use_ptr, ana.n_fine)
+    else:  # a use listed twice: its last entry, as the dict keeps
+        flat = chain.from_iterable
+        use_fine = _csr([list(flat(use_dim_fine[k])) for k in use_keys], ana.n_fine)
     # Region boundaries (scan_start...) do no work; replicate factors do not divide it.
     kind = nda.atom_kind
     work_rows = [
@@ -80,8 +114,8 @@ def layout(ana: Analysis) -> Layout:
     for i, (_, _, f) in enumerate(split_dims):
         split_fines[i, : len(f)] = f
     return Layout(
-        value_fine=_csr(value_rows, ana.n_fine),
-        use_fine=_csr(use_rows, ana.n_fine),
+        value_fine=value_fine,
+        use_fine=use_fine,
         use_keys=use_keys,
         op_work_fine=_csr(work_rows, ana.n_fine),
         value_dim_fine=value_dim_fine,
