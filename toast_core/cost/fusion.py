@@ -122,7 +122,8 @@ def fusion_copies(prog: Program, is_materialized: list[bool]) -> list[int]:
         if not fuses[op.index]:
             roots[op.index] = frozenset((op.index,))
             continue
-        readers = frozenset().union(*(roots[o] for r in op.results for o, _ in uses[r] if fuses[o]))
+        reading = [roots[o] for r in op.results for o, _ in uses[r] if fuses[o]]
+        readers = reading[0] if len(reading) == 1 else frozenset().union(*reading)
         self_only = frozenset((op.index,))
         if op.primitive not in NOT_DUPLICATED:
             # A cheap op is fused into every fusion reading it, and also computed in its own
@@ -280,7 +281,8 @@ def _fusion_roots(
     fuses = _fusible_ops(prog)
     roots: list[frozenset[int]] = [frozenset()] * len(prog.ops)
     for op in reversed(prog.ops):
-        readers = frozenset().union(*(roots[o] for r in op.results for o, _ in uses[r]))
+        reading = [roots[o] for r in op.results for o, _ in uses[r]]
+        readers = reading[0] if len(reading) == 1 else frozenset().union(*reading)
         own = (
             not fuses[op.index]
             or any(is_materialized[r] for r in op.results)

@@ -292,6 +292,18 @@ class CostOptions:
             raise ToastError(bad_value("donate_outputs", self.donate_outputs, "True or False"))
 
 
+def _reduction_atoms(ana: Analysis) -> list[tuple[int, int]]:
+    """(op, atom) of every reduction atom of every op, in op order then the op's atom order
+    (one NumPy pass over NDA's op-atom table, not a Python test per atom)."""
+    nda = ana.nda
+    is_reduction = np.fromiter(
+        (k == "reduction" for k in nda.atom_kind), dtype=bool, count=len(nda.atom_kind)
+    )
+    rows = np.flatnonzero(is_reduction[nda.op_atom]) if len(nda.op_atom) else np.zeros(0, int)
+    ops = np.searchsorted(nda.op_atom_start, rows, side="right") - 1
+    return list(zip(ops.tolist(), nda.op_atom[rows].tolist()))
+
+
 class Evaluator:
     """Compiled cost model for one (analysis, mesh, hardware); strategies as fine-class masks.
     Get one with `evaluator(...)`, which builds it once per key."""
@@ -388,15 +400,12 @@ class Evaluator:
         # From the M-edge table, not `ana.medges` (127k records built for these few columns).
         cand_uses = set(map(tuple, ana.nda.medge_table[ana.candidate_edges, 2:4].tolist()))
         red_op, red_fine, red_value, red_scan = [], [], [], []
-        for op in prog.ops:
-            for a in ana.nda.op_atoms[op.index]:
-                if ana.nda.atom_kind[a] != "reduction":
-                    continue
-                for vid in op.results:
-                    red_op.append(op.index)
-                    red_fine.append(int(fine[a]))
-                    red_value.append(vid)
-                    red_scan.append(scatter_values(prog, vid, uses, cand_uses))
+        for opi, a in _reduction_atoms(ana):
+            for vid in prog.ops[opi].results:
+                red_op.append(opi)
+                red_fine.append(int(fine[a]))
+                red_value.append(vid)
+                red_scan.append(scatter_values(prog, vid, uses, cand_uses))
         self.red_op = np.array(red_op, dtype=np.int64)
         self.red_fine = np.array(red_fine, dtype=np.int64)
         self.red_value = np.array(red_value, dtype=np.int64)
@@ -437,13 +446,14 @@ class Evaluator:
         ana, prog = self.ana, self.ana.program
         fine = ana.fine_of_atom
         rep, per, rep_at, before = [], [], [], []
+        atom_kind, ops = ana.nda.atom_kind, prog.ops
         for (opi, pos), dims in ana.nda.use_atoms.items():
-            vid = prog.ops[opi].operands[pos]
+            vid = ops[opi].operands[pos]
             later: list[int] = []  # replicate fines of this use's later dims
             for d in reversed(range(len(dims))):
                 here = []
                 for a in dims[d]:
-                    kind = ana.nda.atom_kind[a]
+                    kind = atom_kind[a]
                     if kind == "replicate":
                         rep.append((opi, vid, int(fine[a])))
                         rep_at.append((opi, vid, int(fine[a]), pos, d))
@@ -472,12 +482,9 @@ class Evaluator:
         # alone, the index of its reduction fine classes in `_partial_fines`, else -1
         # (see `_partial_target`).
         uses = prog.uses()
-        red_fines: dict[int, list[int]] = {}
-        for opr in prog.ops:
-            for a in ana.nda.op_atoms[opr.index]:
-                if ana.nda.atom_kind[a] == "reduction":
-                    for vid in opr.results:
-                        red_fines.setdefault(vid, []).append(int(fine[a]))
+        red_fines: dict[int, list[int]] = {}  # `_reduction_sites`' rows, in their order
+        for vid, f in zip(self.red_value.tolist(), self.red_fine.tolist()):
+            red_fines.setdefault(vid, []).append(f)
         partial_id, partial_fines = np.full(len(self.rep), -1, dtype=np.int64), []
         for k, (v, style) in enumerate(self.rep[:, [1, 3]].tolist()):
             if style == SLICE and v in red_fines and len(uses[v]) == 1:
@@ -550,18 +557,17 @@ class Evaluator:
         operands). A `dropped` residual is recomputed for the backward part under remat: its
         backward readers read the new copy, so only its forward readers count."""
         prog = self.ana.program
-        producers = prog.producers()
-        last = np.full(len(prog.values), -1, dtype=np.int64)
-        for v in prog.values:
-            if producers[v.id] is not None:
-                last[v.id] = producers[v.id]
+        # A Python list, not the array, in the loops: a NumPy scalar read and compare per
+        # operand was most of this function's time (40k ops; again per remat choice).
+        last = [-1 if p is None else p for p in prog.producers()]
         backward = self.direction
         for op in prog.ops:
+            i = op.index
             for x in op.operands:
-                if x in dropped and backward[op.index] == "backward":
+                if x in dropped and backward[i] == "backward":
                     continue
-                if op.index > last[x]:
-                    last[x] = op.index
+                if i > last[x]:
+                    last[x] = i
         fused = self._fused
         for op in reversed(prog.ops):
             ends = [last[r] for r in op.results if fused[r]]
@@ -573,7 +579,7 @@ class Evaluator:
                     continue
                 if end > last[x]:
                     last[x] = end
-        return last
+        return np.array(last, dtype=np.int64)
 
     def _remat_block_ops(self, pairs) -> np.ndarray:
         """Whether each op is a forward op of a block whose group has a remat policy."""

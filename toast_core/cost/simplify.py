@@ -214,6 +214,9 @@ _NEUTRAL = {"add": (0.0, 0.0), "sub": (None, 0.0), "mul": (1.0, 1.0), "div": (No
 _UNBOUNDED = {"max": float("-inf"), "min": float("inf")}
 
 
+#: The primitives `_forwarded` may find an identity (any other op is asked nothing more).
+_MAY_FORWARD = frozenset(_NEUTRAL) | frozenset(_UNBOUNDED) | {"max", "min", "select_n"}
+
 #: Ops that spread or pass a constant scalar unchanged: `broadcast_in_dim(1.0)` then `copy` is
 #: how `jax.grad` seeds the cotangent of a `sum`.
 _SPREADS = frozenset({"broadcast_in_dim", "copy"})
@@ -237,7 +240,7 @@ def _forwarded(
     op: Op, operands: tuple[int, ...], prog: Program, splats: dict[int, float]
 ) -> int | None:
     """The operand an identity op equals (see `rewired`), else None."""
-    if len(op.results) != 1:
+    if op.primitive not in _MAY_FORWARD or len(op.results) != 1:
         return None
 
     def scalar(vid: int) -> float | None:  # a scalar literal, or one spread unchanged
