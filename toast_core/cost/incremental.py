@@ -147,6 +147,10 @@ class _SitesOf:
         # the masks of these fine classes (`_Tables._comm_fines`): their results are memoized
         # by those masks, per search (`Incremental._comm_of`).
         self.fines = inc.value_comm_fines.cols(values)
+        # What `_compute_reshards` reads of a state for these sites: the masks of these fine
+        # classes (a subset of `fines`; its results are memoized by them, `Incremental._comm_of`).
+        site_fines = np.union1d(self.site_vf.ravel(), self.site_uf.ravel())
+        self.site_fines = site_fines[site_fines < ev.ana.n_fine]  # not the padding class
 
     def __getattr__(self, name):
         return getattr(self._ev, name)
@@ -285,6 +289,7 @@ class Incremental:
         self.cache_size = cache_size
         self._cache: OrderedDict[bytes, _Cached] = OrderedDict()
         self._comm_memos: dict[_SitesOf, dict[bytes, tuple]] = {}  # per view (`_comm_of`)
+        self._reshard_memos: dict[_SitesOf, dict[bytes, object]] = {}  # per view (`_comm_of`)
         self._remats: dict[tuple, tuple] = {}
         self.full_evaluations = 0
         self.delta_evaluations = 0
@@ -624,8 +629,24 @@ class Incremental:
             memo = self._comm_memos[view] = {}
         hit = memo.get(key)
         if hit is None:
+            # The reshards read fewer fine classes than the rest (`_SitesOf.site_fines`): a
+            # state that moved only a reduction's or a size's classes finds them here, and
+            # hands them to the view's one-entry memo, which its `_collective_arrays` reads.
+            site_key = masks[view.site_fines].tobytes()
+            r_memo = self._reshard_memos.get(view)
+            if r_memo is None:
+                if len(self._reshard_memos) >= VIEWS_KEPT:
+                    self._reshard_memos.pop(next(iter(self._reshard_memos)))
+                r_memo = self._reshard_memos[view] = {}
+            r = r_memo.get(site_key)
+            if r is not None:
+                view._last_reshards = (masks.tobytes(), r)
             moved, (new_i, new_v) = self._comm_per_value(view, masks, value_local)
-            r = view._reshards(masks)
+            if r is None:
+                r = view._reshards(masks)
+                if len(r_memo) >= COMM_KEPT:
+                    r_memo.pop(next(iter(r_memo)))
+                r_memo[site_key] = r
             r_i = np.stack([r.value, r.lo, r.hi, r.fwd_hi, r.bwd_lo])
             read_op, read_value, read_site, read_bytes = self.ev._reshard_reads(r, value_local)
             read_i = np.stack([read_op, read_value, view.site_ids[read_site]])
