@@ -57,6 +57,10 @@ FULL_FRACTION = 0.1
 VIEWS_KEPT = 512
 #: Communication results kept per restricted view (`Incremental._comm_of`).
 COMM_KEPT = 64
+#: Full evaluations kept by their masks (`Incremental._full`): a search prices the same masks in
+#: full again, under other conflict options or remat policies, once the LRU has let them go
+#: (GPT-2 small: a quarter of its full evaluations, most within 16 of the last).
+FULLS_KEPT = 16
 #: Delta plans kept (`Incremental._plan`), one per set of changed fine classes.
 PLANS_KEPT = 4096
 
@@ -126,6 +130,7 @@ class _SitesOf:
         self._ev = ev
         self.values = values
         self._last_reshards = None
+        self.__dict__.pop("_scan_tab", None)  # the evaluator's, for its own rows
         red = inc.red_of.take(values)
         self.red_op, self.red_fine = ev.red_op[red], ev.red_fine[red]
         self.red_value, self.red_scan = ev.red_value[red], ev.red_scan[red]
@@ -146,6 +151,10 @@ class _SitesOf:
         # the masks of these fine classes (`_Tables._comm_fines`): their results are memoized
         # by those masks, per search (`Incremental._comm_of`).
         self.fines = inc.value_comm_fines.cols(values)
+        # What `_compute_reshards` reads of a state for these sites: the masks of these fine
+        # classes (a subset of `fines`; its results are memoized by them, `Incremental._comm_of`).
+        site_fines = np.union1d(self.site_vf.ravel(), self.site_uf.ravel())
+        self.site_fines = site_fines[site_fines < ev.ana.n_fine]  # not the padding class
 
     def __getattr__(self, name):
         return getattr(self._ev, name)
@@ -155,6 +164,8 @@ class _SitesOf:
     _concat_result_collectives = Evaluator._concat_result_collectives
     _reshards = Evaluator._reshards
     _compute_reshards = Evaluator._compute_reshards
+    _scan_common = Evaluator._scan_common
+    _scan_table = Evaluator._scan_table
 
 
 class _Groups:
@@ -282,8 +293,12 @@ class Incremental:
         self.cache_size = cache_size
         self._cache: OrderedDict[bytes, _Cached] = OrderedDict()
         self._comm_memos: dict[_SitesOf, dict[bytes, tuple]] = {}  # per view (`_comm_of`)
+        self._reshard_memos: dict[_SitesOf, dict[bytes, object]] = {}  # per view (`_comm_of`)
         self._remats: dict[tuple, tuple] = {}
         self.full_evaluations = 0
+        # Full evaluations by masks (FULLS_KEPT): one is a pure function of its masks (unlike a
+        # delta, whose orders and sums follow its base), so a repeat gets the same arrays back.
+        self._fulls: OrderedDict[bytes, _Cached] = OrderedDict()
         self.delta_evaluations = 0
         self.comm_hits = self.comm_misses = 0
         self._op_scratch = np.zeros(self.tab.n_ops, dtype=bool)  # all False between uses
@@ -393,6 +408,18 @@ class Incremental:
         return best
 
     def _full(self, masks: np.ndarray) -> _Cached:
+        key = masks.tobytes()
+        hit = self._fulls.get(key)
+        if hit is not None:
+            self._fulls.move_to_end(key)
+            return hit
+        entry = self._evaluate_full(masks)
+        self._fulls[key] = entry
+        if len(self._fulls) > FULLS_KEPT:
+            self._fulls.popitem(last=False)
+        return entry
+
+    def _evaluate_full(self, masks: np.ndarray) -> _Cached:
         self.full_evaluations += 1
         ev = self.ev
         fine_logdeg, value_local, op_logdeg = ev._local(masks)
@@ -621,8 +648,24 @@ class Incremental:
             memo = self._comm_memos[view] = {}
         hit = memo.get(key)
         if hit is None:
+            # The reshards read fewer fine classes than the rest (`_SitesOf.site_fines`): a
+            # state that moved only a reduction's or a size's classes finds them here, and
+            # hands them to the view's one-entry memo, which its `_collective_arrays` reads.
+            site_key = masks[view.site_fines].tobytes()
+            r_memo = self._reshard_memos.get(view)
+            if r_memo is None:
+                if len(self._reshard_memos) >= VIEWS_KEPT:
+                    self._reshard_memos.pop(next(iter(self._reshard_memos)))
+                r_memo = self._reshard_memos[view] = {}
+            r = r_memo.get(site_key)
+            if r is not None:
+                view._last_reshards = (masks.tobytes(), r)
             moved, (new_i, new_v) = self._comm_per_value(view, masks, value_local)
-            r = view._reshards(masks)
+            if r is None:
+                r = view._reshards(masks)
+                if len(r_memo) >= COMM_KEPT:
+                    r_memo.pop(next(iter(r_memo)))
+                r_memo[site_key] = r
             r_i = np.stack([r.value, r.lo, r.hi, r.fwd_hi, r.bwd_lo])
             read_op, read_value, read_site, read_bytes = self.ev._reshard_reads(r, value_local)
             read_i = np.stack([read_op, read_value, view.site_ids[read_site]])

@@ -852,12 +852,7 @@ class Evaluator:
             act = np.flatnonzero(m)
             if len(act):
                 m = m[act]
-                scatter = np.zeros_like(m)
-                scan = self.red_scan[act]
-                for k in range(scan.shape[1]):
-                    rs = np.flatnonzero(scan[:, k] >= 0)
-                    if len(rs):
-                        scatter[rs] |= self._scatter_masks(scan[rs, k], m[rs], masks)
+                scatter = m & self._scan_common(masks)[act]
                 for r in np.flatnonzero(self.red_split[act, 0] >= 0).tolist():
                     pid, pieces = self.red_split[act[r]].tolist()
                     scatter[r] |= m[r] & self._partial_target(pid, self.rep_pieces[pieces], masks)
@@ -1446,24 +1441,53 @@ class Evaluator:
             )
         return out
 
-    def _scatter_masks(self, vids: np.ndarray, mask: np.ndarray, masks: np.ndarray) -> np.ndarray:
-        """Axes of each `mask` that every use of its value shards some dim on (reduce-scatter
-        them): per use the mesh axes it holds on any dim, ANDed over the value's uses (a value
-        with no use keeps its mask). One pass over many (value, mask) pairs: a full evaluation
-        of GPT-3 175B asks about four thousand."""
-        value_uses, use_fines, fines = self._use_fine_table()
-        lo = value_uses[vids]
-        n_uses = value_uses[vids + 1] - lo
-        uses = _ranges(lo, n_uses)
-        f_lo = use_fines[uses]
-        n_fines = use_fines[uses + 1] - f_lo
-        held = np.zeros(len(uses), dtype=np.int64)
-        np.bitwise_or.at(
-            held, np.repeat(np.arange(len(uses)), n_fines), masks[fines[_ranges(f_lo, n_fines)]]
+    def _scan_common(self, masks: np.ndarray) -> np.ndarray:
+        """[reduction row]: the mesh axes a row's partial sum may be reduce-scattered over,
+        ORed over the values of its chain (`red_scan`): for each such value, the axes every use
+        of it shards some dim on (per use the mesh axes it holds on any dim, ANDed over the
+        value's uses; a value with no use gives every axis). The row's own mask is ANDed in by
+        the caller. Bitwise, so any grouping gives the same bits: four numpy reductions over
+        a table built once per row set (`_scan_table`), not a pass per chain position."""
+        fines, use_starts, pair_starts, pair_at, shape = self._scan_table()
+        ext = np.concatenate((masks, _SCAN_SENTINELS))
+        held = np.bitwise_or.reduceat(ext[fines], use_starts) if len(fines) else fines
+        dense = np.zeros(shape, dtype=np.int64)
+        if len(pair_starts):
+            dense.flat[pair_at] = np.bitwise_and.reduceat(held, pair_starts)
+        return _or_last(dense)
+
+    def _scan_table(self):
+        """(fine classes of every use of every value of `red_scan`, each use followed by the
+        zero sentinel and each value's uses by a use holding the all-ones sentinel, so that no
+        segment is empty; each use's first position; each value's first use; the flat position
+        of each value in [row, k]; that shape). Built once per object: a restricted view
+        (`incremental._SitesOf`) has its own rows and resets it."""
+        hit = self.__dict__.get("_scan_tab")
+        if hit is not None:
+            return hit
+        value_uses, use_fines, table = self._use_fine_table()
+        n_fine = self.ana.n_fine
+        zero, ones = n_fine, n_fine + 1  # indices of `_SCAN_SENTINELS` after the masks
+        scan = self.red_scan
+        pair_at = np.flatnonzero(scan.reshape(-1) >= 0)
+        fines, use_starts, pair_starts = [], [], []
+        for vid in scan.reshape(-1)[pair_at].tolist():
+            pair_starts.append(len(use_starts))
+            for u in range(int(value_uses[vid]), int(value_uses[vid + 1])):
+                use_starts.append(len(fines))
+                fines += table[use_fines[u] : use_fines[u + 1]].tolist() + [zero]
+            use_starts.append(len(fines))
+            fines += [ones, zero]
+        shape = (scan.shape[0], max(scan.shape[1], 1))
+        hit = (
+            np.asarray(fines, dtype=np.int64),
+            np.asarray(use_starts, dtype=np.int64),
+            np.asarray(pair_starts, dtype=np.int64),
+            pair_at,
+            shape,
         )
-        common = np.full(len(vids), -1, dtype=np.int64)
-        np.bitwise_and.at(common, np.repeat(np.arange(len(vids)), n_uses), held)
-        return mask & common
+        self.__dict__["_scan_tab"] = hit
+        return hit
 
     def _use_fine_table(self):
         """(value -> first use [values + 1], use -> first fine [uses + 1], fines): every use of
@@ -1481,6 +1505,10 @@ class Evaluator:
             hit = tuple(np.asarray(x, dtype=np.int64) for x in (value_uses, use_fines, fines))
             self._use_fines_memo["table"] = hit
         return hit
+
+
+#: Appended to the masks by `_scan_common`: a fine class holding no mesh axis, one holding all.
+_SCAN_SENTINELS = np.array([0, -1], dtype=np.int64)
 
 
 def _or_last(a: np.ndarray) -> np.ndarray:

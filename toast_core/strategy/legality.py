@@ -211,7 +211,17 @@ class UnitTable:
         lay = space.layout
         self.value_rows = _incidence([c.value_rows for c in checks], lay.value_fine.shape[0])
         self.use_rows = _incidence([c.use_rows for c in checks], lay.use_fine.shape[0])
-        self.split = [(i, c) for i, c in enumerate(checks) if len(c.split_fines)]
+        # Rule 3's split dims of every unit, stacked (rows of `ShardCheck.split_fines`), with
+        # the unit each row belongs to: `legal_shards` tests them all, on every mesh axis, at once.
+        split = [(i, c) for i, c in enumerate(checks) if len(c.split_fines)]
+        self.split_unit = np.array(
+            [i for i, c in split for _ in range(len(c.split_fines))], dtype=np.int64
+        )
+        if split:
+            self.split_index = np.concatenate([c.split_index for _, c in split])
+            self.split_pad = np.concatenate([c.split_pad for _, c in split])
+            self.split_in_unit = np.concatenate([c.split_in_unit for _, c in split])
+            self.split_sizes = np.concatenate([c.split_sizes for _, c in split])
 
 
 def _incidence(rows: list[np.ndarray], n_cols: int) -> sp.csr_matrix:
@@ -241,12 +251,15 @@ def legal_shards(space: StrategySpace, masks: np.ndarray, table: UnitTable, coun
     # Rule 2: a row holding the unit's atoms already holds the mesh axis.
     ok &= (table.value_rows @ (counts[0] != 0).astype(np.float64)) == 0
     ok &= (table.use_rows @ (counts[1] != 0).astype(np.float64)) == 0
-    for i, chk in table.split:
-        held = np.where(chk.split_pad, 0, masks[chk.split_index])
-        for a in np.flatnonzero(ok[i]).tolist():
-            m = held | np.where(chk.split_in_unit, 1 << a, 0)
-            if strided_masks(m, chk.split_sizes, ways).any():
-                ok[i, a] = False
+    # Rule 3: every split dim a unit touches, with the mesh axis added to the unit's classes,
+    # for every mesh axis ([axes, rows, sub-factors]; `strided_masks` on each slice).
+    if len(table.split_unit):
+        held = np.where(table.split_pad, 0, masks[table.split_index])
+        m = held | np.where(table.split_in_unit, bits[:, None, None], 0)
+        whole = ways[m] == table.split_sizes
+        major_whole = np.logical_and.accumulate(whole, axis=2)
+        axis, row = np.nonzero(((m[:, :, 1:] != 0) & ~major_whole[:, :, :-1]).any(axis=2))
+        ok[table.split_unit[row], axis] = False
     return ok
 
 
