@@ -65,3 +65,22 @@ def test_a_batched_dot_of_vectors_cut_along_the_contraction():
         lambda b: jnp.einsum("ab,ab->b", b["x"], b["x"]), (batch((4, 8)),), {"a": 2, "b": 2, "c": 2}
     )
     assert ratio == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, fn",
+    [
+        ("one_hot scaled (seed 14 #984)", lambda b: jax.nn.one_hot(b["i"], 6) * 1.5),
+        ("a float mask times x", lambda b: (b["x"] > 0).astype(F32) * b["x"]),
+        (
+            "the mask also added",
+            lambda b: (b["x"] > 0).astype(F32) * b["x"] + (b["x"] > 0).astype(F32),
+        ),
+    ],
+)
+def test_a_predicate_converted_for_a_multiply_is_a_select(name, fn):
+    """`convert(p) * x` compiles to `select(p, x, 0)`: the convert is free unless another op
+    reads it."""
+    args = ({"i": jax.ShapeDtypeStruct((8,), jnp.int32), "x": jax.ShapeDtypeStruct((8, 16), F32)},)
+    assert flops_ratio(fn, args, {"data": 2}) == pytest.approx(1.0, abs=0.05), name
