@@ -179,7 +179,12 @@ def _unfused_path(prog: Program, op, roots: list[frozenset[int]]) -> bool:
     the `sign(shifted - log(sum))` term feeds the `dx` sum and, through that sum and a broadcast,
     the same final fusion; XLA computes it once (fusion of [64, 8]: 6592 flops, where duplicating
     it counted 10624). A path is fused when each op on it is fused into all the fusions its
-    successor is in (`roots[x]` contains the successor's)."""
+    successor is in (`roots[x]` contains the successor's).
+
+    Only paths of fusible ops are judged: when a path runs through a matmul (a transformer's
+    layer-norm terms read by the forward and again by the backward), the producer stays
+    duplicated as before, which matches XLA:CPU's count of the GPT train step (201.3 M flops;
+    judging those paths too fell to 197.9 M, under by 1.7 %)."""
     if not _more_than_unary(prog, op) or not op.results:
         return False
     sizes = {v: prog.values[v].size for v in op.operands}
@@ -204,6 +209,7 @@ def _unfused_path(prog: Program, op, roots: list[frozenset[int]]) -> bool:
         frontier = nxt
     # Every edge x -> y on such a path into a direct reader must be fused: x's fusions include y's.
     producers = prog.producers()
+    blocked = False
     for c in direct:
         stack, back = [c], {c}
         while stack:
@@ -212,11 +218,13 @@ def _unfused_path(prog: Program, op, roots: list[frozenset[int]]) -> bool:
                 x = producers[v]
                 if x is None or x == op.index or x not in seen or x in back:
                     continue
-                if not fusible(prog.ops[x], prog) or not roots[y] <= roots[x]:
-                    return True
+                if not fusible(prog.ops[x], prog):
+                    return False  # see the docstring: not measured to hold across matmuls
+                if not roots[y] <= roots[x]:
+                    blocked = True
                 back.add(x)
                 stack.append(x)
-    return False
+    return blocked
 
 
 #: Annotations JAX lowers to nothing (or XLA removes before fusion): `_more_than_unary` looks

@@ -75,6 +75,7 @@ from toast_core.cost.remat import (
 from toast_core.cost.scatter_chain import scatter_values
 from toast_core.cost.simplify import executions as simplified_executions
 from toast_core.errors import ToastError, bad_value
+from toast_core.ir.primitives import CUMULATIVE
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
 from toast_core.mesh.spec import XLA_CPU_COMBINE
 from toast_core.strategy import Strategy, mesh_axes
@@ -334,6 +335,10 @@ class Evaluator:
         base = [op_flops(op, prog) if op.primitive in FOLDING else 0.0 for op in prog.ops]
         self._fold_ops = np.array([i for i, b in enumerate(base) if b > 0], dtype=np.int64)
         self._fold_runs = np.array([self.op_flops[i] / base[i] for i in self._fold_ops.tolist()])
+        self._scan_ops = np.array(
+            [i for i, op in enumerate(prog.ops) if op.primitive in CUMULATIVE and op.results],
+            dtype=np.int64,
+        )
         self.nbytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
         # Ops that move no bytes: region markers and views (`bitcasts`); a scan's end writes
         # its zero-filled stacked outputs once (`zero_filled`).
@@ -657,6 +662,7 @@ class Evaluator:
         roofline times keep the global count's share (the difference is the partial result's
         elements, noise beside the op's time), so `score`, the incremental evaluator and the
         report's times stay one model."""
+        flops_local = self._windowed_scans(flops_local, value_local, op_logdeg)
         if not len(self._fold_ops):
             return flops_local
         prog = self.ana.program
@@ -671,6 +677,25 @@ class Evaluator:
             i = int(self._fold_ops[j])
             local = local_fold_flops(prog.ops[i], prog, float(ways[j]), float(result_ways[j]))
             out[i] = local * self._fold_runs[j]
+        return out
+
+    def _windowed_scans(self, flops_local, value_local, op_logdeg) -> np.ndarray:
+        """`flops_local` with each prefix scan whose result stays cut along the scanned dim
+        counted on its result shard: the model gathers the operand along that dim (each device
+        reads the whole row), but XLA's partitioned reduce-window computes only the device's own
+        outputs, each from its window of the gathered row (fuzz seed 14 #554, `cummin(x[6, 8,
+        16], axis=0)` with dim 0 on 6 devices: 640 flops per device, not 3840; #635)."""
+        if not len(self._scan_ops):
+            return flops_local
+        result = [self.ana.program.ops[i].results[0] for i in self._scan_ops.tolist()]
+        result_ways = self.nbytes[result] / np.maximum(value_local[result], 1e-300)
+        ways = np.exp2(op_logdeg[self._scan_ops])
+        more = result_ways > ways * (1 + 1e-9)
+        if not more.any():
+            return flops_local
+        out = flops_local.copy()
+        ops = self._scan_ops[more]
+        out[ops] = self.op_flops[ops] / result_ways[more]
         return out
 
     def _roofline(self, flops_local, trans_local, bytes_local) -> np.ndarray:
