@@ -107,3 +107,18 @@ def test_unsharded_fusion_and_simplifier_counts(name, fn):
     once) and simplifier (`sum(-x)` is `-sum(x)`; `(c * x) * broadcast(y)` scales `y`)."""
     args = (jax.ShapeDtypeStruct((64, 8), F32),)
     assert flops_ratio(fn, args, {"data": 1}) == pytest.approx(1.0, abs=0.05), name
+
+
+@pytest.mark.slow
+def test_three_way_cuts_survive_log2_round_off():
+    """Fuzz seed 21 #73: on 3 devices the cut's degree comes back from log2/exp2 as 2.9999...;
+    `a,az->z` with `a` (3) cut 3 ways is still an outer product (4 per device), and the product
+    over the cut dim folds nothing."""
+
+    def fn(params, b):
+        return jnp.prod(1.0 + 0.1 * jnp.tanh(b["x"]), axis=0, keepdims=True), jnp.einsum(
+            "a,az->z", b["x"], params["w"]
+        )
+
+    args = ({"w": jax.ShapeDtypeStruct((3, 4), F32)}, batch((3,)))
+    assert flops_ratio(fn, args, {"data": 3}) == pytest.approx(1.0, abs=0.05)

@@ -261,12 +261,13 @@ def local_fold_flops(op: Op, program: Program, ways: float, result_ways: float) 
     folded_ways = max(ways / result_ways, 1.0)
     m = program.values[op.results[0]].size / result_ways
     if op.primitive != "dot_general":
-        return max(program.values[op.operands[0]].size / ways - m, 0.0)
+        folded = program.values[op.operands[0]].size / ways - m
+        return folded if folded > 1e-9 * m else 0.0  # 3-way cuts: log2/exp2 round-off
     (lc, rc), (lb, rb) = op.param("dimension_numbers")
     lhs = program.values[op.operands[0]].shape
     rhs = program.values[op.operands[1]].shape
     k = prod(lhs[d] for d in lc) / folded_ways
-    if k <= 1:
+    if k <= 1 + 1e-9:  # `ways` comes through log2 / exp2: 3 ways may be 2.9999999999999996
         return m
     lhs_free = prod(n for d, n in enumerate(lhs) if d not in lc and d not in lb)
     rhs_free = prod(n for d, n in enumerate(rhs) if d not in rc and d not in rb)
