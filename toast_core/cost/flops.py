@@ -20,6 +20,11 @@ Ops whose counts were fitted to XLA's (special functions, random bits, pooling, 
 `flops_measured.py`, with each measurement in the rule's docstring. A primitive with no rule counts
 zero.
 
+Counts are global; the evaluator divides them by each op's cut, except where the local count is
+not that share: a reduction or dot whose folded dims are cut folds its operand shard into whole
+partial sums (`local_fold_flops`), and a prefix scan cut along its scanned dim computes only its
+result shard (`Evaluator._windowed_scans`).
+
 Ops inside a `scan` body are multiplied by the trip count by the caller; so is the duplication of
 fused producers (`fusion.py`) and the work XLA's simplifier removes (dead code, constants, work on
 broadcasts, repeated expressions, identities such as `x + 0`, clamps; a `cond` counts its
