@@ -20,6 +20,11 @@ Ops whose counts were fitted to XLA's (special functions, random bits, pooling, 
 `flops_measured.py`, with each measurement in the rule's docstring. A primitive with no rule counts
 zero.
 
+Counts are global; the evaluator divides them by each op's cut, except where the local count is
+not that share: a reduction or dot whose folded dims are cut folds its operand shard into whole
+partial sums (`local_fold_flops`), and a prefix scan cut along its scanned dim computes only its
+result shard (`Evaluator._windowed_scans`).
+
 Ops inside a `scan` body are multiplied by the trip count by the caller; so is the duplication of
 fused producers (`fusion.py`) and the work XLA's simplifier removes (dead code, constants, work on
 broadcasts, repeated expressions, identities such as `x + 0`, clamps; a `cond` counts its
@@ -258,6 +263,39 @@ def no_flops(op, program):
     """Moves or creates bytes without arithmetic (measured zero: tile, stack, unstack, overwriting
     scatter, key wrapping)."""
     return 0.0, 0.0
+
+
+#: Ops whose count is not linear in their iteration space: what they fold in is (operand -
+#: result) elements, so when the folded dims are sharded each device folds its operand shard into
+#: a whole partial result (`local_fold_flops`).
+FOLDING = frozenset(prim.REDUCTIONS | {"dot_general"})
+
+
+def local_fold_flops(op: Op, program: Program, ways: float, result_ways: float) -> float:
+    """Flops of one execution of a folding op (`FOLDING`) on one device whose shard of the op's
+    iteration space is 1/`ways` of it, and of the result 1/`result_ways` (the folded dims are cut
+    `ways / result_ways` ways). Dividing the global count by `ways` is wrong there: each device
+    folds N / ways operand elements into M / result_ways partial sums, so it saves M / result_ways
+    per fold, not M / ways (`jnp.sum(x[2, 16, 8], axis=0)` on 2 devices along dim 0: a reduce of a
+    size-1 dim, 0 flops, then the all-reduce's 128 adds; the global count / 2 says 64). A dot's
+    contraction of local size 1 is an outer product (one multiply per result element), and a dot
+    of vectors 2 K - 1 per result element with the local K (`dot_general_flops`)."""
+    folded_ways = max(ways / result_ways, 1.0)
+    m = program.values[op.results[0]].size / result_ways
+    if op.primitive != "dot_general":
+        folded = program.values[op.operands[0]].size / ways - m
+        return folded if folded > 1e-9 * m else 0.0  # 3-way cuts: log2/exp2 round-off
+    (lc, rc), (lb, rb) = op.param("dimension_numbers")
+    lhs = program.values[op.operands[0]].shape
+    rhs = program.values[op.operands[1]].shape
+    k = prod(lhs[d] for d in lc) / folded_ways
+    if k <= 1 + 1e-9:  # `ways` comes through log2 / exp2: 3 ways may be 2.9999999999999996
+        return m
+    lhs_free = prod(n for d, n in enumerate(lhs) if d not in lc and d not in lb)
+    rhs_free = prod(n for d, n in enumerate(rhs) if d not in rc and d not in rb)
+    if lhs_free == 1 and rhs_free == 1:
+        return m * (2 * k - 1)
+    return 2.0 * m * k
 
 
 # Rules fitted to XLA's counts live in their own module and register on import.

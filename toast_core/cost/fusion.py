@@ -134,6 +134,8 @@ def fusion_copies(prog: Program, is_materialized: list[bool]) -> list[int]:
                 roots[op.index] = self_only
             elif mat:
                 roots[op.index] = self_only | _recomputing_readers(prog, op, roots, costly)
+            elif len(readers) > 1 and _unfused_path(prog, op, roots):
+                roots[op.index] = self_only
             else:
                 roots[op.index] = readers
             continue
@@ -177,6 +179,74 @@ def _recomputing_readers(
     )
 
 
+#: Beyond this many ops between a producer and its readers, `_unfused_path` gives up (and the
+#: producer is duplicated as before): the walk stays linear in practice on large programs.
+_PATH_WALK_LIMIT = 512
+
+
+def _unfused_path(prog: Program, op, roots: list[frozenset[int]]) -> bool:
+    """Whether XLA keeps a cheap producer read by several fusions in one fusion of its own,
+    computed once: it reads more than one array (`_more_than_unary`) and more elements than it
+    makes, and some path from it to one of its readers runs through an op that is not fused into
+    the next one (a reduction kept apart, a non-fusible op): XLA duplicates such a producer only
+    when it can fuse it into all its consumers on all paths (`InstructionFusion::
+    ComputeGloballyUnfusible` / `CanFuseOnAllPaths`). The gradient of `abs(log_softmax(x))`:
+    the `sign(shifted - log(sum))` term feeds the `dx` sum and, through that sum and a broadcast,
+    the same final fusion; XLA computes it once (fusion of [64, 8]: 6592 flops, where duplicating
+    it counted 10624). A path is fused when each op on it is fused into all the fusions its
+    successor is in (`roots[x]` contains the successor's).
+
+    Only paths of fusible ops are judged: when a path runs through a matmul (a transformer's
+    layer-norm terms read by the forward and again by the backward), the producer stays
+    duplicated as before, which matches XLA:CPU's count of the GPT train step (201.3 M flops;
+    judging those paths too fell to 197.9 M, under by 1.7 %)."""
+    if not _more_than_unary(prog, op) or not op.results:
+        return False
+    sizes = {v: prog.values[v].size for v in op.operands}
+    if sum(sizes.values()) <= sum(prog.values[r].size for r in op.results):
+        return False
+    uses = prog.uses()
+    direct = sorted({o for r in op.results for o, _ in uses[r]})
+    last = direct[-1]
+    # Forward from `op` to the last reader: the ops on a path from it.
+    seen = {op.index}
+    frontier = [op.index]
+    while frontier:
+        nxt = []
+        for i in frontier:
+            for r in prog.ops[i].results:
+                for o, _ in uses[r]:
+                    if o <= last and o not in seen:
+                        seen.add(o)
+                        nxt.append(o)
+        if len(seen) > _PATH_WALK_LIMIT:
+            return False
+        frontier = nxt
+    # Every edge x -> y on such a path into a direct reader must be fused: x's fusions include y's.
+    producers = prog.producers()
+    blocked = False
+    for c in direct:
+        stack, back = [c], {c}
+        while stack:
+            y = stack.pop()
+            for v in prog.ops[y].operands:
+                x = producers[v]
+                if x is None or x == op.index or x not in seen or x in back:
+                    continue
+                if not fusible(prog.ops[x], prog):
+                    return False  # see the docstring: not measured to hold across matmuls
+                if not roots[y] <= roots[x]:
+                    blocked = True
+                back.add(x)
+                stack.append(x)
+    return blocked
+
+
+#: Annotations JAX lowers to nothing (or XLA removes before fusion): `_more_than_unary` looks
+#: through them (softmax's `stop_gradient(max)` reaches the fusion as a broadcast).
+_VANISHING = prim.NO_OP_ELEMENTWISE - {"optimization_barrier"}
+
+
 def _more_than_unary(prog: Program, op) -> bool:
     """Whether `op` reads more than one array as large as its result: operands of lower rank,
     scalars and values spread from them (broadcasts, iotas) do not count, as in XLA's
@@ -189,6 +259,8 @@ def _more_than_unary(prog: Program, op) -> bool:
     arrays = 0
     for v in op.operands:
         p = producers[v]
+        while p is not None and prog.ops[p].primitive in _VANISHING and prog.ops[p].operands:
+            p = producers[prog.ops[p].operands[0]]  # gone from the HLO XLA tests
         if p is not None and prog.ops[p].primitive in ("broadcast_in_dim", "iota"):
             continue
         shape = prog.values[v].shape

@@ -60,7 +60,7 @@ from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.concat_slice import CONCAT, SLICE, concat_slice_sites
 from toast_core.cost.cpu_buffers import cpu_buffers
-from toast_core.cost.flops import op_counts
+from toast_core.cost.flops import FOLDING, local_fold_flops, op_counts
 from toast_core.cost.fusion import bitcasts, fused_away, materialized
 from toast_core.cost.halo import slice_halo_permutes
 from toast_core.cost.hoist import use_counts
@@ -75,6 +75,7 @@ from toast_core.cost.remat import (
 from toast_core.cost.scatter_chain import scatter_values
 from toast_core.cost.simplify import executions as simplified_executions
 from toast_core.errors import ToastError, bad_value
+from toast_core.ir.primitives import CUMULATIVE
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
 from toast_core.mesh.spec import XLA_CPU_COMBINE
 from toast_core.strategy import Strategy, mesh_axes
@@ -342,6 +343,15 @@ class Evaluator:
         self.op_trans = np.array(trans)
         self.op_trans *= trans_executions
         self.total_flops = float(self.op_flops.sum())
+        # Folding ops (reductions, dots) and how many times the simplifier leaves them to run:
+        # their local count is not the global one's share when a folded dim is cut (`_folded`).
+        base = [f if op.primitive in FOLDING else 0.0 for op, f in zip(prog.ops, flops)]
+        self._fold_ops = np.array([i for i, b in enumerate(base) if b > 0], dtype=np.int64)
+        self._fold_runs = np.array([self.op_flops[i] / base[i] for i in self._fold_ops.tolist()])
+        self._scan_ops = np.array(
+            [i for i, op in enumerate(prog.ops) if op.primitive in CUMULATIVE and op.results],
+            dtype=np.int64,
+        )
         self.nbytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
         # Ops that move no bytes: region markers and views (`bitcasts`); a scan's end writes
         # its zero-filled stacked outputs once (`zero_filled`).
@@ -649,6 +659,49 @@ class Evaluator:
             self._roofline(flops_local, trans_local, bytes_local),
         )
 
+    def _folded(self, flops_local, value_local, op_logdeg) -> np.ndarray:
+        """`flops_local` with each folding op whose folded dims are cut counted on its local
+        shard (`local_fold_flops`: each device folds its operand shard into whole partial sums,
+        which the all-reduce then adds, as XLA's partitioned reduce and dot do). Flops only: the
+        roofline times keep the global count's share (the difference is the partial result's
+        elements, noise beside the op's time), so `score`, the incremental evaluator and the
+        report's times stay one model."""
+        flops_local = self._windowed_scans(flops_local, value_local, op_logdeg)
+        if not len(self._fold_ops):
+            return flops_local
+        prog = self.ana.program
+        ways = np.exp2(op_logdeg[self._fold_ops])
+        result = [prog.ops[i].results[0] for i in self._fold_ops.tolist()]
+        result_ways = self.nbytes[result] / np.maximum(value_local[result], 1e-300)
+        cut = np.flatnonzero(ways > result_ways * (1 + 1e-9))
+        if not len(cut):
+            return flops_local
+        out = flops_local.copy()
+        for j in cut.tolist():
+            i = int(self._fold_ops[j])
+            local = local_fold_flops(prog.ops[i], prog, float(ways[j]), float(result_ways[j]))
+            out[i] = local * self._fold_runs[j]
+        return out
+
+    def _windowed_scans(self, flops_local, value_local, op_logdeg) -> np.ndarray:
+        """`flops_local` with each prefix scan whose result stays cut along the scanned dim
+        counted on its result shard: the model gathers the operand along that dim (each device
+        reads the whole row), but XLA's partitioned reduce-window computes only the device's own
+        outputs, each from its window of the gathered row (fuzz seed 14 #554, `cummin(x[6, 8,
+        16], axis=0)` with dim 0 on 6 devices: 640 flops per device, not 3840; #635)."""
+        if not len(self._scan_ops):
+            return flops_local
+        result = [self.ana.program.ops[i].results[0] for i in self._scan_ops.tolist()]
+        result_ways = self.nbytes[result] / np.maximum(value_local[result], 1e-300)
+        ways = np.exp2(op_logdeg[self._scan_ops])
+        more = result_ways > ways * (1 + 1e-9)
+        if not more.any():
+            return flops_local
+        out = flops_local.copy()
+        ops = self._scan_ops[more]
+        out[ops] = self.op_flops[ops] / result_ways[more]
+        return out
+
     def _roofline(self, flops_local, trans_local, bytes_local) -> np.ndarray:
         """Per-op time: compute or HBM traffic, whichever is slower (the incremental evaluator
         prices its subsets of ops through this too, so its times are the same floats)."""
@@ -763,6 +816,7 @@ class Evaluator:
         flops_local, trans_local, bytes_local, t = self._compute(
             value_local, op_logdeg, self._read_extra(masks, value_local)
         )
+        flops_local = self._folded(flops_local, value_local, op_logdeg)
         collectives = self._collectives(masks, value_local)
         eff = remat_effect(self.remat, self._remat_pairs(strategy))
         again = recomputed_collectives(collectives, eff)

@@ -22,6 +22,10 @@ pipeline change the count by whole ops (measured on jaxlib 0.10.2, CPU, `tests/t
 * **Identities and repeats** (`rewired`): `x + 0`, `x * 1`, `max(x, x)`, `select(p, x, x)`
   are `x`; an op repeating an earlier one on the same operands is CSE'd away.
 * **Clamps.** `min(max(x, lo), hi)` with constant scalar bounds (`jnp.clip`) is one op.
+* **Onto the smaller side** (`moved_to_smaller`): `sum(-x)` is `-sum(x)`, and
+  `(c * x) * broadcast(y)` is `x * broadcast(c * y)`.
+* **Masks.** `convert(p) * x` with `p` a predicate is `select(p, x, 0)`: the convert is free
+  (`masking_converts`; `jax.nn.one_hot(i, n) * s`, a float mask times an array).
 * **Conditionals.** `HloCostAnalysis` prices a `cond` as its costliest branch, and the predicate
   is work like any other (`cond_branches`).
 
@@ -288,6 +292,61 @@ def clamps(prog: Program, const: list[bool]) -> set[int]:
     return out
 
 
+def moved_to_smaller(prog: Program, const: list[bool]) -> dict[int, float]:
+    """Ops XLA's simplifier moves onto a smaller array, with the fraction of their work left:
+
+    * a negation read only by a sum is taken after it (`sum(-x)` is `-sum(x)`: measured
+      `jnp.sum(-x[64, 8], axis=1)` counts 448 + 64; a max is not rewritten);
+    * a multiply by a constant scalar read only by a multiply whose other operand is a broadcast
+      scales the broadcast's source instead (`(2 * x[64, 8]) * y[64][:, None]` counts 512 + 64:
+      the gradient of a variance, `2 * (x - m) * g`).
+    """
+    uses = prog.uses()
+    producers = prog.producers()
+    outputs = set(prog.outputs)
+    out: dict[int, float] = {}
+    for op in prog.ops:
+        if len(op.results) != 1 or op.results[0] in outputs:
+            continue
+        r = op.results[0]
+        readers = uses[r]
+        if len(readers) != 1:
+            continue
+        reader = prog.ops[readers[0][0]]
+        size = prog.values[r].size
+        if op.primitive == "neg" and reader.primitive == "reduce_sum" and size:
+            out[op.index] = prog.values[reader.results[0]].size / size
+        elif _scaled_operand(op, prog, const) is not None and reader.primitive == "mul" and size:
+            (other,) = [v for v in reader.operands if v != r] or [r]
+            p = producers[other]
+            if p is not None and prog.ops[p].primitive == "broadcast_in_dim":
+                source = prog.values[prog.ops[p].operands[0]].size
+                if source < size:
+                    out[op.index] = source / size
+    return out
+
+
+def masking_converts(prog: Program) -> set[int]:
+    """Conversions of a predicate to numbers read only by multiplies: XLA's simplifier rewrites
+    `convert(p) * x` as `select(p, x, 0)`, so the convert costs nothing (measured: `(x > 0)
+    .astype(f32) * x` on `x[32, 32]` counts 2048, compare and select; `jax.nn.one_hot(i, 6) * 1.5`
+    a compare and a select per element, fuzz seed 14 #984). A convert with another reader (an
+    add) is computed for it and counted."""
+    uses = prog.uses()
+    outputs = set(prog.outputs)
+    out = set()
+    for op in prog.ops:
+        if op.primitive != "convert_element_type" or len(op.operands) != 1:
+            continue
+        if prog.values[op.operands[0]].dtype not in ("bool", "pred"):
+            continue
+        r = op.results[0]
+        readers = uses[r]
+        if readers and r not in outputs and all(prog.ops[i].primitive == "mul" for i, _ in readers):
+            out.add(op.index)
+    return out
+
+
 def _bounded_operand(op: Op, prog: Program, const: list[bool]) -> int | None:
     """The operand `x` of a binary op whose other operand is a constant scalar, else None."""
     if len(op.operands) != 2:
@@ -343,10 +402,13 @@ def _rewired_work_factors(
     # CSE removed) does not count.
     if pruned is None:
         pruned = _pruned(prog, live)
-    merged = merged_scalings(pruned, const) | clamps(pruned, const)
+    merged = merged_scalings(pruned, const) | clamps(pruned, const) | masking_converts(pruned)
+    moved = moved_to_smaller(pruned, const)
     out = []
     for op in prog.ops:
-        if (
+        if op.index in moved and live[op.index]:
+            out.append(moved[op.index])
+        elif (
             not live[op.index]
             or op.index in merged
             or (op.results and all(const[r] for r in op.results))
