@@ -239,6 +239,12 @@ SIMPLIFIED = {
         lambda a: B(a, (4, 32), (0,)).sum(1) + B(a, (4, 32), (0,)).sum(0)[:4],
         (jnp.ones(4),),
     ),
+    # ...but one over broadcast dims and core dims at once is computed in full (fuzz seed 14
+    # #1426: the mean of a broadcast, 511 flops for sum(broadcast(a[32]) -> [16, 32]), not 31)
+    "sum_of_broadcast_over_both_kinds_of_dims": (
+        lambda a: (jnp.sum(B(jnp.sin(a), (16, 32), (1,))), jnp.max(B(a, (4, 32, 8), (1,)), (0, 1))),
+        (jnp.arange(32.0),),
+    ),
     "two_broadcasts_same_dims": (
         lambda a, b: B(a, (4, 32), (0,)) + B(b, (4, 32), (0,)),
         (jnp.ones(4), jnp.ones(4)),
