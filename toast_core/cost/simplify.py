@@ -370,11 +370,12 @@ def executions(prog: Program) -> tuple[list[float], list[float]]:
     simple = rewired(prog)
     live = live_ops(simple)  # a dead reader (a repeat, an identity) is in no fusion
     factors = _rewired_work_factors(simple, live)
+    spread = [bool(u) for u in uniform_dims(simple)]
     simple = replace(
         simple,
         ops=tuple(op if live[op.index] else _with_operands(op, ()) for op in simple.ops),
     )
-    copies = fusion_copies(simple, materialized(simple))
+    copies = fusion_copies(simple, materialized(simple), spread)
     each = [c * w for c, w in zip(copies, factors)]
     return (
         _costliest_branches(prog, each, op_flops),
