@@ -56,6 +56,7 @@ from toast_core.cost.buffers import allocated_memory
 from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.cost.cpu_tree_reduce import tree_factor
 from toast_core.cost.model import evaluator, reduction_flops
+from toast_core.cost.simplify import work_factors
 from toast_core.errors import ToastError, bad_value
 from toast_core.ir import primitives as prim
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
@@ -270,9 +271,14 @@ def cpu_flops(
 
 def _cpu_tree_factors(ana: Analysis, strategy: Strategy, mesh: MeshSpec) -> dict[int, float]:
     """Per reduction op that XLA:CPU tree-reduces, its flops over the folds the model counts, on
-    the local shape of its operand (each dim divided by the mesh axes of its use)."""
+    the local shape of its operand (each dim divided by the mesh axes of its use). A reduction
+    the simplifier shrinks (over a broadcast: `simplify.work_factors`) reduces another shape
+    in XLA, so it is left as the model counts it."""
     prog = ana.program
     ops = [op for op in prog.ops if op.primitive in prim.REDUCTIONS and op.operands]
+    if ops:
+        whole = work_factors(prog)
+        ops = [op for op in ops if whole[op.index] == 1.0]
     if not ops:
         return {}
     space = space_of(ana, mesh)
