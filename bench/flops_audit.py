@@ -45,11 +45,11 @@ def program_flops(fn, args) -> tuple[float, float, float, float]:
     """(predicted flops, compiled flops, predicted transcendentals, compiled ones), unsharded."""
     ana = tc.analyze(tc.trace(fn, *args))
     mesh = tc.MeshSpec({"data": 2})
+    strategy = tc.Strategy(name="replicated")
     report = tc.estimate(
-        ana, tc.Strategy(name="replicated"), mesh, tc.hardware("tpu-v5e"),
-        tc.CostOptions(donate_outputs=False),
+        ana, strategy, mesh, tc.hardware("tpu-v5e"), tc.CostOptions(donate_outputs=False),
     )  # fmt: skip
-    pf, pt = cpu_flops(report, ana)
+    pf, pt = cpu_flops(report, ana, strategy, mesh)
     cost = _cost(jax.jit(fn).lower(*args).compile())
     return pf, float(cost.get("flops", 0)), pt, float(cost.get("transcendentals", 0))
 

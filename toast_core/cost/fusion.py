@@ -60,6 +60,14 @@ NOT_DUPLICATED = (
     | RANDOM_BITS
 )
 
+#: Expansions XLA computes again in each loop fusion reading them when nothing stores their
+#: result: erfc is a polynomial of cheap ops around one exp and two divisions, which XLA keeps
+#: apart, so it duplicates the polynomial (nearly all of erfc's flops) like any cheap op. The
+#: loss and the gradient of `mean(gelu(x @ w, approximate=False))` under `value_and_grad` both
+#: compute it (measured: 15,616 flops of erfc for x @ w of [16, 8], twice the 7,680 of one;
+#: fuzz seed 14 #1244 predicted at 0.70). Read by a dot, it is stored and read once.
+SPLIT_EXPANSIONS = frozenset({"erfc"})
+
 
 def materialized(prog: Program) -> list[bool]:
     """Whether each value is written to and read from HBM: a value made by a fusible op and read
@@ -97,8 +105,17 @@ def _fusible_ops(prog: Program) -> list[bool]:
     return out
 
 
-def fusion_copies(prog: Program, is_materialized: list[bool]) -> list[int]:
+def fusion_copies(
+    prog: Program,
+    is_materialized: list[bool],
+    spread: list[bool] | None = None,
+    split: bool = True,
+) -> list[int]:
     """How many times each op is computed: once per fusion that contains it.
+
+    `spread` [values]: those XLA's simplifier leaves as a broadcast of a smaller array
+    (`simplify.uniform_dims`), which an effectively-unary test does not count as an input.
+    `split=False` counts the `SPLIT_EXPANSIONS` once, as their transcendentals are.
 
     An op whose result is materialized is the root of its own fusion; a cheap op is fused into
     the fusions of all its fusible readers as well. An op XLA does not duplicate (`NOT_DUPLICATED`) roots its own
@@ -133,11 +150,14 @@ def fusion_copies(prog: Program, is_materialized: list[bool]) -> list[int]:
             if not readers:
                 roots[op.index] = self_only
             elif mat:
-                roots[op.index] = self_only | _recomputing_readers(prog, op, roots, costly)
+                roots[op.index] = self_only | _recomputing_readers(prog, op, roots, costly, spread)
             elif len(readers) > 1 and _unfused_path(prog, op, roots):
                 roots[op.index] = self_only
             else:
                 roots[op.index] = readers
+            continue
+        if split and op.primitive in SPLIT_EXPANSIONS and not mat and readers:
+            roots[op.index] = readers
             continue
         own = mat or len(readers) > 1
         if not own and op.primitive in _REDUCTIONS and readers:
@@ -151,19 +171,21 @@ def fusion_copies(prog: Program, is_materialized: list[bool]) -> list[int]:
 
 
 def _recomputing_readers(
-    prog: Program, op, roots: list[frozenset[int]], costly: list[bool]
+    prog: Program, op, roots: list[frozenset[int]], costly: list[bool], spread=None
 ) -> frozenset[int]:
     """The fusions that recompute a stored cheap result rather than read it: none when the
     result's own fusion holds costly work (`gelu(x)` read by a dot and a max: the max reads
-    the stored result); else the cheap fusions (no costly work of their own: an Adam update's
-    division and square root read the stored moments) that read all of it element by element
-    (elementwise ops, reductions, outer products; slices, pads and other layout readers read
-    the stored buffer: an associative scan's slices of `1 + 0.1 * tanh(h)`). None either when
-    the op reads more than one array (`_more_than_unary`): XLA duplicates a producer that some
-    consumer cannot fuse only when it is effectively unary, as a second input read again would
-    raise the bytes read (`InstructionFusion::ComputeGloballyUnfusible`; momentum SGD's
-    `m' = beta * m + g`, an output read by the update `p - lr * m'`, is stored once and read)."""
-    if costly[op.index] or _more_than_unary(prog, op):
+    the stored result); else the fusions that read all of it element by element (elementwise
+    ops, reductions, outer products; slices, pads and other layout readers read the stored
+    buffer: an associative scan's slices of `1 + 0.1 * tanh(h)`), whether or not they hold
+    costly work themselves: XLA decides on the producer alone. None either when the op reads
+    more than one array (`_more_than_unary`): XLA duplicates a producer that some consumer
+    cannot fuse only when it is effectively unary, as a second input read again would raise
+    the bytes read (`InstructionFusion::ComputeGloballyUnfusible`; momentum SGD's
+    `m' = beta * m + g`, an output read by the update `p - lr * m'`, is stored once and read,
+    and so are Adam's moments, read by the update's division and square root; but a moment
+    whose gradient is a broadcast is recomputed there, fuzz seed 14 #1668)."""
+    if costly[op.index] or _more_than_unary(prog, op, spread):
         return frozenset()
     uses = prog.uses()
     fuses = _fusible_ops(prog)
@@ -174,7 +196,6 @@ def _recomputing_readers(
             for o, _ in uses[r]
             if prog.ops[o].primitive in prim.ELEMENTWISE | _REDUCTIONS | {"dot_general"}
             and fuses[o]
-            and not any(costly[root] for root in roots[o])
         )
     )
 
@@ -247,11 +268,14 @@ def _unfused_path(prog: Program, op, roots: list[frozenset[int]]) -> bool:
 _VANISHING = prim.NO_OP_ELEMENTWISE - {"optimization_barrier"}
 
 
-def _more_than_unary(prog: Program, op) -> bool:
+def _more_than_unary(prog: Program, op, spread: list[bool] | None = None) -> bool:
     """Whether `op` reads more than one array as large as its result: operands of lower rank,
-    scalars and values spread from them (broadcasts, iotas) do not count, as in XLA's
-    effectively-unary test; nor do an outer product's (`fusible`: XLA rewrites it as a multiply
-    of two broadcasts)."""
+    scalars and values spread from them (broadcasts, iotas, and the values XLA's simplifier
+    turns into broadcasts, `spread`) do not count, as in XLA's effectively-unary test; nor do an
+    outer product's (`fusible`: XLA rewrites it as a multiply of two broadcasts). Adam on a
+    weight whose gradient is a broadcast (`mean(einsum("a,az->z", x, w))`: `x * 1/Z` spread
+    along z): `0.9 * m + 0.1 * g` reads `m` and a broadcast, so XLA computes each moment both
+    in its output's fusion and again in the update's (fuzz seed 14 #1668: 932 of 1,144)."""
     if op.primitive == "dot_general":
         return False
     rank = len(prog.values[op.results[0]].shape) if op.results else 0
@@ -262,6 +286,8 @@ def _more_than_unary(prog: Program, op) -> bool:
         while p is not None and prog.ops[p].primitive in _VANISHING and prog.ops[p].operands:
             p = producers[prog.ops[p].operands[0]]  # gone from the HLO XLA tests
         if p is not None and prog.ops[p].primitive in ("broadcast_in_dim", "iota"):
+            continue
+        if spread is not None and spread[v]:
             continue
         shape = prog.values[v].shape
         if shape and len(shape) >= rank:
