@@ -86,12 +86,16 @@ THREEFRY_STATE_BUFFERS = 5
 _THREEFRY_KEY_OPS = frozenset({"random_split", "random_fold_in"})
 
 
-def cpu_buffers(prog: Program, is_materialized: list[bool]) -> tuple[np.ndarray, ...]:
+def cpu_buffers(
+    prog: Program, is_materialized: list[bool], local_shape=None
+) -> tuple[np.ndarray, ...]:
     """Every extra temporary of the CPU view as (value, first op, last op, bytes per byte of the
     value's local size, count of such buffers, count of small state buffers): the layout copies
     (`dot_operand_copies`, `conv_operand_copies`), the threefry loops (`threefry_buffers`) and
-    the select-and-scatter expansions (`select_and_scatter_buffers`)."""
-    rows = [(v, lo, hi, 1.0, 1, 0) for v, lo, hi in zip(*dot_operand_copies(prog, is_materialized))]
+    the select-and-scatter expansions (`select_and_scatter_buffers`). `local_shape(op, pos)`:
+    an operand use's shape on one device, for the dots (their copies depend on it)."""
+    copies = dot_operand_copies(prog, is_materialized, local_shape)
+    rows = [(v, lo, hi, 1.0, 1, 0) for v, lo, hi in zip(*copies)]
     rows += threefry_buffers(prog)
     rows += select_and_scatter_buffers(prog)
     rows += conv_operand_copies(prog, is_materialized)
@@ -184,25 +188,50 @@ def _itemsize(v) -> int:
     return max(1, v.nbytes // max(1, v.size))
 
 
-def _grouping(shape, batch, contracted) -> tuple | None:
+def _free_size(shape, batch, contracted) -> int:
+    return int(np.prod([n for d, n in enumerate(shape) if d not in batch and d not in contracted]))
+
+
+def _grouping(shape, batch, contracted, canonical: int | None = None) -> tuple | None:
     """The regrouping a dot needs of one operand: None when its row-major order is already
     `batch..., free..., contracted...` or `batch..., contracted..., free...` (unit dims left
     out), else (batch, frozenset({free, contracted})): the copy's layout, so that two dots
-    wanting the same grouping share one copy."""
+    wanting the same grouping share one copy.
+
+    `canonical`: the operand is the matrix of a matrix-vector product (the other operand has no
+    free dim wider than 1), as its left (0) or right (1) side: XLA:CPU folds no transposition
+    there and reads the left side as `batch, free, contracted` and the right as `batch,
+    contracted, free` (fuzz seed 14 #132: `einsum('abc,az->bcz', x, w)` with z = 1 copies x
+    f32[4, 8, 32] into f32[256, 4], a 4 KiB temporary, which a matrix-matrix product reads in
+    place)."""
     wide = [d for d in range(len(shape)) if shape[d] != 1]
     b = tuple(d for d in batch if shape[d] != 1)
     c = tuple(d for d in contracted if shape[d] != 1)
     free = tuple(d for d in wide if d not in batch and d not in contracted)
     rest = tuple(wide[len(b) :])
-    if tuple(wide[: len(b)]) == b and rest in (free + c, c + free):
+    allowed = {None: (free + c, c + free), 0: (free + c,), 1: (c + free,)}[canonical]
+    if tuple(wide[: len(b)]) == b and rest in allowed:
         return None
-    return b, frozenset({free, c})
+    return b, frozenset({free, c}) if canonical is None else (free, c)[:: 1 - 2 * canonical]
 
 
-def dot_operand_copies(prog: Program, is_materialized: list[bool]) -> tuple[np.ndarray, ...]:
+def dot_operand_copies(
+    prog: Program, is_materialized: list[bool], local_shape=None
+) -> tuple[np.ndarray, ...]:
     """(value, first op, last op) of each layout copy XLA:CPU makes for dot operands (module
     essay): one per operand value and grouping, live from the first dot reading it that way to
-    the last."""
+    the last.
+
+    `local_shape(op, pos)`: the operand's shape on one device (default: its global shape). The
+    per-device dot is what XLA:CPU compiles: a dim sharded down to 1 is a unit dim there, and a
+    dot whose contracted dims are all 1 on a device is an outer product, which XLA's algebraic
+    simplifier rewrites into a multiply (fuzz seed 14 #1267: `einsum('ab,ab->b')` with `a`
+    split 4 ways is `multiply_bitcast_fusion` then the all-reduce, no copy)."""
+    if local_shape is None:
+
+        def local_shape(op: int, pos: int) -> tuple:
+            return prog.values[prog.ops[op].operands[pos]].shape
+
     uses = prog.uses()
     producers = prog.producers()
     outputs = set(prog.outputs)
@@ -211,10 +240,16 @@ def dot_operand_copies(prog: Program, is_materialized: list[bool]) -> tuple[np.n
         if op.primitive != "dot_general":
             continue
         (lc, rc), (lb, rb) = op.param("dimension_numbers")
-        if not lc:
+        shapes = (local_shape(op.index, 0), local_shape(op.index, 1))
+        if not lc or all(shapes[0][d] == 1 for d in lc):
             continue  # an outer product: an elementwise multiply
-        for x, batch, contracted in ((op.operands[0], lb, lc), (op.operands[1], rb, rc)):
-            g = _grouping(prog.values[x].shape, batch, contracted)
+        vector = [_free_size(sh, b, c) == 1 for sh, b, c in zip(shapes, (lb, rb), (lc, rc))]
+        for side, (x, shape, batch, contracted) in enumerate(
+            ((op.operands[0], shapes[0], lb, lc), (op.operands[1], shapes[1], rb, rc))
+        ):
+            # a matrix-vector product reads its matrix in the canonical order only
+            canonical = side if vector[1 - side] and not vector[side] else None
+            g = _grouping(shape, batch, contracted, canonical)
             if g is not None and is_materialized[x]:
                 wants.setdefault((x, g), []).append(op.index)
     rows = []
