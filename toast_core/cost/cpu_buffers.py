@@ -7,10 +7,12 @@ max-pool gradients (`select_and_scatter_add`).
 
 **Dot operands.** XLA:CPU runs every dot as a 2-D (or batched 2-D) matrix product: its dot decomposer turns
 `dot_general` into `[batch, rows, contracted] x [batch, contracted, cols]` by transposing and
-reshaping each operand, and only a transposition that swaps two contiguous groups (the free dims
-and the contracted dims, either order) is folded into the product. Any other order of an operand's
-dims in its row-major buffer is a real transpose: a copy of the operand, as large as it, written
-before the dot and live until it runs.
+reshaping each operand. A matrix operand (one free and one contracted dim, unit dims aside) is
+read in either order, the transpose folded into the product; an operand with a group of free or
+contracted dims to flatten is read in place only in the canonical order (`[free..., contracted...]`
+on the left, `[contracted..., free...]` on the right, after the batch dims: `_grouping`). Any
+other order of an operand's dims in its row-major buffer is a real transpose: a copy of the
+operand, as large as it, written before the dot and live until it runs.
 
 Worked example (a fuzz SGD step, measured with XLA's buffer assignment): `x @ w` with x
 `f32[4, 8, 16, 6]` contracted over its dim 2 cannot be a matrix `[192, 16]` in place (the free
@@ -188,31 +190,33 @@ def _itemsize(v) -> int:
     return max(1, v.nbytes // max(1, v.size))
 
 
-def _free_size(shape, batch, contracted) -> int:
-    return int(np.prod([n for d, n in enumerate(shape) if d not in batch and d not in contracted]))
+def _grouping(shape, batch, contracted, side: int | None = None) -> tuple | None:
+    """The regrouping a dot needs of one operand: None when its row-major order (unit dims
+    left out) already suits XLA:CPU, else (batch, frozenset({free, contracted})): the copy's
+    layout, so that two dots wanting the same grouping share one copy.
 
-
-def _grouping(shape, batch, contracted, canonical: int | None = None) -> tuple | None:
-    """The regrouping a dot needs of one operand: None when its row-major order is already
-    `batch..., free..., contracted...` or `batch..., contracted..., free...` (unit dims left
-    out), else (batch, frozenset({free, contracted})): the copy's layout, so that two dots
-    wanting the same grouping share one copy.
-
-    `canonical`: the operand is the matrix of a matrix-vector product (the other operand has no
-    free dim wider than 1), as its left (0) or right (1) side: XLA:CPU folds no transposition
-    there and reads the left side as `batch, free, contracted` and the right as `batch,
-    contracted, free` (fuzz seed 14 #132: `einsum('abc,az->bcz', x, w)` with z = 1 copies x
-    f32[4, 8, 32] into f32[256, 4], a 4 KiB temporary, which a matrix-matrix product reads in
-    place)."""
+    An operand with at most one free and one contracted dim (a matrix) is read in either
+    order, after its batch dims: the dot folds the transpose. One with more (a free or a
+    contracted group to flatten) is read as a matrix only in the canonical order, `batch...,
+    free..., contracted...` as the left side (`side` 0) and `batch..., contracted...,
+    free...` as the right (1); otherwise XLA's dot decomposer transposes it into a copy.
+    Measured (`lax.dot_general` of f32 operands, compiled HLO): a left side [4, 8, 12]
+    contracted over dim 0 is copied, [8, 12, 4] over dim 2 and [4, 96] over dim 0 are not; as
+    a right side [4, 8, 12] over dim 0 is not, [8, 12, 4] over dim 2 is (fuzz seed 14 #132:
+    `einsum('abc,az->bcz')` copied x f32[4, 8, 32] into [256, 4]). `side` None: either side
+    (the grouping alone)."""
     wide = [d for d in range(len(shape)) if shape[d] != 1]
     b = tuple(d for d in batch if shape[d] != 1)
     c = tuple(d for d in contracted if shape[d] != 1)
     free = tuple(d for d in wide if d not in batch and d not in contracted)
     rest = tuple(wide[len(b) :])
-    allowed = {None: (free + c, c + free), 0: (free + c,), 1: (c + free,)}[canonical]
+    if side is None or (len(free) <= 1 and len(c) <= 1):
+        allowed = (free + c, c + free)
+    else:
+        allowed = ((free + c),) if side == 0 else ((c + free),)
     if tuple(wide[: len(b)]) == b and rest in allowed:
         return None
-    return b, frozenset({free, c}) if canonical is None else (free, c)[:: 1 - 2 * canonical]
+    return b, frozenset({free, c})
 
 
 def dot_operand_copies(
@@ -243,13 +247,10 @@ def dot_operand_copies(
         shapes = (local_shape(op.index, 0), local_shape(op.index, 1))
         if not lc or all(shapes[0][d] == 1 for d in lc):
             continue  # an outer product: an elementwise multiply
-        vector = [_free_size(sh, b, c) == 1 for sh, b, c in zip(shapes, (lb, rb), (lc, rc))]
         for side, (x, shape, batch, contracted) in enumerate(
             ((op.operands[0], shapes[0], lb, lc), (op.operands[1], shapes[1], rb, rc))
         ):
-            # a matrix-vector product reads its matrix in the canonical order only
-            canonical = side if vector[1 - side] and not vector[side] else None
-            g = _grouping(shape, batch, contracted, canonical)
+            g = _grouping(shape, batch, contracted, side)
             if g is not None and is_materialized[x]:
                 wants.setdefault((x, g), []).append(op.index)
     rows = []
