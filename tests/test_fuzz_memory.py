@@ -1,17 +1,18 @@
 """Memory misses of the fuzzer (issue 14), each a class of programs the CPU view mispredicted,
 with the bytes XLA's buffer assignment gave (seed 14): an output all-reduced into its own
 allocation, outer products on a device, dot operands with dims to flatten, stacking ops XLA
-fuses, inputs no op reads."""
+fuses, inputs no op reads, cumulative ops' blocked scans."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import pytest
+from jax import lax
 
 import toast_core as tc
 from toast_core.apply.validate import predicted_cpu_memory_bytes
-from toast_core.cost.cpu_buffers import _grouping, dot_operand_copies
+from toast_core.cost.cpu_buffers import _grouping, cumulative_buffers, dot_operand_copies
 from toast_core.cost.fusion import materialized
 
 HW = tc.hardware("tpu-v5e")
@@ -94,6 +95,20 @@ def _unused_input_args():
     return {}, batch
 
 
+def _cumulative(params, batch):
+    """Two scans: cummax over 20 rows (padded to 32) and cumsum over 48 (three blocks)."""
+    x = batch["x"]
+    return (lax.cummax(x, 0), lax.cumsum(batch["y"], 1))
+
+
+def _cumulative_args():
+    batch = {
+        "x": jax.ShapeDtypeStruct((20, 64), jnp.float32),
+        "y": jax.ShapeDtypeStruct((8, 48), jnp.float32),
+    }
+    return {}, batch
+
+
 def _predicted(fn, args, mesh, baseline):
     ana = tc.analyze(tc.trace(fn, *args))
     strategy = tc.baselines.all(ana, mesh)[baseline][0]
@@ -141,6 +156,14 @@ def test_an_operand_with_a_group_to_flatten_is_read_in_canonical_order_only():
     assert _grouping((4, 8, 32), (), (0,), side=0) == _grouping((4, 8, 32), (), (1, 2), side=1)
 
 
+def test_a_cumulative_op_over_more_than_a_block_holds_its_blocked_scan():
+    prog = tc.analyze(tc.trace(_cumulative, *_cumulative_args())).program
+    rows = {prog.ops[op].primitive: scale for _, op, _, scale, _, _ in cumulative_buffers(prog)}
+    assert rows == pytest.approx({"cummax": 2 * 32 / 20, "cumsum": 16 / 15})
+    short = tc.trace(lambda x: lax.cumsum(x, 0), jax.ShapeDtypeStruct((16, 4), jnp.float32))
+    assert cumulative_buffers(short) == []
+
+
 def test_stacking_ops_are_fused():
     prog = tc.analyze(tc.trace(_stacked, *_stacked_args())).program
     mat = materialized(prog)
@@ -159,8 +182,16 @@ def test_stacking_ops_are_fused():
         (_stacked, _stacked_args(), MESH_2X4, "replicated", 0.0),
         (_flattened, _flattened_args(), MESH_2X2X2, "replicated", 0.01),
         (_unused_input, _unused_input_args(), MESH_2X4, "data_parallel", 0.0),
+        (_cumulative, _cumulative_args(), MESH_2X4, "replicated", 0.05),
     ],
-    ids=["all-reduced-output", "unit-contraction", "stacks", "flattened-operand", "unused-input"],
+    ids=[
+        "all-reduced-output",
+        "unit-contraction",
+        "stacks",
+        "flattened-operand",
+        "unused-input",
+        "cumulative",
+    ],
 )
 def test_fuzz_memory_misses_match_xla(fn, args, mesh, baseline, within):
     ana, strategy, predicted = _predicted(fn, args, mesh, baseline)

@@ -1,9 +1,9 @@
 """Temporaries XLA:CPU allocates beyond the target's, for the CPU view of memory (issue 14).
 
-`validate` compares the predicted memory with XLA:CPU's `memory_analysis()`; two kinds of
-buffer exist there and not on TPU/GPU, and are added to that view only (`cpu_buffers`): layout
-copies of dot and convolution operands, the rolled threefry loop's state, and the expansion of
-max-pool gradients (`select_and_scatter_add`).
+`validate` compares the predicted memory with XLA:CPU's `memory_analysis()`; these buffers
+exist there and not on TPU/GPU, and are added to that view only (`cpu_buffers`): layout copies of
+dot and convolution operands, the rolled threefry loop's state, the blocked scans of cumulative
+ops, and the expansion of max-pool gradients (`select_and_scatter_add`).
 
 **Dot operands.** XLA:CPU runs every dot as a 2-D (or batched 2-D) matrix product: its dot decomposer turns
 `dot_general` into `[batch, rows, contracted] x [batch, contracted, cols]` by transposing and
@@ -58,6 +58,15 @@ it: 6 x 4 KiB of 30 KiB in a `fori_loop` accumulation), and its state: the tuple
 pointer table and four u32[4] key copies (each a 64-byte aligned temporary). A
 key split or fold-in runs the same loop on two words.
 
+**Cumulative ops.** XLA:CPU scans a cumulative op's axis (cumsum, cummax, cummin, cumprod,
+cumlogsumexp, either direction) in blocks of 16 elements: an axis of at most 16 is one fused
+reduce-window and needs nothing more; a longer one is padded to a multiple of 16 and its blocks
+scanned, the blocks' totals scanned and added back. Measured (`lax.cummax` of f32[L, 64], either
+axis, the temporaries over the result's bytes): 0 for L <= 16; 3.77, 3.2, 2.67, 2.06 for L = 17,
+20, 24, 31 (two padded arrays, 2 x 32 rows); 1.09, 1.08, 1.07, 1.07 for L = 32, 48, 128, 512
+(the scan and its totals, 1 + 1/16 + ...). Fuzz seed 23 #51: `lax.cummin` over 32 rows held
+4.3 KB of temporaries for a 2 KB result.
+
 **Select-and-scatter.** XLA:CPU expands select-and-scatter (TPU and GPU emit it as one kernel): it rewrites
 each one (the gradient of a max-pool) into a variadic reduce-window that finds, per window, the
 winner's value and its index along every dim of the operand (one s32 iota as large as the operand
@@ -76,6 +85,7 @@ from __future__ import annotations
 import numpy as np
 
 from toast_core.cost.fusion import FUSIBLE
+from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
 #: Word arrays the CPU's rolled threefry loop holds, each as large as the bits (module essay),
@@ -100,6 +110,7 @@ def cpu_buffers(
     rows = [(v, lo, hi, 1.0, 1, 0) for v, lo, hi in zip(*copies)]
     rows += threefry_buffers(prog)
     rows += select_and_scatter_buffers(prog)
+    rows += cumulative_buffers(prog)
     rows += conv_operand_copies(prog, is_materialized)
     a = np.array(rows, dtype=np.float64).reshape(-1, 6)
     ints = a[:, [0, 1, 2, 4, 5]].astype(np.int64)
@@ -123,6 +134,30 @@ def threefry_buffers(prog: Program) -> list[tuple]:
         elif op.primitive in _THREEFRY_KEY_OPS:
             small = THREEFRY_STATE_BUFFERS + THREEFRY_WORD_BUFFERS  # words of 64 bytes at most
             rows.append((op.results[0], op.index, op.index, 0.0, 0, small))
+    return rows
+
+
+#: XLA:CPU scans a cumulative op's axis in blocks of this many elements (module essay).
+CUMULATIVE_BLOCK = 16
+
+
+def cumulative_buffers(prog: Program) -> list[tuple]:
+    """(value, op, op, scale, 1, 0) of the temporaries of each cumulative op (cumsum, cummax,
+    cummin, cumprod, cumlogsumexp) whose axis is longer than a block: `scale` bytes per byte of
+    its result, at the op (module essay)."""
+    rows = []
+    for op in prog.ops:
+        if op.primitive not in prim.CUMULATIVE:
+            continue
+        n = prog.values[op.results[0]].shape[op.param("axis")]
+        if n <= CUMULATIVE_BLOCK:
+            continue
+        padded = -(-n // CUMULATIVE_BLOCK) * CUMULATIVE_BLOCK
+        if padded == n:  # the blocks' scans, and the scan of their totals (1/16 as large)
+            scale = CUMULATIVE_BLOCK / (CUMULATIVE_BLOCK - 1)
+        else:  # the padded operand and the padded scan
+            scale = 2.0 * padded / n
+        rows.append((op.results[0], op.index, op.index, scale, 1, 0))
     return rows
 
 
