@@ -35,13 +35,22 @@ from __future__ import annotations
 import numpy as np
 
 from toast_core.cost.collectives import COLLECTIVE_KINDS
+from toast_core.cost.cpu_buffers import cpu_buffers
 from toast_core.strategy.remat import RematEffect, remat_effect
+from toast_core.strategy.space import space_of
 
 ALL_REDUCE = COLLECTIVE_KINDS.index("all-reduce")
 
 
 def buffer_intervals(
-    ev, value_local, masks, remat: RematEffect | None, pairs, align_bytes: int, reduced_at=None
+    ev,
+    value_local,
+    masks,
+    remat: RematEffect | None,
+    pairs,
+    align_bytes: int,
+    reduced_at=None,
+    partials: list | None = None,
 ):
     """(bytes, first op, end op (exclusive), is output) of every buffer of the evaluator's
     timeline: summed over the ops each covers, they give `Evaluator._memory`'s timeline
@@ -50,7 +59,10 @@ def buffer_intervals(
 
     `reduced_at` {value: op}: partial sums all-reduced into a new buffer at that op (XLA:CPU's
     all-reduce is not in place): the partial lives until then, the reduced copy from then on
-    (both at that op), as `all_reduce_issue_ops` finds them."""
+    (both at that op), as `all_reduce_issue_ops` finds them. An output's reduced copy is the
+    output's allocation (from that op on) and its partial a temporary until then. `partials`, a
+    list: receives a bool per returned buffer, true for an all-reduced partial (the all-reduce
+    writes its result elsewhere, so no reader writes over it)."""
     n = ev.n_ops
     b = value_local[ev.live_ids]
     if align_bytes:
@@ -58,6 +70,7 @@ def buffer_intervals(
     size, start, end = b.astype(np.float64), ev.born.copy(), ev.dies.copy()
     is_out = ev._live_is_output.copy()
     extra_size, extra_start, extra_end = [], [], []
+    partial_rows: list[int] = []
     row = np.full(len(value_local), -1, dtype=np.int64)  # value -> its buffer's index
     row[ev.live_ids] = np.arange(len(ev.live_ids))
     if remat is not None:
@@ -93,8 +106,18 @@ def buffer_intervals(
             end[k] = fwd_end + 1
     for v, t in (reduced_at or {}).items():
         k = row[v]
-        if k < 0 or is_out[k]:
+        if k < 0:
             continue
+        if is_out[k]:
+            # The output's allocation receives the reduced copy; the partial is a temporary
+            # (`partials` says which buffers an all-reduce reads: its result never shares them).
+            partial_rows.append(len(size) + len(extra_size))
+            extra_size.append(size[k])
+            extra_start.append(start[k])
+            extra_end.append(t + 1)
+            start[k] = min(max(start[k], t), end[k] - 1)
+            continue
+        partial_rows.append(k)
         extra_size.append(size[k])
         extra_start.append(t)
         extra_end.append(max(end[k], t + 1))
@@ -120,6 +143,10 @@ def buffer_intervals(
     end = np.minimum(np.concatenate([end, np.asarray(extra_end, dtype=np.int64)]), n)
     is_out = np.concatenate([is_out, np.zeros(len(extra_size), dtype=bool)])
     keep = (end > start) & (size > 0)
+    if partials is not None:
+        is_partial = np.zeros(len(size), dtype=bool)
+        is_partial[partial_rows] = True
+        partials.extend(is_partial[keep].tolist())
     return size[keep], start[keep], end[keep], is_out[keep]
 
 
@@ -149,7 +176,9 @@ def timeline_of(size, start, end, n_ops: int) -> np.ndarray:
     return np.cumsum(delta)[:n_ops]
 
 
-def place_in_output_allocations(size, start, end, is_out, n_ops: int, fit_size=None):
+def place_in_output_allocations(
+    size, start, end, is_out, n_ops: int, fit_size=None, whole_life=None
+):
     """(bytes of the output allocations, live bytes of the temporary block after each op).
 
     Each output gets an allocation of its size for the whole step; then each temporary,
@@ -157,7 +186,8 @@ def place_in_output_allocations(size, start, end, is_out, n_ops: int, fit_size=N
     output from its producer on, temporaries placed before) are never live with it, but at its
     last op (where its reader may write over it), and otherwise goes to the block. `fit_size`: the temporaries' own sizes, when `size` rounds
     them up to the block's alignment (an allocation of its own is not aligned: a 24-byte
-    temporary fits a 24-byte output's)."""
+    temporary fits a 24-byte output's). `whole_life`: a bool per buffer, true where no reader
+    writes over it at its last op (an all-reduce's partial on XLA:CPU)."""
     fit = size if fit_size is None else fit_size
     outs = np.flatnonzero(is_out)
     alloc_size = size[outs]
@@ -177,7 +207,8 @@ def place_in_output_allocations(size, start, end, is_out, n_ops: int, fit_size=N
         s, e = int(start[k]), int(end[k])
         # Its last op may write its result over it (XLA shares an operand's buffer with an
         # elementwise user's: the update `w - lr * g` is written over the gradient g).
-        free = ~busy[first:, s : max(e - 1, s + 1)].any(axis=1)
+        last = e if whole_life is not None and whole_life[k] else max(e - 1, s + 1)
+        free = ~busy[first:, s:last].any(axis=1)
         if free.any():
             a = first + int(np.argmax(free))
             busy[a, s:e] = True
@@ -186,17 +217,40 @@ def place_in_output_allocations(size, start, end, is_out, n_ops: int, fit_size=N
     return float(alloc_size.sum()), block
 
 
-def cpu_temporaries(ev, value_local, align_bytes: int):
+def cpu_temporaries(ev, value_local, align_bytes: int, masks=None):
     """(bytes, first op, end op (exclusive)) of the temporaries only XLA:CPU makes (dot-operand
     and conv layout copies, threefry loops, select-and-scatter expansions:
     `cost/cpu_buffers.py`), as `Evaluator._memory(cpu_buffers=
-    True)` counts them."""
-    vals, lo, hi, scale, count, small = ev._cpu_buffers
+    True)` counts them; with the strategy's `masks`, the dots' copies as its per-device dots
+    need them (`local_dot_shapes`)."""
+    if masks is None:
+        vals, lo, hi, scale, count, small = ev._cpu_buffers
+    else:
+        is_mat = ev._is_mat.tolist()
+        rows = cpu_buffers(ev.ana.program, is_mat, local_dot_shapes(ev, masks))
+        vals, lo, hi, scale, count, small = rows
     size = value_local[vals] * scale
     if align_bytes:
         size = _round_up(size, align_bytes)
     size = count * size + small * max(align_bytes, 1)
     return np.asarray(size, dtype=np.float64), lo.astype(np.int64), hi.astype(np.int64) + 1
+
+
+def local_dot_shapes(ev, masks):
+    """`local_shape(op, pos)` for `cpu_buffers`: an operand use's shape on one device (each dim
+    divided by the sizes of the mesh axes it is split on, rounded up as XLA pads)."""
+    space = space_of(ev.ana, ev.mesh)
+    sizes = dict(ev.mesh.axes)
+    prog = ev.ana.program
+
+    def local_shape(op: int, pos: int) -> tuple:
+        shape = prog.values[prog.ops[op].operands[pos]].shape
+        if (op, pos) not in space.layout.use_dim_fine:
+            return shape
+        axes = space.use_axes(masks, op, pos)
+        return tuple(-(-n // int(np.prod([sizes[a] for a in ax]))) for n, ax in zip(shape, axes))
+
+    return local_shape
 
 
 def _round_up(nbytes, align_bytes: int):
@@ -216,8 +270,9 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
     pairs = ev._remat_pairs(strategy)
     effect = remat_effect(ev.remat, pairs) if pairs else None
     reduced = all_reduce_issue_ops(ev, masks, value_local) if cpu else None
+    partials: list[bool] = []
     size, start, end, is_out = buffer_intervals(
-        ev, value_local, masks, effect, pairs, align_bytes, reduced
+        ev, value_local, masks, effect, pairs, align_bytes, reduced, partials
     )
     own = (
         buffer_intervals(ev, value_local, masks, effect, pairs, 0, reduced)[0]
@@ -225,10 +280,25 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         else None
     )
     if cpu:
-        extra, lo, hi = cpu_temporaries(ev, value_local, align_bytes)
+        extra, lo, hi = cpu_temporaries(ev, value_local, align_bytes, masks)
         size, start, end = (np.concatenate(x) for x in ((size, extra), (start, lo), (end, hi)))
         is_out = np.concatenate([is_out, np.zeros(len(extra), dtype=bool)])
+        partials += [False] * len(extra)
         if own is not None:
-            own = np.concatenate([own, cpu_temporaries(ev, value_local, 0)[0]])
-    outputs_bytes, block = place_in_output_allocations(size, start, end, is_out, ev.n_ops, own)
-    return float(value_local[ev.persistent_ids].sum()), outputs_bytes, block
+            own = np.concatenate([own, cpu_temporaries(ev, value_local, 0, masks)[0]])
+    outputs_bytes, block = place_in_output_allocations(
+        size, start, end, is_out, ev.n_ops, own, np.asarray(partials, dtype=bool)
+    )
+    return float(value_local[kept_inputs(ev)].sum()), outputs_bytes, block
+
+
+def kept_inputs(ev) -> np.ndarray:
+    """The persistent values `jax.jit` passes to the compiled program: it prunes the arguments
+    no op reads (`keep_unused=False`), so they take no memory there (fuzz seed 23 #31: of
+    `swapaxes(x2)` with an unused `x1`, XLA's arguments are x2's 1,152 bytes alone)."""
+    prog = ev.ana.program
+    uses = prog.uses()
+    return np.array(
+        [v for v in ev.persistent_ids.tolist() if uses[v] or prog.values[v].is_output],
+        dtype=np.int64,
+    )

@@ -1,16 +1,18 @@
 """Temporaries XLA:CPU allocates beyond the target's, for the CPU view of memory (issue 14).
 
-`validate` compares the predicted memory with XLA:CPU's `memory_analysis()`; two kinds of
-buffer exist there and not on TPU/GPU, and are added to that view only (`cpu_buffers`): layout
-copies of dot and convolution operands, the rolled threefry loop's state, and the expansion of
-max-pool gradients (`select_and_scatter_add`).
+`validate` compares the predicted memory with XLA:CPU's `memory_analysis()`; these buffers
+exist there and not on TPU/GPU, and are added to that view only (`cpu_buffers`): layout copies of
+dot and convolution operands, the rolled threefry loop's state, the blocked scans of cumulative
+ops, and the expansion of max-pool gradients (`select_and_scatter_add`).
 
 **Dot operands.** XLA:CPU runs every dot as a 2-D (or batched 2-D) matrix product: its dot decomposer turns
 `dot_general` into `[batch, rows, contracted] x [batch, contracted, cols]` by transposing and
-reshaping each operand, and only a transposition that swaps two contiguous groups (the free dims
-and the contracted dims, either order) is folded into the product. Any other order of an operand's
-dims in its row-major buffer is a real transpose: a copy of the operand, as large as it, written
-before the dot and live until it runs.
+reshaping each operand. A matrix operand (one free and one contracted dim, unit dims aside) is
+read in either order, the transpose folded into the product; an operand with a group of free or
+contracted dims to flatten is read in place only in the canonical order (`[free..., contracted...]`
+on the left, `[contracted..., free...]` on the right, after the batch dims: `_grouping`). Any
+other order of an operand's dims in its row-major buffer is a real transpose: a copy of the
+operand, as large as it, written before the dot and live until it runs.
 
 Worked example (a fuzz SGD step, measured with XLA's buffer assignment): `x @ w` with x
 `f32[4, 8, 16, 6]` contracted over its dim 2 cannot be a matrix `[192, 16]` in place (the free
@@ -56,6 +58,15 @@ it: 6 x 4 KiB of 30 KiB in a `fori_loop` accumulation), and its state: the tuple
 pointer table and four u32[4] key copies (each a 64-byte aligned temporary). A
 key split or fold-in runs the same loop on two words.
 
+**Cumulative ops.** XLA:CPU scans a cumulative op's axis (cumsum, cummax, cummin, cumprod,
+cumlogsumexp, either direction) in blocks of 16 elements: an axis of at most 16 is one fused
+reduce-window and needs nothing more; a longer one is padded to a multiple of 16 and its blocks
+scanned, the blocks' totals scanned and added back. Measured (`lax.cummax` of f32[L, 64], either
+axis, the temporaries over the result's bytes): 0 for L <= 16; 3.77, 3.2, 2.67, 2.06 for L = 17,
+20, 24, 31 (two padded arrays, 2 x 32 rows); 1.09, 1.08, 1.07, 1.07 for L = 32, 48, 128, 512
+(the scan and its totals, 1 + 1/16 + ...). Fuzz seed 23 #51: `lax.cummin` over 32 rows held
+4.3 KB of temporaries for a 2 KB result.
+
 **Select-and-scatter.** XLA:CPU expands select-and-scatter (TPU and GPU emit it as one kernel): it rewrites
 each one (the gradient of a max-pool) into a variadic reduce-window that finds, per window, the
 winner's value and its index along every dim of the operand (one s32 iota as large as the operand
@@ -74,6 +85,7 @@ from __future__ import annotations
 import numpy as np
 
 from toast_core.cost.fusion import FUSIBLE
+from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
 #: Word arrays the CPU's rolled threefry loop holds, each as large as the bits (module essay),
@@ -86,14 +98,19 @@ THREEFRY_STATE_BUFFERS = 5
 _THREEFRY_KEY_OPS = frozenset({"random_split", "random_fold_in"})
 
 
-def cpu_buffers(prog: Program, is_materialized: list[bool]) -> tuple[np.ndarray, ...]:
+def cpu_buffers(
+    prog: Program, is_materialized: list[bool], local_shape=None
+) -> tuple[np.ndarray, ...]:
     """Every extra temporary of the CPU view as (value, first op, last op, bytes per byte of the
     value's local size, count of such buffers, count of small state buffers): the layout copies
     (`dot_operand_copies`, `conv_operand_copies`), the threefry loops (`threefry_buffers`) and
-    the select-and-scatter expansions (`select_and_scatter_buffers`)."""
-    rows = [(v, lo, hi, 1.0, 1, 0) for v, lo, hi in zip(*dot_operand_copies(prog, is_materialized))]
+    the select-and-scatter expansions (`select_and_scatter_buffers`). `local_shape(op, pos)`:
+    an operand use's shape on one device, for the dots (their copies depend on it)."""
+    copies = dot_operand_copies(prog, is_materialized, local_shape)
+    rows = [(v, lo, hi, 1.0, 1, 0) for v, lo, hi in zip(*copies)]
     rows += threefry_buffers(prog)
     rows += select_and_scatter_buffers(prog)
+    rows += cumulative_buffers(prog)
     rows += conv_operand_copies(prog, is_materialized)
     a = np.array(rows, dtype=np.float64).reshape(-1, 6)
     ints = a[:, [0, 1, 2, 4, 5]].astype(np.int64)
@@ -117,6 +134,30 @@ def threefry_buffers(prog: Program) -> list[tuple]:
         elif op.primitive in _THREEFRY_KEY_OPS:
             small = THREEFRY_STATE_BUFFERS + THREEFRY_WORD_BUFFERS  # words of 64 bytes at most
             rows.append((op.results[0], op.index, op.index, 0.0, 0, small))
+    return rows
+
+
+#: XLA:CPU scans a cumulative op's axis in blocks of this many elements (module essay).
+CUMULATIVE_BLOCK = 16
+
+
+def cumulative_buffers(prog: Program) -> list[tuple]:
+    """(value, op, op, scale, 1, 0) of the temporaries of each cumulative op (cumsum, cummax,
+    cummin, cumprod, cumlogsumexp) whose axis is longer than a block: `scale` bytes per byte of
+    its result, at the op (module essay)."""
+    rows = []
+    for op in prog.ops:
+        if op.primitive not in prim.CUMULATIVE:
+            continue
+        n = prog.values[op.results[0]].shape[op.param("axis")]
+        if n <= CUMULATIVE_BLOCK:
+            continue
+        padded = -(-n // CUMULATIVE_BLOCK) * CUMULATIVE_BLOCK
+        if padded == n:  # the blocks' scans, and the scan of their totals (1/16 as large)
+            scale = CUMULATIVE_BLOCK / (CUMULATIVE_BLOCK - 1)
+        else:  # the padded operand and the padded scan
+            scale = 2.0 * padded / n
+        rows.append((op.results[0], op.index, op.index, scale, 1, 0))
     return rows
 
 
@@ -184,25 +225,52 @@ def _itemsize(v) -> int:
     return max(1, v.nbytes // max(1, v.size))
 
 
-def _grouping(shape, batch, contracted) -> tuple | None:
-    """The regrouping a dot needs of one operand: None when its row-major order is already
-    `batch..., free..., contracted...` or `batch..., contracted..., free...` (unit dims left
-    out), else (batch, frozenset({free, contracted})): the copy's layout, so that two dots
-    wanting the same grouping share one copy."""
+def _grouping(shape, batch, contracted, side: int | None = None) -> tuple | None:
+    """The regrouping a dot needs of one operand: None when its row-major order (unit dims
+    left out) already suits XLA:CPU, else (batch, frozenset({free, contracted})): the copy's
+    layout, so that two dots wanting the same grouping share one copy.
+
+    An operand with at most one free and one contracted dim (a matrix) is read in either
+    order, after its batch dims: the dot folds the transpose. One with more (a free or a
+    contracted group to flatten) is read as a matrix only in the canonical order, `batch...,
+    free..., contracted...` as the left side (`side` 0) and `batch..., contracted...,
+    free...` as the right (1); otherwise XLA's dot decomposer transposes it into a copy.
+    Measured (`lax.dot_general` of f32 operands, compiled HLO): a left side [4, 8, 12]
+    contracted over dim 0 is copied, [8, 12, 4] over dim 2 and [4, 96] over dim 0 are not; as
+    a right side [4, 8, 12] over dim 0 is not, [8, 12, 4] over dim 2 is (fuzz seed 14 #132:
+    `einsum('abc,az->bcz')` copied x f32[4, 8, 32] into [256, 4]). `side` None: either side
+    (the grouping alone)."""
     wide = [d for d in range(len(shape)) if shape[d] != 1]
     b = tuple(d for d in batch if shape[d] != 1)
     c = tuple(d for d in contracted if shape[d] != 1)
     free = tuple(d for d in wide if d not in batch and d not in contracted)
     rest = tuple(wide[len(b) :])
-    if tuple(wide[: len(b)]) == b and rest in (free + c, c + free):
+    if side is None or (len(free) <= 1 and len(c) <= 1):
+        allowed = (free + c, c + free)
+    else:
+        allowed = ((free + c),) if side == 0 else ((c + free),)
+    if tuple(wide[: len(b)]) == b and rest in allowed:
         return None
     return b, frozenset({free, c})
 
 
-def dot_operand_copies(prog: Program, is_materialized: list[bool]) -> tuple[np.ndarray, ...]:
+def dot_operand_copies(
+    prog: Program, is_materialized: list[bool], local_shape=None
+) -> tuple[np.ndarray, ...]:
     """(value, first op, last op) of each layout copy XLA:CPU makes for dot operands (module
     essay): one per operand value and grouping, live from the first dot reading it that way to
-    the last."""
+    the last.
+
+    `local_shape(op, pos)`: the operand's shape on one device (default: its global shape). The
+    per-device dot is what XLA:CPU compiles: a dim sharded down to 1 is a unit dim there, and a
+    dot whose contracted dims are all 1 on a device is an outer product, which XLA's algebraic
+    simplifier rewrites into a multiply (fuzz seed 14 #1267: `einsum('ab,ab->b')` with `a`
+    split 4 ways is `multiply_bitcast_fusion` then the all-reduce, no copy)."""
+    if local_shape is None:
+
+        def local_shape(op: int, pos: int) -> tuple:
+            return prog.values[prog.ops[op].operands[pos]].shape
+
     uses = prog.uses()
     producers = prog.producers()
     outputs = set(prog.outputs)
@@ -211,10 +279,13 @@ def dot_operand_copies(prog: Program, is_materialized: list[bool]) -> tuple[np.n
         if op.primitive != "dot_general":
             continue
         (lc, rc), (lb, rb) = op.param("dimension_numbers")
-        if not lc:
+        shapes = (local_shape(op.index, 0), local_shape(op.index, 1))
+        if not lc or all(shapes[0][d] == 1 for d in lc):
             continue  # an outer product: an elementwise multiply
-        for x, batch, contracted in ((op.operands[0], lb, lc), (op.operands[1], rb, rc)):
-            g = _grouping(prog.values[x].shape, batch, contracted)
+        for side, (x, shape, batch, contracted) in enumerate(
+            ((op.operands[0], shapes[0], lb, lc), (op.operands[1], shapes[1], rb, rc))
+        ):
+            g = _grouping(shape, batch, contracted, side)
             if g is not None and is_materialized[x]:
                 wants.setdefault((x, g), []).append(op.index)
     rows = []

@@ -28,10 +28,22 @@ _REDUCTIONS = prim.FUSED_REDUCTIONS | prim.ARG_REDUCTIONS
 #: duplicated into each reader.
 RANDOM_BITS = frozenset({"random_bits", "threefry2x32"})
 
+#: JAX's stacking primitives, which XLA lowers to fusible layout ops: `stack` to a concatenate
+#: of reshaped operands, `unstack` and `split` to slices, `tile` to a broadcast and a reshape
+#: (fuzz seed 14 #623: a stack's cotangent, unstacked and added to the tanh's gradient, was two
+#: 3 KiB buffers in the model and none in XLA's buffer assignment, where one loop fusion reads
+#: the scalar cotangent).
+STACKING = frozenset({"stack", "unstack", "split", "tile"})
+
 #: Ops XLA fuses into loops: elementwise maps (a `bitcast_convert_type` reinterprets each element,
 #: as XLA's elementwise bitcast-convert does), layout changes, reductions and random bits.
 FUSIBLE = (
-    prim.ELEMENTWISE | prim.FUSIBLE_LAYOUT | _REDUCTIONS | RANDOM_BITS | {"bitcast_convert_type"}
+    prim.ELEMENTWISE
+    | prim.FUSIBLE_LAYOUT
+    | STACKING
+    | _REDUCTIONS
+    | RANDOM_BITS
+    | {"bitcast_convert_type"}
 )
 
 
