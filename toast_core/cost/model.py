@@ -781,6 +781,12 @@ class Evaluator:
         persistent = float(value_local[self.persistent_ids].sum())
         return persistent, timeline
 
+    @property
+    def live_end(self) -> np.ndarray:
+        """Per value, the op after its last reader (its buffer's end), -1 for a value with
+        no buffer of the step (inputs kept for the whole step, values never made)."""
+        return self._live_end
+
     def score(self, masks: np.ndarray, remat: tuple = ()) -> Score:
         """Fast path: step time and peak memory of a fine-class mask assignment and remat
         policies ((group index, policy index) pairs, see `strategy/remat.py`)."""
