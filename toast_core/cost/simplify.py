@@ -411,7 +411,7 @@ def _rewired_work_factors(
         elif (
             not live[op.index]
             or op.index in merged
-            or (op.results and all(const[r] for r in op.results))
+            or (op.results and False not in map(const.__getitem__, op.results))
         ):
             out.append(0.0)
         elif op.primitive in prim.ELEMENTWISE or _is_outer_product(op):
@@ -509,13 +509,14 @@ def _elementwise_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
     result has larger is broadcast there by the op itself (jax's elementwise ops take size-1
     dims: `a[..., None] * b` multiplies `f32[4, 3, 1]` by `f32[1, 1, 5]`), so it is uniform
     along it as XLA sees it."""
-    shape = prog.values[op.results[0]].shape
+    values = prog.values
+    shape = values[op.results[0]].shape
     sets = []
     for v in op.operands:
-        s = _scalar_or(prog, v, uni)
-        if s is None:
+        vshape = values[v].shape
+        if not vshape:  # a scalar: uniform along every dim (`_scalar_or`)
             continue
-        vshape = prog.values[v].shape
+        s = uni[v]
         if len(vshape) == len(shape):
             s = s | {d for d, n in enumerate(vshape) if n == 1 and shape[d] > 1}
         if not s:  # the intersection is empty: most ops, whose operands are no broadcasts

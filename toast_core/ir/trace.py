@@ -213,7 +213,7 @@ class _Builder:
         return hit[1]
 
     def op_params(self, eqn) -> tuple[tuple[str, object], ...]:
-        if not eqn.params:  # half the eqns (add, mul...): each its own empty dict
+        if not eqn.params:  # nothing to convert, and no memo entry for its own empty dict
             return ()
         hit = self._params.get(id(eqn.params))
         if hit is None or hit[0] is not eqn.params or hit[1] is not eqn.primitive:
