@@ -23,7 +23,11 @@ the rows of the incidences its mat-vecs read, and the restricted view; kept per 
 next search on it starts with them), and, per search, the communication of each restricted view,
 keyed by the masks of the fine classes it reads (`Incremental._comm_of`): a greedy
 step scores the same shards from the new state, and a unit whose neighbourhood the step left
-alone gets its collectives back without pricing them.
+alone gets its collectives back without pricing them. On a miss, the view's reshards are looked
+up by the masks of its sites' fine classes alone (fewer than the view reads), and a full
+evaluation, a pure function of its masks, is kept for the next time the same masks come back
+under other conflict options or remat policies (`FULLS_KEPT`). A delta is not memoized that
+way: the order of its collectives and its timeline's sums follow its base.
 
 `Incremental.score` keeps the last few evaluations (an LRU) and prices a state from the cached
 one whose masks differ least (usually its parent in the tree, or the previous rollout step); when
