@@ -72,14 +72,6 @@ NOT_DUPLICATED = (
     | RANDOM_BITS
 )
 
-#: Expansions XLA computes again in each loop fusion reading them when nothing stores their
-#: result: erfc is a polynomial of cheap ops around one exp and two divisions, which XLA keeps
-#: apart, so it duplicates the polynomial (nearly all of erfc's flops) like any cheap op. The
-#: loss and the gradient of `mean(gelu(x @ w, approximate=False))` under `value_and_grad` both
-#: compute it (measured: 15,616 flops of erfc for x @ w of [16, 8], twice the 7,680 of one;
-#: fuzz seed 14 #1244 predicted at 0.70). Read by a dot, it is stored and read once.
-SPLIT_EXPANSIONS = frozenset({"erfc"})
-
 
 def materialized(prog: Program) -> list[bool]:
     """Whether each value is written to and read from HBM: a value made by a fusible op and read
@@ -118,16 +110,12 @@ def _fusible_ops(prog: Program) -> list[bool]:
 
 
 def fusion_copies(
-    prog: Program,
-    is_materialized: list[bool],
-    spread: list[bool] | None = None,
-    split: bool = True,
+    prog: Program, is_materialized: list[bool], spread: list[bool] | None = None
 ) -> list[int]:
     """How many times each op is computed: once per fusion that contains it.
 
     `spread` [values]: those XLA's simplifier leaves as a broadcast of a smaller array
     (`simplify.uniform_dims`), which an effectively-unary test does not count as an input.
-    `split=False` counts the `SPLIT_EXPANSIONS` once, as their transcendentals are.
 
     An op whose result is materialized is the root of its own fusion; a cheap op is fused into
     the fusions of all its fusible readers as well. An op XLA does not duplicate (`NOT_DUPLICATED`) roots its own
@@ -167,9 +155,6 @@ def fusion_copies(
                 roots[op.index] = self_only
             else:
                 roots[op.index] = readers
-            continue
-        if split and op.primitive in SPLIT_EXPANSIONS and not mat and readers:
-            roots[op.index] = readers
             continue
         own = mat or len(readers) > 1
         if not own and op.primitive in _REDUCTIONS and readers:

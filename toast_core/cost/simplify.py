@@ -48,7 +48,7 @@ from dataclasses import replace
 from math import prod
 
 from toast_core.analysis.factors import mixed_radix_groups
-from toast_core.cost.fusion import SPLIT_EXPANSIONS, fusion_copies, materialized
+from toast_core.cost.fusion import fusion_copies, materialized
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Op, Program
 
@@ -448,16 +448,11 @@ def executions(prog: Program) -> tuple[list[float], list[float]]:
     factors = _rewired_work_factors(simple, live, pruned)
     spread = [bool(u) for u in uniform_dims(simple)]
     simple = pruned
-    mat = materialized(simple)
-    copies = fusion_copies(simple, mat, spread)
+    copies = fusion_copies(simple, materialized(simple), spread)
     each = [c * w for c, w in zip(copies, factors)]
-    # an expansion XLA splits (`fusion.SPLIT_EXPANSIONS`) duplicates its flops, not its exp
-    once = each
-    if any(op.primitive in SPLIT_EXPANSIONS for op in simple.ops):
-        once = [c * w for c, w in zip(fusion_copies(simple, mat, spread, False), factors)]
     return (
         _costliest_branches(prog, each, op_flops),
-        _costliest_branches(prog, once, op_transcendentals),
+        _costliest_branches(prog, each, op_transcendentals),
     )
 
 
