@@ -151,6 +151,8 @@ def test_an_operand_with_a_group_to_flatten_is_read_in_canonical_order_only():
     assert _grouping((12, 4, 8), (), (1, 2), side=0) is None  # left [f, c, c]
     assert _grouping((4, 96), (), (0,), side=0) is None  # a matrix: either order
     assert _grouping((96, 4), (), (1,), side=1) is None
+    assert _grouping((1, 16, 12), (), (1,), side=0) is not None  # seed 23 #16: unit dims count
+    assert _grouping((1, 12, 16), (), (2,), side=0) is None
     # fuzz #132: x [4, 8, 32] contracted over dim 0 on the left (forward) and over 1, 2 on the
     # right (weight gradient) is one [256, 4] copy
     assert _grouping((4, 8, 32), (), (0,), side=0) == _grouping((4, 8, 32), (), (1, 2), side=1)

@@ -238,14 +238,18 @@ def _grouping(shape, batch, contracted, side: int | None = None) -> tuple | None
     Measured (`lax.dot_general` of f32 operands, compiled HLO): a left side [4, 8, 12]
     contracted over dim 0 is copied, [8, 12, 4] over dim 2 and [4, 96] over dim 0 are not; as
     a right side [4, 8, 12] over dim 0 is not, [8, 12, 4] over dim 2 is (fuzz seed 14 #132:
-    `einsum('abc,az->bcz')` copied x f32[4, 8, 32] into [256, 4]). `side` None: either side
-    (the grouping alone)."""
+    `einsum('abc,az->bcz')` copied x f32[4, 8, 32] into [256, 4]). Unit dims count there (a
+    left side [1, 16, 12] contracted over dim 1 is copied into [12, 16]: seed 23 #16, data
+    parallel splitting dim 0 down to 1) but not in the order. `side` None: either side (the
+    grouping alone)."""
     wide = [d for d in range(len(shape)) if shape[d] != 1]
     b = tuple(d for d in batch if shape[d] != 1)
     c = tuple(d for d in contracted if shape[d] != 1)
     free = tuple(d for d in wide if d not in batch and d not in contracted)
     rest = tuple(wide[len(b) :])
-    if side is None or (len(free) <= 1 and len(c) <= 1):
+    # matrix or not counts unit dims too: the decomposer flattens [1, 16, 12] (seed 23 #16)
+    n_free = len(shape) - len(batch) - len(contracted)
+    if side is None or (n_free <= 1 and len(contracted) <= 1):
         allowed = (free + c, c + free)
     else:
         allowed = ((free + c),) if side == 0 else ((c + free),)
