@@ -645,22 +645,14 @@ class Incremental:
         function of those too): a greedy descent tries the same units from states that differ
         elsewhere, and a rollout meets the same neighbourhoods again."""
         key = masks[view.fines].tobytes()
-        memo = self._comm_memos.get(view)
-        if memo is None:
-            if len(self._comm_memos) >= VIEWS_KEPT:
-                self._comm_memos.pop(next(iter(self._comm_memos)))
-            memo = self._comm_memos[view] = {}
+        memo = _memo_of(self._comm_memos, view)
         hit = memo.get(key)
         if hit is None:
             # The reshards read fewer fine classes than the rest (`_SitesOf.site_fines`): a
             # state that moved only a reduction's or a size's classes finds them here, and
             # hands them to the view's one-entry memo, which its `_collective_arrays` reads.
             site_key = masks[view.site_fines].tobytes()
-            r_memo = self._reshard_memos.get(view)
-            if r_memo is None:
-                if len(self._reshard_memos) >= VIEWS_KEPT:
-                    self._reshard_memos.pop(next(iter(self._reshard_memos)))
-                r_memo = self._reshard_memos[view] = {}
+            r_memo = _memo_of(self._reshard_memos, view)
             r = r_memo.get(site_key)
             if r is not None:
                 view._last_reshards = (masks.tobytes(), r)
@@ -775,3 +767,14 @@ class _Gathered:
 
     def matvec(self, x: np.ndarray) -> np.ndarray:
         return np.bincount(self.owner, weights=self.data * x[self.indices], minlength=self.n_rows)
+
+
+def _memo_of(memos: dict, view) -> dict:
+    """`view`'s memo in `memos`, made on first need; the oldest view's is dropped beyond
+    `VIEWS_KEPT` views (a search moves on to other neighbourhoods)."""
+    memo = memos.get(view)
+    if memo is None:
+        if len(memos) >= VIEWS_KEPT:
+            memos.pop(next(iter(memos)))
+        memo = memos[view] = {}
+    return memo
