@@ -337,6 +337,29 @@ SIMPLIFIED = {
         (jnp.ones((8, 6)), jnp.ones((8, 6)), jnp.ones((8, 6)), jnp.arange(8.0)),
     ),
     "sort_rows_of_one": (lambda x: jnp.sort(x, axis=1), (jnp.ones((4, 1)),)),
+    # tile is a reshape of a broadcast: elementwise ops whose operands are all that tiling (or
+    # scalars) run on the tile's source, and so does a reduction over untiled dims (fuzz seed 14
+    # #685: erf(tile(x) - tile(x)) predicted 2x XLA's flops)
+    "elementwise_ops_run_before_a_tile": (
+        lambda x: lax.erf((lambda t: t - t)(jnp.tile(x, (2, 1, 1)))),
+        (jnp.ones((6, 32, 4)),),
+    ),
+    "two_tiles_and_a_scalar": (
+        lambda x, y: (jnp.tile(x, (2, 3)) + jnp.tile(jnp.sin(x), (2, 3))) * jnp.sum(y),
+        (jnp.ones((6, 8)), jnp.ones((12, 8))),
+    ),
+    "reduction_of_a_tile_over_untiled_dims": (
+        lambda x: (
+            jnp.exp(jnp.sum(jnp.exp(jnp.tile(x, (2, 1))), axis=1)),
+            jnp.sum(jnp.cos(jnp.tile(x, (2, 1))), axis=0),
+        ),
+        (jnp.ones((6, 8)),),
+    ),
+    # ...but a tile added to a whole array, or to a row broadcast, is computed in full
+    "tile_and_an_array_stay_whole": (
+        lambda x, y: (jnp.tile(x, (2, 1)) + y, jnp.tile(x, (2, 1)) * y[0]),
+        (jnp.ones((6, 8)), jnp.ones((12, 8))),
+    ),
 }
 
 

@@ -404,6 +404,7 @@ def _rewired_work_factors(
         pruned = _pruned(prog, live)
     merged = merged_scalings(pruned, const) | clamps(pruned, const) | masking_converts(pruned)
     moved = moved_to_smaller(pruned, const)
+    tiled = tiled_copies(prog, uni)
     out = []
     for op in prog.ops:
         if op.index in moved and live[op.index]:
@@ -415,9 +416,11 @@ def _rewired_work_factors(
         ):
             out.append(0.0)
         elif op.primitive in prim.ELEMENTWISE or _is_outer_product(op):
-            out.append(_core_fraction(prog.values[op.results[0]].shape, uni[op.results[0]]))
+            r = op.results[0]
+            copies = tiled[r][1] if r in tiled else 1
+            out.append(_core_fraction(prog.values[r].shape, uni[r]) / copies)
         elif op.primitive in prim.REDUCTIONS:
-            out.append(_reduction_fraction(op, prog, uni))
+            out.append(_reduction_fraction(op, prog, uni) / _tiled_reduction_copies(op, tiled))
         else:
             out.append(1.0)
     return out
@@ -492,6 +495,69 @@ def cond_branches(prog: Program) -> list[list[list[int]]]:
 
 
 # --- uniform dims, per primitive ----------------------------------------------------------------
+
+
+def tiled_copies(prog: Program, uni) -> dict[int, tuple[tuple, int]]:
+    """Values XLA computes once per tile, not once per element: per value, (the tiling: result
+    shape and the tiled dims with their repeats, the number of copies).
+
+    XLA lowers `tile(x, reps)` to a reshape of a broadcast. Its reshape mover sinks that reshape
+    below an elementwise op whose non-scalar operands are all the same reshape (or splats), and
+    the simplifier then sinks the broadcast too: the op runs on `x` (measured, jaxlib 0.10.2 CPU:
+    `exp(tile(x[6, 8], (2, 1)))` and `tile(x, (2, 1)) + tile(sin(x), (2, 1))` count 48 each,
+    `tile(x, (2, 1)) + y[12, 8]` and `tile(x, (2, 1)) + y[0]` count 96; fuzz seed 14 #685,
+    `erf(tile(x) - tile(x))`, predicted 384 of 192). A dim of `x` of size 1, or along which `x`
+    is already uniform, is a plain broadcast (`uniform_dims`), not a tiled dim. A reduction over
+    none of the tiled dims keeps the tiling (`exp(sum(exp(tile(x[6, 8], (2, 1))), axis=1))`
+    counts 6 exponentials after the sum, not 12)."""
+    values = prog.values
+    out: dict[int, tuple[tuple, int]] = {}
+    for op in prog.ops:
+        if len(op.results) != 1:
+            continue
+        r = op.results[0]
+        if op.primitive == "tile":
+            src = values[op.operands[0]]
+            dims = tuple(
+                (d, k)
+                for d, (n, k) in enumerate(zip(src.shape, op.param("reps", ())))
+                if k > 1 and n > 1 and d not in uni[src.id]
+            )
+            if dims:
+                out[r] = ((values[r].shape, dims), prod(k for _, k in dims))
+        elif op.primitive in prim.ELEMENTWISE:
+            keys = set()
+            for v in op.operands:
+                val = values[v]
+                if val.rank == 0 or _is_splat(val, uni[v]):
+                    continue
+                keys.add(out[v] if v in out else None)
+            if len(keys) == 1 and None not in keys and values[r].shape == next(iter(keys))[0][0]:
+                out[r] = next(iter(keys))
+        elif op.primitive in prim.REDUCTIONS and op.operands and op.operands[0] in out:
+            (_, dims), copies = out[op.operands[0]]
+            axes = set(op.param("axes", ()))
+            if not axes & {d for d, _ in dims}:
+                kept = [d for d in range(values[op.operands[0]].rank) if d not in axes]
+                where = {d: i for i, d in enumerate(kept)}
+                out[r] = ((values[r].shape, tuple((where[d], k) for d, k in dims)), copies)
+    return out
+
+
+def _is_splat(val, uniform: frozenset[int]) -> bool:
+    """A value uniform along every dim longer than 1: a scalar spread (`broadcast_in_dim`)."""
+    return all(d in uniform for d, n in enumerate(val.shape) if n > 1)
+
+
+def _tiled_reduction_copies(op: Op, tiled) -> int:
+    """A reduction of a tiled value over none of its tiled dims reduces the tile's source once
+    (measured: `sum(exp(tile(x[6, 8], (2, 1))), axis=1)` counts 42 flops, not 84)."""
+    v = op.operands[0] if op.operands else None
+    if v not in tiled:
+        return 1
+    (_, dims), copies = tiled[v]
+    axes = set(op.param("axes", ()))
+    return 1 if axes & {d for d, _ in dims} else copies
 
 
 def _scalar_or(prog: Program, vid: int, uni) -> frozenset[int] | None:
