@@ -632,8 +632,19 @@ def _dot_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
     return lhs_side & rhs_side
 
 
+def _tile_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
+    """A tile repeats a size-1 dim as a broadcast does, and keeps the operand's uniform dims
+    (seed 21 #40 tiles a broadcast)."""
+    src = prog.values[op.operands[0]]
+    reps = op.param("reps", ())
+    return frozenset(
+        d for d, (n, k) in enumerate(zip(src.shape, reps)) if d in uni[src.id] or (n == 1 and k > 1)
+    )
+
+
 _UNIFORM_RULES = {
     "broadcast_in_dim": _broadcast_uniform,
+    "tile": _tile_uniform,
     "transpose": _transpose_uniform,
     "reshape": _reshape_uniform,
     "squeeze": _reshape_uniform,
