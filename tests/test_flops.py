@@ -371,6 +371,14 @@ TILED = {
         lambda x: jax.grad(lambda x: jnp.mean(jax.scipy.special.digamma(jnp.tile(x, (1, 2)))))(x),
         (jnp.ones((6, 8)),),
     ),
+    # ...nor a chain with a fork: a tile read twice, or returned and read (seed 14 #27)
+    "forked_tile_chains": (
+        lambda x: (
+            (lambda t: (jnp.exp(t), t @ jnp.ones((16, 4))))(jnp.tile(x, (1, 2))),
+            (lambda t: (jnp.cos(t), t))(jnp.tile(x, (2, 1))),
+        ),
+        (jnp.ones((6, 8)),),
+    ),
     # ...nor a tile added to a whole array, or to a row broadcast, is computed in full
     "tile_and_an_array_stay_whole": (
         lambda x, y: (jnp.tile(x, (2, 1)) + y, jnp.tile(x, (2, 1)) * y[0]),
