@@ -1,6 +1,8 @@
 """Flop counting against XLA's `cost_analysis()`: per primitive, and with loop fusion's
 duplication of cheap producers."""
 
+from math import prod
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -337,7 +339,76 @@ SIMPLIFIED = {
         (jnp.ones((8, 6)), jnp.ones((8, 6)), jnp.ones((8, 6)), jnp.arange(8.0)),
     ),
     "sort_rows_of_one": (lambda x: jnp.sort(x, axis=1), (jnp.ones((4, 1)),)),
+    # a tile of a broadcast is a broadcast (fuzz seed 21 #40: 5.2x XLA's flops)
+    "tile_of_a_broadcast": (
+        lambda a: jnp.exp(jnp.tile(B(a, (12, 2), (1,)), (2, 1)) * a),
+        (jnp.ones(2),),
+    ),
 }
+
+
+TILED = {
+    # tile is a reshape of a broadcast: elementwise ops whose operands are all that tiling (or
+    # scalars) run on the tile's source, and so does a reduction over untiled dims (fuzz seed 14
+    # #685: erf(tile(x) - tile(x)) predicted 2x XLA's flops)
+    "elementwise_ops_run_before_a_tile": (
+        lambda x: lax.erf((lambda t: t - t)(jnp.tile(x, (2, 1, 1)))),
+        (jnp.ones((6, 32, 4)),),
+    ),
+    "two_tiles_and_a_scalar": (
+        lambda x, y: (jnp.tile(x, (2, 3)) + jnp.tile(jnp.sin(x), (2, 3))) * jnp.sum(y),
+        (jnp.ones((6, 8)), jnp.ones((12, 8))),
+    ),
+    "reduction_of_a_tile_over_untiled_dims": (
+        lambda x: (
+            jnp.exp(jnp.sum(jnp.exp(jnp.tile(x, (2, 1))), axis=1)),
+            jnp.sum(jnp.cos(jnp.tile(x, (2, 1))), axis=0),
+        ),
+        (jnp.ones((6, 8)),),
+    ),
+    # ...but not an op XLA expands early (digamma's gradient: fuzz seed 14 #291)
+    "digamma_of_a_tile": (
+        lambda x: jax.grad(lambda x: jnp.mean(jax.scipy.special.digamma(jnp.tile(x, (1, 2)))))(x),
+        (jnp.ones((6, 8)),),
+    ),
+    # ...nor a chain with a fork: a tile read twice, or returned and read (seed 14 #27)
+    "forked_tile_chains": (
+        lambda x: (
+            (lambda t: (jnp.exp(t), t @ jnp.ones((16, 4))))(jnp.tile(x, (1, 2))),
+            (lambda t: (jnp.cos(t), t))(jnp.tile(x, (2, 1))),
+        ),
+        (jnp.ones((6, 8)),),
+    ),
+    # ...nor a tile added to a whole array, or to a row broadcast, is computed in full
+    "tile_and_an_array_stay_whole": (
+        lambda x, y: (jnp.tile(x, (2, 1)) + y, jnp.tile(x, (2, 1)) * y[0]),
+        (jnp.ones((6, 8)), jnp.ones((12, 8))),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(TILED))
+def test_ops_on_a_tile_count_as_xla_counts_them(name):
+    """XLA:CPU runs elementwise ops on a tile's source (`simplify.tiled_copies`); one device
+    holds every copy, so the CPU view divides their work by the repeats."""
+    from toast_core.cost.simplify import tiled_copies, tiled_operand, uniform_dims
+
+    fn, args = TILED[name]
+    prog = tc.trace(fn, *args)
+    scale, trans_scale = flop_executions(prog), transcendental_executions(prog)
+    tiled = tiled_copies(prog, uniform_dims(prog))
+    share = [1.0] * len(prog.ops)
+    for op in prog.ops:
+        hit = tiled_operand(op, tiled)
+        if hit is not None:
+            share[op.index] = 1.0 / prod(reps for _, reps in hit[1][1])
+    flops = sum(op_flops(op, prog) * scale[op.index] * share[op.index] for op in prog.ops)
+    trans = sum(
+        op_transcendentals(op, prog) * trans_scale[op.index] * share[op.index] for op in prog.ops
+    )
+    want = xla_cost(fn, *args)
+    assert flops == pytest.approx(want[0], rel=0.02, abs=2), (name, flops, want)
+    assert trans == pytest.approx(want[1]), (name, trans, want)
 
 
 def predicted_simplified(fn, *args) -> tuple[float, float]:

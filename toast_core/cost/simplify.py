@@ -494,6 +494,105 @@ def cond_branches(prog: Program) -> list[list[list[int]]]:
 # --- uniform dims, per primitive ----------------------------------------------------------------
 
 
+#: Elementwise ops XLA expands early into several ops, not run on a tile's source (measured on
+#: `f(tile(x[6, 8], (1, 2)))`: digamma, lgamma, polygamma, erfc, erf_inv and rem count the
+#: whole tile; logistic, sign and round the source; fuzz seed 14 #291, a digamma, fell from 1.01
+#: to 0.56 of XLA's flops when counted on the source).
+_NOT_SUNK = (prim.EXPANDED_TRANSCENDENTAL - {"logistic"}) | {"rem"}
+
+
+def tiled_copies(prog: Program, uni) -> dict[int, tuple[tuple, int]]:
+    """Values XLA computes once per tile, not once per element: per value, (the tiling: result
+    shape and the tiled dims with their repeats, the number of copies). Each device runs it on
+    its own block of the tile, so how much that saves depends on the strategy: priced in the
+    CPU comparison (`validate.cpu_flops`), not in the model's own count.
+
+    XLA lowers `tile(x, reps)` to a reshape of a broadcast. Its reshape mover sinks that reshape
+    below an elementwise op whose non-scalar operands are all the same reshape (or splats), and
+    the simplifier then sinks the broadcast too: the op runs on `x` (measured, jaxlib 0.10.2 CPU:
+    `exp(tile(x[6, 8], (2, 1)))` and `tile(x, (2, 1)) + tile(sin(x), (2, 1))` count 48 each,
+    `tile(x, (2, 1)) + y[12, 8]` and `tile(x, (2, 1)) + y[0]` count 96; fuzz seed 14 #685,
+    `erf(tile(x) - tile(x))`, predicted 384 of 192). A dim of `x` of size 1, or along which `x`
+    is already uniform, is a plain broadcast (`uniform_dims`), not a tiled dim. A reduction over
+    none of the tiled dims keeps the tiling (`exp(sum(exp(tile(x[6, 8], (2, 1))), axis=1))`
+    counts 6 exponentials after the sum, not 12). Nothing moves when a value of the chain, the
+    tile included, has several readers or is also an output (measured: `exp(t)` with `t` also
+    returned or also read by `sin` or a dot, and `u = t * 2 + 1` read by `exp` and `sin`, count
+    the whole tile; fuzz seed 14 #27, a tile read by a dot and a softplus, 0.95 of XLA's flops
+    when moved)."""
+    values = prog.values
+    out: dict[int, tuple[tuple, int]] = {}
+    origin: dict[int, frozenset[int]] = {}  # per tiled value, the tiles it comes from
+    for op in prog.ops:
+        if len(op.results) != 1:
+            continue
+        r = op.results[0]
+        if op.primitive == "tile":
+            src = values[op.operands[0]]
+            dims = tuple(
+                (d, k)
+                for d, (n, k) in enumerate(zip(src.shape, op.param("reps", ())))
+                if k > 1 and n > 1 and d not in uni[src.id]
+            )
+            if dims:
+                out[r] = ((values[r].shape, dims), prod(k for _, k in dims))
+        elif op.primitive in prim.ELEMENTWISE and op.primitive not in _NOT_SUNK:
+            keys = set()
+            for v in op.operands:
+                val = values[v]
+                if val.rank == 0 or _is_splat(val, uni[v]):
+                    continue
+                keys.add(out[v] if v in out else None)
+            if len(keys) == 1 and None not in keys and values[r].shape == next(iter(keys))[0][0]:
+                out[r] = next(iter(keys))
+        elif op.primitive in prim.REDUCTIONS and op.operands and op.operands[0] in out:
+            (_, dims), copies = out[op.operands[0]]
+            axes = set(op.param("axes", ()))
+            if not axes & {d for d, _ in dims}:
+                kept = [d for d in range(values[op.operands[0]].rank) if d not in axes]
+                where = {d: i for i, d in enumerate(kept)}
+                out[r] = ((values[r].shape, tuple((where[d], k) for d, k in dims)), copies)
+        if r in out:
+            origin[r] = (
+                frozenset((r,))
+                if op.primitive == "tile"
+                else frozenset().union(*(origin[v] for v in op.operands if v in origin))
+            )
+    # A chain is moved whole or not at all: not when one of its values has several readers.
+    uses = prog.uses()
+    outputs = set(prog.outputs)
+    forked = set()
+    for v, tiles in origin.items():
+        if len({o for o, _ in uses[v]}) + (v in outputs) > 1:
+            forked |= tiles
+    return {v: t for v, t in out.items() if not origin[v] & forked}
+
+
+def _is_splat(val, uniform: frozenset[int]) -> bool:
+    """A value uniform along every dim longer than 1: a scalar spread (`broadcast_in_dim`)."""
+    return all(d in uniform for d, n in enumerate(val.shape) if n > 1)
+
+
+def tiled_operand(op: Op, tiled) -> tuple[int, tuple] | None:
+    """(operand index, tiling) of an op XLA runs on a tile's source (`tiled_copies`): an
+    elementwise op whose result is tiled, or a reduction of a tiled value over none of its
+    tiled dims (measured: `sum(exp(tile(x[6, 8], (2, 1))), axis=1)` counts 42 flops, not 84);
+    else None."""
+    if op.primitive in prim.REDUCTIONS:
+        v = op.operands[0] if op.operands else None
+        if v not in tiled:
+            return None
+        (_, dims), _ = tiled[v]
+        return None if set(op.param("axes", ())) & {d for d, _ in dims} else (0, tiled[v][0])
+    if len(op.results) != 1 or op.results[0] not in tiled:
+        return None
+    key = tiled[op.results[0]][0]
+    for j, v in enumerate(op.operands):
+        if v in tiled and tiled[v][0] == key:
+            return j, key
+    return None
+
+
 def _scalar_or(prog: Program, vid: int, uni) -> frozenset[int] | None:
     """Uniform dims of an operand; None for a scalar (uniform along every dim)."""
     return None if prog.values[vid].rank == 0 else uni[vid]
@@ -566,8 +665,19 @@ def _dot_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
     return lhs_side & rhs_side
 
 
+def _tile_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
+    """A tile repeats a size-1 dim as a broadcast does, and keeps the operand's uniform dims
+    (seed 21 #40 tiles a broadcast)."""
+    src = prog.values[op.operands[0]]
+    reps = op.param("reps", ())
+    return frozenset(
+        d for d, (n, k) in enumerate(zip(src.shape, reps)) if d in uni[src.id] or (n == 1 and k > 1)
+    )
+
+
 _UNIFORM_RULES = {
     "broadcast_in_dim": _broadcast_uniform,
+    "tile": _tile_uniform,
     "transpose": _transpose_uniform,
     "reshape": _reshape_uniform,
     "squeeze": _reshape_uniform,
