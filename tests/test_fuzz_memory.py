@@ -1,7 +1,7 @@
 """Memory misses of the fuzzer (issue 14), each a class of programs the CPU view mispredicted,
 with the bytes XLA's buffer assignment gave (seed 14): an output all-reduced into its own
 allocation, outer products on a device, dot operands with dims to flatten, stacking ops XLA
-fuses, inputs no op reads, cumulative ops' blocked scans."""
+fuses, inputs no op reads, cumulative ops' blocked scans, cheap producers fused into gathers."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from jax import lax
 import toast_core as tc
 from toast_core.apply.validate import predicted_cpu_memory_bytes
 from toast_core.cost.cpu_buffers import _grouping, cumulative_buffers, dot_operand_copies
-from toast_core.cost.fusion import materialized
+from toast_core.cost.fusion import fused_away, materialized
 
 HW = tc.hardware("tpu-v5e")
 MESH_2X4 = tc.MeshSpec({"data": 2, "model": 4})
@@ -109,6 +109,20 @@ def _cumulative_args():
     return {}, batch
 
 
+def _gathered(params, batch):
+    """Fuzz #606: a gather of a tiled array, `take(tile(x), i, axis=2)`: XLA fuses the tile
+    and the index arithmetic into the gather's loop (measured: no [4, 8, 128] buffer)."""
+    return (jnp.take(jnp.tile(batch["x"], (1, 1, 2)), batch["i"], axis=2),)
+
+
+def _gathered_args():
+    batch = {
+        "x": jax.ShapeDtypeStruct((4, 8, 64), jnp.float32),
+        "i": jax.ShapeDtypeStruct((3,), jnp.int32),
+    }
+    return {}, batch
+
+
 def _predicted(fn, args, mesh, baseline):
     ana = tc.analyze(tc.trace(fn, *args))
     strategy = tc.baselines.all(ana, mesh)[baseline][0]
@@ -175,6 +189,18 @@ def test_stacking_ops_are_fused():
     assert not any(mat[r] for op in stacking for r in op.results)
 
 
+def test_cheap_producers_read_only_by_gathers_are_fused_into_them():
+    prog = tc.analyze(tc.trace(_gathered, *_gathered_args())).program
+    fused = fused_away(prog, materialized(prog))
+    producers = prog.producers()
+    gather = next(op for op in prog.ops if op.primitive == "gather")
+    kinds = {prog.ops[producers[v]].primitive for v in gather.operands}
+    assert {"tile", "broadcast_in_dim"} <= kinds
+    assert all(fused[v] for v in gather.operands)
+    # the gather's own result, an output, is a buffer
+    assert not any(fused[r] for r in gather.results)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "fn, args, mesh, baseline, within",
@@ -185,6 +211,8 @@ def test_stacking_ops_are_fused():
         (_flattened, _flattened_args(), MESH_2X2X2, "replicated", 0.01),
         (_unused_input, _unused_input_args(), MESH_2X4, "data_parallel", 0.0),
         (_cumulative, _cumulative_args(), MESH_2X4, "replicated", 0.05),
+        (_gathered, _gathered_args(), MESH_2X4, "replicated", 0.0),
+        (_gathered, _gathered_args(), MESH_2X4, "data_parallel", 0.0),
     ],
     ids=[
         "all-reduced-output",
@@ -193,6 +221,8 @@ def test_stacking_ops_are_fused():
         "flattened-operand",
         "unused-input",
         "cumulative",
+        "gathered-tile",
+        "gathered-tile-data-parallel",
     ],
 )
 def test_fuzz_memory_misses_match_xla(fn, args, mesh, baseline, within):
