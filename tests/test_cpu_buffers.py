@@ -89,18 +89,15 @@ def test_random_bits_hold_four_word_arrays_and_the_loop_state():
     prog = ana.program
     vals, first, last, scale, words, small = cpu_buffers(prog, materialized(prog))
     bits = [op for op in prog.ops if op.primitive == "random_bits"]
-    ones = [v.id for v in prog.values if v.shape == (16, 16) and v.dtype == "float32"]
-    # the bits' loop, and `jnp.ones((16, 16))`, scheduled at the step's start by XLA:CPU
-    assert len(bits) == 1 and list(vals) == [bits[0].results[0], *ones]
+    assert len(bits) == 1 and list(vals) == [bits[0].results[0]]
     assert first[0] == last[0] == bits[0].index
     assert (scale[0], words[0], small[0]) == (1.0, 4, 5)  # u32 bits: a word per element
-    assert first[1] == 0 and last[1] == prog.producers()[ones[0]] - 1
     ev = evaluator(ana, MESH, HW, CostOptions(donate_outputs=False))
     strategy = tc.baselines.all(ana, MESH)["replicated"][0]
     plain = ev.report(strategy, buffer_align_bytes=CPU_BUFFER_ALIGN_BYTES)
     cpu = ev.report(strategy, buffer_align_bytes=CPU_BUFFER_ALIGN_BYTES, cpu_buffers=True)
     k = bits[0].index
-    assert cpu.memory_timeline[k] - plain.memory_timeline[k] == 4 * 4096 + 5 * 64 + 1024
+    assert cpu.memory_timeline[k] - plain.memory_timeline[k] == 4 * 4096 + 5 * 64
     assert cpu.persistent_bytes == plain.persistent_bytes
     # the fast path (the search) prices the target: no CPU buffers there
     assert ev.score(strategy.fine_masks(ana, MESH)).peak_bytes == ev.report(strategy).peak_bytes
