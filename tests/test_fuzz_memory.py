@@ -1,7 +1,8 @@
 """Memory misses of the fuzzer (issue 14), each a class of programs the CPU view mispredicted,
 with the bytes XLA's buffer assignment gave (seed 14): an output all-reduced into its own
 allocation, outer products on a device, dot operands with dims to flatten, stacking ops XLA
-fuses, inputs no op reads, cumulative ops' blocked scans."""
+fuses, inputs no op reads, cumulative ops' blocked scans, cheap producers fused into gathers,
+batched gathers' and scatters' explicit indices, scatters in place, constants made first."""
 
 from __future__ import annotations
 
@@ -12,8 +13,15 @@ from jax import lax
 
 import toast_core as tc
 from toast_core.apply.validate import predicted_cpu_memory_bytes
-from toast_core.cost.cpu_buffers import _grouping, cumulative_buffers, dot_operand_copies
-from toast_core.cost.fusion import materialized
+from toast_core.cost import CostOptions, evaluator
+from toast_core.cost.cpu_buffers import (
+    _grouping,
+    batched_index_buffers,
+    cumulative_buffers,
+    dot_operand_copies,
+    hoisted_constant_buffers,
+)
+from toast_core.cost.fusion import fused_away, materialized
 
 HW = tc.hardware("tpu-v5e")
 MESH_2X4 = tc.MeshSpec({"data": 2, "model": 4})
@@ -109,6 +117,71 @@ def _cumulative_args():
     return {}, batch
 
 
+def _gathered(params, batch):
+    """Fuzz #606: a gather of a tiled array, `take(tile(x), i, axis=2)`: XLA fuses the tile
+    and the index arithmetic into the gather's loop (measured: no [4, 8, 128] buffer)."""
+    return (jnp.take(jnp.tile(batch["x"], (1, 1, 2)), batch["i"], axis=2),)
+
+
+def _gathered_args():
+    batch = {
+        "x": jax.ShapeDtypeStruct((4, 8, 64), jnp.float32),
+        "i": jax.ShapeDtypeStruct((3,), jnp.int32),
+    }
+    return {}, batch
+
+
+def _along(params, batch):
+    """`take_along_axis` over dim 1: a gather with a batching dim whose index concatenation
+    XLA fuses into the gather's loop (measured: no index buffer)."""
+    return (jnp.take_along_axis(batch["x"], batch["i"], axis=1),)
+
+
+def _along_args():
+    batch = {
+        "x": jax.ShapeDtypeStruct((16, 64), jnp.float32),
+        "i": jax.ShapeDtypeStruct((16, 8), jnp.int32),
+    }
+    return {}, batch
+
+
+def _along_grad(params, batch):
+    """Fuzz #1038's `take_along_axis` class, with its gradient: the gather and the scatter-add
+    read the same indices, and XLA:CPU writes `s32[32, 16, 2]` and `s32[512, 2]` for them."""
+
+    def loss(p):
+        return jnp.sum(jnp.take_along_axis(batch["x"] * p["w"], batch["i"], axis=1) ** 2)
+
+    g = jax.grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, g)
+
+
+def _along_grad_args():
+    params = {"w": jax.ShapeDtypeStruct((64,), jnp.float32)}
+    batch = {
+        "x": jax.ShapeDtypeStruct((32, 64), jnp.float32),
+        "i": jax.ShapeDtypeStruct((32, 16), jnp.int32),
+    }
+    return params, batch
+
+
+def _top_k_grad(params, batch):
+    """Fuzz #1038's `top_k` gradient: a scatter-add into zeros that XLA:CPU makes at the step's
+    start, with `s32[128, 2]` indices (measured 26,128 bytes; 27,136 predicted without the
+    indices, the zeros' start and the scatter in place; 18,944 with the scatter alone)."""
+
+    def loss(p):
+        return jnp.sum(lax.top_k(batch["x"] * p["w"], 4)[0] ** 2)
+
+    g = jax.grad(loss)(params)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, g)
+
+
+def _top_k_grad_args():
+    params = {"w": jax.ShapeDtypeStruct((64,), jnp.float32)}
+    return params, {"x": jax.ShapeDtypeStruct((32, 64), jnp.float32)}
+
+
 def _predicted(fn, args, mesh, baseline):
     ana = tc.analyze(tc.trace(fn, *args))
     strategy = tc.baselines.all(ana, mesh)[baseline][0]
@@ -175,6 +248,42 @@ def test_stacking_ops_are_fused():
     assert not any(mat[r] for op in stacking for r in op.results)
 
 
+def test_cheap_producers_read_only_by_gathers_are_fused_into_them():
+    prog = tc.analyze(tc.trace(_gathered, *_gathered_args())).program
+    fused = fused_away(prog, materialized(prog))
+    producers = prog.producers()
+    gather = next(op for op in prog.ops if op.primitive == "gather")
+    kinds = {prog.ops[producers[v]].primitive for v in gather.operands}
+    assert {"tile", "broadcast_in_dim"} <= kinds
+    assert all(fused[v] for v in gather.operands)
+    # the gather's own result, an output, is a buffer
+    assert not any(fused[r] for r in gather.results)
+
+
+def test_batched_indices_are_spelled_out_where_a_scatter_reads_them():
+    prog = tc.analyze(tc.trace(_along, *_along_args())).program
+    assert batched_index_buffers(prog) == []  # the gather's loop fuses the concatenation
+    prog = tc.analyze(tc.trace(_along_grad, *_along_grad_args())).program
+    rows = batched_index_buffers(prog)
+    kinds = [prog.ops[op].primitive for _, op, _, _, _, _ in rows]
+    assert kinds == ["gather", "scatter-add"]
+    # [32, 16, 1] indices with one batching dim: [32, 16, 2], twice the words, at each op
+    assert all(scale == 2.0 and lo == hi and prog.values[v].shape == (32, 16, 1)
+               for v, lo, hi, scale, _, _ in rows)  # fmt: skip
+
+
+def test_a_scatter_writes_over_the_operand_it_reads_last():
+    ana = tc.analyze(tc.trace(_top_k_grad, *_top_k_grad_args()))
+    prog = ana.program
+    (scatter,) = [op for op in prog.ops if op.primitive == "scatter-add"]
+    zeros = scatter.operands[0]
+    ev = evaluator(ana, MESH_2X4, HW, CostOptions(donate_outputs=False))
+    assert ev.live_end[zeros] == scatter.index  # not live at the scatter: its result is there
+    # and XLA:CPU makes those zeros at the step's start
+    rows = hoisted_constant_buffers(prog, materialized(prog))
+    assert [(v, lo, hi) for v, lo, hi, *_ in rows] == [(zeros, 0, prog.producers()[zeros] - 1)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "fn, args, mesh, baseline, within",
@@ -185,6 +294,11 @@ def test_stacking_ops_are_fused():
         (_flattened, _flattened_args(), MESH_2X2X2, "replicated", 0.01),
         (_unused_input, _unused_input_args(), MESH_2X4, "data_parallel", 0.0),
         (_cumulative, _cumulative_args(), MESH_2X4, "replicated", 0.05),
+        (_gathered, _gathered_args(), MESH_2X4, "replicated", 0.0),
+        (_gathered, _gathered_args(), MESH_2X4, "data_parallel", 0.0),
+        (_along, _along_args(), MESH_2X4, "replicated", 0.0),
+        (_along_grad, _along_grad_args(), MESH_2X4, "replicated", 0.08),
+        (_top_k_grad, _top_k_grad_args(), MESH_2X4, "replicated", 0.001),
     ],
     ids=[
         "all-reduced-output",
@@ -193,6 +307,11 @@ def test_stacking_ops_are_fused():
         "flattened-operand",
         "unused-input",
         "cumulative",
+        "gathered-tile",
+        "gathered-tile-data-parallel",
+        "take-along-axis",
+        "take-along-axis-gradient",
+        "top-k-gradient",
     ],
 )
 def test_fuzz_memory_misses_match_xla(fn, args, mesh, baseline, within):

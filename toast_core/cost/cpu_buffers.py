@@ -3,7 +3,8 @@
 `validate` compares the predicted memory with XLA:CPU's `memory_analysis()`; these buffers
 exist there and not on TPU/GPU, and are added to that view only (`cpu_buffers`): layout copies of
 dot and convolution operands, the rolled threefry loop's state, the blocked scans of cumulative
-ops, and the expansion of max-pool gradients (`select_and_scatter_add`).
+ops, the expansion of max-pool gradients (`select_and_scatter_add`), the explicit indices of
+batched gathers and scatters, and constant arrays made at the step's start.
 
 **Dot operands.** XLA:CPU runs every dot as a 2-D (or batched 2-D) matrix product: its dot decomposer turns
 `dot_general` into `[batch, rows, contracted] x [batch, contracted, cols]` by transposing and
@@ -78,13 +79,32 @@ backward scatter. Measured in XLA's buffer assignment (the zoo `convnet`, tiny, 
 temporaries 5.8 MB where the model counted 2.2): 4 x s32[16, 16, 16, 32] + 4 x s32[16, 8, 8, 64]
 iotas (3 MiB) live together from the first op, the reduce-window's five pooled outputs, and the
 s32[32768, 4] + s32[16384, 4] indices held across the backward pass.
+
+**Batched gathers and scatters.** `take_along_axis` and `top_k`'s gradient gather and scatter
+with batching dims (`operand_batching_dims`): the index array holds one word per element for the
+gathered axis, the batch position implied. XLA:CPU's batched gather/scatter normalizer rewrites
+each such op into a plain one whose indices spell the batch position out: an iota per batching
+dim concatenated with the indices, `s32[..., n_batch + k]` where the indices were
+`s32[..., k]`, written into a buffer right before the op; a gather's loop fuses that
+concatenation unless a scatter reads the same indices (the two share it before fusion, and the
+scatter cannot fuse it: measured on both). Fuzz seed 14 #1038 (measured in
+XLA's buffer assignment): `take_along_axis` over 3 batching dims, `s32[2, 12, 1, 6, 4]` for the
+forward gather and `s32[144, 4]` for its gradient's scatter; `top_k`'s gradient scatter
+`s32[384, 4]` (6 KiB of a 28 KiB temporary block where the model had 18 KiB).
+
+**Constant arrays.** XLA:CPU's scheduler puts the fusions that read no input (a broadcast of a
+constant, an iota) at the start of the step, so a stored one lives from there to its last
+reader, not from where the program makes it: the zeros a gradient's scatter-add starts from
+(`zeros.at[i].add(g)`), live through the forward pass beside the activations (measured: a
+`top_k` gradient's f32[32, 64] zeros at offset 0 of the block, live with the product `top_k`
+reads; fuzz seed 14 #1038: three such broadcasts and an iota at the start of the schedule).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from toast_core.cost.fusion import FUSIBLE
+from toast_core.cost.fusion import FUSIBLE, fused_away
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
@@ -112,6 +132,8 @@ def cpu_buffers(
     rows += select_and_scatter_buffers(prog)
     rows += cumulative_buffers(prog)
     rows += conv_operand_copies(prog, is_materialized)
+    rows += batched_index_buffers(prog)
+    rows += hoisted_constant_buffers(prog, is_materialized)
     a = np.array(rows, dtype=np.float64).reshape(-1, 6)
     ints = a[:, [0, 1, 2, 4, 5]].astype(np.int64)
     return ints[:, 0], ints[:, 1], ints[:, 2], a[:, 3], ints[:, 3], ints[:, 4]
@@ -185,6 +207,68 @@ def select_and_scatter_buffers(prog: Program) -> list[tuple]:
         rows.append((source, window, window, 1.0, 1, 0))  # and its value
         rows.append((source, op.index, op.index, 1.0, 1, 0))  # the scattered cotangent's copy
     return rows
+
+
+def batched_index_buffers(prog: Program) -> list[tuple]:
+    """(indices, op, op, scale, 1, 0) per scatter with batching dims, and per such gather whose
+    indices a batched scatter reads too: the explicit indices XLA:CPU's normalizer
+    concatenates at the op, `scale` = (batching dims + index vector size) / index vector size
+    words per word of the indices (module essay). A gather whose indices only gathers read
+    fuses the concatenation into its loop (a cheap producer read only by gathers:
+    `fusion._fused_into_gathers`; measured: `take_along_axis(x, i, axis=1)` has no index
+    buffer)."""
+    uses = prog.uses()
+    rows = []
+    for op in prog.ops:
+        n_batch = _batching_dims(op)
+        if not n_batch or len(op.operands) < 2:
+            continue
+        indices = prog.values[op.operands[1]]
+        if op.primitive == "gather" and not any(
+            prog.ops[o].primitive.startswith("scatter") and _batching_dims(prog.ops[o])
+            for o, _ in uses[indices.id]
+        ):
+            continue
+        k = indices.shape[-1] if indices.shape else 1
+        rows.append((indices.id, op.index, op.index, (n_batch + k) / max(k, 1), 1, 0))
+    return rows
+
+
+def hoisted_constant_buffers(prog: Program, is_materialized: list[bool]) -> list[tuple]:
+    """(value, 0, op before its producer, 1, 1, 0) per stored value computed from constants
+    alone (its producer reads only literals, constants or such values) that only scatters
+    update: the time before its producer that XLA:CPU's schedule holds it for (module essay);
+    the timeline counts the rest. Only the scatters' starting arrays, as measured: a constant
+    cotangent a weight-gradient dot reads is not held from the start (fuzz seed 14 #26, an
+    f32[8, 8, 3, 32] of 1/N: 2.21 of XLA's bytes counted so, 1.52 without), though the
+    `jnp.ones` a dot reads in tests/test_cpu_buffers.py is (1 KiB, left out)."""
+    fused = fused_away(prog, is_materialized)
+    const = [v.role in ("literal", "constant") for v in prog.values]
+    producers = prog.producers()
+    rows = []
+    for op in prog.ops:
+        if not all(const[x] for x in op.operands):
+            continue
+        for r in op.results:
+            const[r] = True
+            if op.index > 0 and is_materialized[r] and not fused[r] and producers[r] is not None:
+                readers = prog.uses()[r]
+                if (
+                    not prog.values[r].is_output
+                    and readers
+                    and all(
+                        prog.ops[o].primitive.startswith("scatter") and k == 0 for o, k in readers
+                    )
+                ):
+                    rows.append((r, 0, op.index - 1, 1.0, 1, 0))
+    return rows
+
+
+def _batching_dims(op) -> int:
+    """How many batching dims a gather or scatter has (0 for any other op)."""
+    if op.primitive != "gather" and not op.primitive.startswith("scatter"):
+        return 0
+    return len(dict(op.param("dimension_numbers") or ()).get("operand_batching_dims", ()))
 
 
 def conv_operand_copies(prog: Program, is_materialized: list[bool]) -> list[tuple]:

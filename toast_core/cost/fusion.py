@@ -343,11 +343,34 @@ def fused_away(prog: Program, is_materialized: list[bool]) -> list[bool]:
     uses = prog.uses()
     fuses = _fusible_ops(prog)
     for op in prog.ops:
+        if _fused_into_gathers(prog, op, uses, fuses):
+            out[op.results[0]] = True
+            continue
         if op.index in roots[op.index] or not fuses[op.index]:
             continue  # roots its own fusion: its result is a buffer
         for r in op.results:
             out[r] = not is_materialized[r] and bool(uses[r])
     return out
+
+
+def _fused_into_gathers(prog: Program, op, uses, fuses) -> bool:
+    """Whether XLA fuses a cheap op into the gathers that alone read its result, so that it
+    never gets a buffer: XLA's loop fusion takes a gather as a consumer (the gather reads only
+    the elements its indices pick, computed in its loop), though not an expensive producer,
+    whose elements a gather may read again (`NOT_DUPLICATED`). The gathered array
+    `take(tile(x, (1, 1, 2)), i, axis=2)` is one fusion reading x (fuzz seed 14 #606: the
+    [1, 8, 16] tile was 512 of the model's 896 bytes, none of XLA's 460), and so is a gather's
+    index arithmetic (`where(i < 0, i + n, i)` broadcast to [k, 1]). The cost model still
+    counts the flops and bytes as if the result were stored: memory only."""
+    if not fuses[op.index] or op.primitive in NOT_DUPLICATED or len(op.results) != 1:
+        return False
+    (r,) = op.results
+    readers = uses[r]
+    return (
+        bool(readers)
+        and not prog.values[r].is_output
+        and all(prog.ops[o].primitive == "gather" for o, _ in readers)
+    )
 
 
 def _expansions(prog: Program, is_materialized: list[bool]) -> list[bool]:
