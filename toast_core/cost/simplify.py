@@ -392,12 +392,16 @@ def _pruned(prog: Program, live: list[bool]) -> Program:
 
 
 def _rewired_work_factors(
-    prog: Program, live: list[bool], pruned: Program | None = None
+    prog: Program,
+    live: list[bool],
+    pruned: Program | None = None,
+    uni: list[frozenset[int]] | None = None,
 ) -> list[float]:
     """`work_factors` of a program already `rewired`, whose `live_ops` are `live` (and whose
-    `_pruned` program is `pruned`, when the caller has it)."""
+    `_pruned` program and `uniform_dims` are `pruned` and `uni`, when the caller has them)."""
     const = constant_values(prog)
-    uni = uniform_dims(prog)
+    if uni is None:
+        uni = uniform_dims(prog)
     # Scalings and clamps merge when their inner op has one reader: a dead one (a repeat that
     # CSE removed) does not count.
     if pruned is None:
@@ -445,8 +449,9 @@ def executions(prog: Program) -> tuple[list[float], list[float]]:
     simple = rewired(prog)
     live = live_ops(simple)  # a dead reader (a repeat, an identity) is in no fusion
     pruned = _pruned(simple, live)
-    factors = _rewired_work_factors(simple, live, pruned)
-    spread = [bool(u) for u in uniform_dims(simple)]
+    uni = uniform_dims(simple)
+    factors = _rewired_work_factors(simple, live, pruned, uni)
+    spread = [bool(u) for u in uni]
     simple = pruned
     copies = fusion_copies(simple, materialized(simple), spread)
     each = [c * w for c, w in zip(copies, factors)]
