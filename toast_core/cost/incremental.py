@@ -51,6 +51,7 @@ import scipy.sparse as sp
 
 from toast_core.cost.model import Evaluator, Score
 from toast_core.cost.remat import hold_barrier_inputs, shorten_lifetimes
+from toast_core.cost.view_comm import scalar_view
 from toast_core.strategy.remat import remat_effect
 
 #: Cached evaluations kept (each holds a few arrays of the program's size).
@@ -648,25 +649,10 @@ class Incremental:
         memo = _memo_of(self._comm_memos, view)
         hit = memo.get(key)
         if hit is None:
-            # The reshards read fewer fine classes than the rest (`_SitesOf.site_fines`): a
-            # state that moved only a reduction's or a size's classes finds them here, and
-            # hands them to the view's one-entry memo, which its `_collective_arrays` reads.
-            site_key = masks[view.site_fines].tobytes()
-            r_memo = _memo_of(self._reshard_memos, view)
-            r = r_memo.get(site_key)
-            if r is not None:
-                view._last_reshards = (masks.tobytes(), r)
-            moved, (new_i, new_v) = self._comm_per_value(view, masks, value_local)
-            if r is None:
-                r = view._reshards(masks)
-                if len(r_memo) >= COMM_KEPT:
-                    r_memo.pop(next(iter(r_memo)))
-                r_memo[site_key] = r
-            r_i = np.stack([r.value, r.lo, r.hi, r.fwd_hi, r.bwd_lo])
-            read_op, read_value, read_site, read_bytes = self.ev._reshard_reads(r, value_local)
-            read_i = np.stack([read_op, read_value, view.site_ids[read_site]])
-            res_bytes = value_local[r.value] * r.buffer
-            hit = (moved[view.values], new_i, new_v, r_i, res_bytes, read_i, read_bytes)
+            fast = scalar_view(view)
+            hit = fast.price(masks, value_local) if fast is not None else None
+            if hit is None:
+                hit = self._price_view(view, masks, value_local)
             if len(memo) >= COMM_KEPT:
                 memo.pop(next(iter(memo)))
             memo[key] = hit
@@ -674,6 +660,29 @@ class Incremental:
         else:
             self.comm_hits += 1
         return hit
+
+    def _price_view(self, view: _SitesOf, masks: np.ndarray, value_local: np.ndarray) -> tuple:
+        """`_comm_of`'s result by the evaluator's own NumPy pricing run on the view (what
+        `view_comm.ScalarView` reproduces for the common view)."""
+        # The reshards read fewer fine classes than the rest (`_SitesOf.site_fines`): a
+        # state that moved only a reduction's or a size's classes finds them here, and
+        # hands them to the view's one-entry memo, which its `_collective_arrays` reads.
+        site_key = masks[view.site_fines].tobytes()
+        r_memo = _memo_of(self._reshard_memos, view)
+        r = r_memo.get(site_key)
+        if r is not None:
+            view._last_reshards = (masks.tobytes(), r)
+        moved, (new_i, new_v) = self._comm_per_value(view, masks, value_local)
+        if r is None:
+            r = view._reshards(masks)
+            if len(r_memo) >= COMM_KEPT:
+                r_memo.pop(next(iter(r_memo)))
+            r_memo[site_key] = r
+        r_i = np.stack([r.value, r.lo, r.hi, r.fwd_hi, r.bwd_lo])
+        read_op, read_value, read_site, read_bytes = self.ev._reshard_reads(r, value_local)
+        read_i = np.stack([read_op, read_value, view.site_ids[read_site]])
+        res_bytes = value_local[r.value] * r.buffer
+        return (moved[view.values], new_i, new_v, r_i, res_bytes, read_i, read_bytes)
 
     def _view(self, values: np.ndarray) -> _SitesOf:
         """The evaluator restricted to `values` (memoized: a search shards the same units again
