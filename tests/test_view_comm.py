@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -91,3 +92,38 @@ def test_scalar_view_covers_gpt_steps_and_matches():
         for second in env.shard_actions(child)[:4]:
             priced += _compare(inc, env.apply(child, second).masks, child.masks)
     assert priced >= 20
+
+
+def _reshards_both_ways(ev, masks, monkeypatch):
+    import toast_core.cost.model as model
+
+    got = ev._compute_reshards(masks)
+    ext = np.append(masks, 0)
+    vm, um = (np.bitwise_or.reduce(ext[f], axis=-1) for f in (ev.site_vf, ev.site_uf))
+    cand = np.flatnonzero(np.bitwise_or.reduce((vm ^ um) & ev.real_axes, axis=-1))
+    scalar = ev._scalar_reshards(cand, vm[cand].tolist(), um[cand].tolist()) is not None
+    with monkeypatch.context() as m:
+        m.setattr(model, "SCALAR_SITES", 0)
+        want = ev._compute_reshards(masks)
+    for name in want.__dataclass_fields__:
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert a.tobytes() == b.tobytes(), name
+    return len(want.value) if scalar else 0
+
+
+@pytest.mark.parametrize("model", ["gpt", "llama", "unet"])
+@pytest.mark.parametrize("mesh", sorted(MESHES))
+def test_scalar_reshards_equal_numpy_reshards(model, mesh, monkeypatch):
+    """`Evaluator._compute_reshards` with its Python tail (few candidate sites) and without it:
+    the same `_Reshards` byte for byte, on the states of a seeded random walk."""
+    env, ev = _env(model, mesh)
+    rng = np.random.default_rng(0)
+    state, resharded = env.root, 0
+    for _ in range(12):
+        actions = [a for a in env.legal_actions(state) if not isinstance(a, Stop)]
+        if not actions:
+            break
+        state = env.apply(state, actions[int(rng.integers(len(actions)))])
+        resharded += _reshards_both_ways(ev, state.masks, monkeypatch)
+    assert resharded > 0  # reshards priced by the Python tail were compared

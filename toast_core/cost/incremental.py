@@ -135,7 +135,9 @@ class _SitesOf:
         self._ev = ev
         self.values = values
         self._last_reshards = None
-        self.__dict__.pop("_scan_tab", None)  # the evaluator's, for its own rows
+        # The evaluator's tables of its own rows, not these.
+        self.__dict__.pop("_scan_tab", None)
+        self.__dict__.pop("_site_lists", None)
         red = inc.red_of.take(values)
         self.red_op, self.red_fine = ev.red_op[red], ev.red_fine[red]
         self.red_value, self.red_scan = ev.red_value[red], ev.red_scan[red]
@@ -169,6 +171,7 @@ class _SitesOf:
     _concat_result_collectives = Evaluator._concat_result_collectives
     _reshards = Evaluator._reshards
     _compute_reshards = Evaluator._compute_reshards
+    _scalar_reshards = Evaluator._scalar_reshards
     _scan_common = Evaluator._scan_common
     _scan_table = Evaluator._scan_table
 

@@ -84,6 +84,9 @@ from toast_core.strategy.memo import per_analysis
 from toast_core.strategy.remat import POLICIES, RematEffect, remat_effect, remat_space
 
 KIND_INDEX = {k: i for i, k in enumerate(COLLECTIVE_KINDS)}
+#: Up to this many sites whose layouts differ, `_compute_reshards` classifies them in Python
+#: (`_scalar_reshards`): NumPy's per-call overhead exceeds the arithmetic on so few.
+SCALAR_SITES = 64
 AG, AR, A2A, CP, RS = (
     KIND_INDEX["all-gather"],
     KIND_INDEX["all-reduce"],
@@ -1085,7 +1088,12 @@ class Evaluator:
         cand = np.flatnonzero(_or_last((vm ^ um) & self.real_axes))
         if not len(cand):
             return _Reshards.empty()
-        vsub, usub, vm, um = vsub[cand], usub[cand], vm[cand], um[cand]
+        vm, um = vm[cand], um[cand]
+        if len(cand) <= SCALAR_SITES:
+            r = self._scalar_reshards(cand, vm.tolist(), um.tolist())
+            if r is not None:
+                return r
+        vsub, usub = vsub[cand], usub[cand]
         hv, hu = _or_last(vm), _or_last(um)
         same = _or_last(vm & um)
         gather = hv & ~hu & self.real_axes
@@ -1133,6 +1141,98 @@ class Evaluator:
             read_op=ops,
             read_of=inverse,
             read_site=cand[active],
+        )
+
+    def _scalar_reshards(self, cand: np.ndarray, vms: list, ums: list) -> _Reshards | None:
+        """`_compute_reshards`' result from its candidate sites `cand` and their per-dim mesh
+        axes (value side `vms`, use side `ums`), computed with Python ints and floats: the same
+        classification, keys, order and products, so the same arrays bit for bit, without the
+        forty NumPy calls that cost more than the arithmetic on a few dozen sites. None when a
+        site needs `_exact_reshard` (an odd one): the NumPy path then prices them all."""
+        lists = self.__dict__.get("_site_lists")
+        if lists is None:
+            lists = self.__dict__["_site_lists"] = (
+                self.site_value.tolist(),
+                self.site_op.tolist(),
+                self.site_hold.tolist(),
+                self._is_backward[self.site_op].tolist(),
+                [float(w) for w in self.mask_ways.tolist()],
+                self.n_bits.tolist(),
+            )
+        site_value, site_op, site_hold, backward, ways, n_bits = lists
+        real = int(self.real_axes)
+        active = []  # (key, site, gathered axes per dim, moved axes)
+        for s, vm_d, um_d in zip(cand.tolist(), vms, ums):
+            hv = hu = same = 0
+            for vm, um in zip(vm_d, um_d):
+                hv |= vm
+                hu |= um
+                same |= vm & um
+                if (vm & ~um & real) and (um & ~vm & real):
+                    return None
+                if (vm ^ um) & real and (n_bits[vm & real] > 1 or n_bits[um & real] > 1):
+                    return None
+            gather = hv & ~hu & real
+            moved = hv & hu & ~same & real
+            if gather | moved:
+                key = (site_value[s] << 20) | (gather << 8) | moved
+                gathered = [vm & ~um & real & ~hu for vm, um in zip(vm_d, um_d)]
+                active.append((key, s, gathered, moved))
+        if not active:
+            return _Reshards.empty()
+        groups: dict[int, list] = {}  # key -> [first site, lo, hi, fwd_hi, bwd_lo, gathered, moved]
+        for key, s, gathered, moved in active:
+            op = site_op[s]
+            g = groups.get(key)
+            if g is None:
+                g = groups[key] = [s, op, op, -1, self.n_ops, gathered, moved]
+            else:
+                g[1] = min(g[1], op)
+                g[2] = max(g[2], op)
+            g[2] = max(g[2], site_hold[s])
+            if backward[s]:
+                g[4] = min(g[4], op)
+            else:
+                g[3] = max(g[3], op)
+        order = sorted(groups)
+        of_key = {key: j for j, key in enumerate(order)}
+        kind, mask, factor, of, buffer = [], [], [], [], []
+        for j, key in enumerate(order):
+            gathered, moved = groups[key][5], groups[key][6]
+            grown = 1.0  # the gathers, last dim first, each over what the ones before grew
+            for g in reversed(gathered):
+                grown = grown * ways[g]
+                if g:
+                    kind.append(AG)
+                    mask.append(g)
+                    factor.append(grown)
+                    of.append(j)
+            if moved:
+                kind.append(A2A)
+                mask.append(moved)
+                factor.append(grown * ways[moved])
+                of.append(j)
+            buffer.append(grown)
+        firsts = [groups[key][0] for key in order]
+
+        def ints(x) -> np.ndarray:
+            return np.array(x, dtype=np.int64)
+
+        return _Reshards(
+            value=ints([site_value[s] for s in firsts]),
+            op=ints([site_op[s] for s in firsts]),
+            lo=ints([groups[key][1] for key in order]),
+            hi=ints([groups[key][2] for key in order]),
+            buffer=np.array(buffer, dtype=np.float64),
+            kind=ints(kind),
+            mask=ints(mask),
+            factor=np.array(factor, dtype=np.float64),
+            of=ints(of),
+            fwd_hi=ints([groups[key][3] for key in order]),
+            bwd_lo=ints([groups[key][4] for key in order]),
+            read_op=ints([site_op[s] for _, s, _, _ in active]),
+            read_of=ints([of_key[key] for key, _, _, _ in active]),
+            read_site=ints([s for _, s, _, _ in active]),
         )
 
     def _reshard_collectives(self, first, odd, vsub, usub, gathered, moved):
