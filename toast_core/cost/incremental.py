@@ -137,7 +137,7 @@ class _SitesOf:
         self._last_reshards = None
         # The evaluator's tables of its own rows, not these.
         self.__dict__.pop("_scan_tab", None)
-        self.__dict__.pop("_site_lists", None)
+        self.__dict__.pop("_site_lists_memo", None)
         red = inc.red_of.take(values)
         self.red_op, self.red_fine = ev.red_op[red], ev.red_fine[red]
         self.red_value, self.red_scan = ev.red_value[red], ev.red_scan[red]
@@ -172,6 +172,8 @@ class _SitesOf:
     _reshards = Evaluator._reshards
     _compute_reshards = Evaluator._compute_reshards
     _scalar_reshards = Evaluator._scalar_reshards
+    _site_lists = Evaluator._site_lists
+    _scalar_memo = Evaluator._scalar_memo
     _scan_common = Evaluator._scan_common
     _scan_table = Evaluator._scan_table
 

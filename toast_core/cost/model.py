@@ -87,6 +87,8 @@ KIND_INDEX = {k: i for i, k in enumerate(COLLECTIVE_KINDS)}
 #: Up to this many sites whose layouts differ, `_compute_reshards` classifies them in Python
 #: (`_scalar_reshards`): NumPy's per-call overhead exceeds the arithmetic on so few.
 SCALAR_SITES = 64
+#: `_scalar_reshards` results kept per evaluator (and per restricted view).
+SCALAR_KEPT = 1024
 AG, AR, A2A, CP, RS = (
     KIND_INDEX["all-gather"],
     KIND_INDEX["all-reduce"],
@@ -1090,8 +1092,17 @@ class Evaluator:
             return _Reshards.empty()
         vm, um = vm[cand], um[cand]
         if len(cand) <= SCALAR_SITES:
-            r = self._scalar_reshards(cand, vm.tolist(), um.tolist())
-            if r is not None:
+            # A pure function of the candidates' layouts, which a search meets again and again.
+            memo = self._scalar_memo()
+            key = (cand.tobytes(), vm.tobytes(), um.tobytes())
+            r = memo.get(key)
+            if r is None:
+                r = self._scalar_reshards(cand, vm.tolist(), um.tolist())
+                with self._layout_ids_lock:
+                    if len(memo) >= SCALAR_KEPT:
+                        memo.pop(next(iter(memo)))
+                    memo[key] = r if r is not None else False
+            if r is not None and r is not False:
                 return r
         vsub, usub = vsub[cand], usub[cand]
         hv, hu = _or_last(vm), _or_last(um)
@@ -1143,23 +1154,33 @@ class Evaluator:
             read_site=cand[active],
         )
 
-    def _scalar_reshards(self, cand: np.ndarray, vms: list, ums: list) -> _Reshards | None:
-        """`_compute_reshards`' result from its candidate sites `cand` and their per-dim mesh
-        axes (value side `vms`, use side `ums`), computed with Python ints and floats: the same
-        classification, keys, order and products, so the same arrays bit for bit, without the
-        forty NumPy calls that cost more than the arithmetic on a few dozen sites. None when a
-        site needs `_exact_reshard` (an odd one): the NumPy path then prices them all."""
-        lists = self.__dict__.get("_site_lists")
+    def _site_lists(self) -> tuple:
+        """The site tables `_scalar_reshards` reads, as Python lists, and its memo (built once
+        per object: a restricted view, `incremental._SitesOf`, has its own sites)."""
+        lists = self.__dict__.get("_site_lists_memo")
         if lists is None:
-            lists = self.__dict__["_site_lists"] = (
+            lists = self.__dict__["_site_lists_memo"] = (
                 self.site_value.tolist(),
                 self.site_op.tolist(),
                 self.site_hold.tolist(),
                 self._is_backward[self.site_op].tolist(),
                 [float(w) for w in self.mask_ways.tolist()],
                 self.n_bits.tolist(),
+                {},
             )
-        site_value, site_op, site_hold, backward, ways, n_bits = lists
+        return lists
+
+    def _scalar_memo(self) -> dict:
+        """`_scalar_reshards`' results by (candidate sites, their value and use layouts)."""
+        return self._site_lists()[-1]
+
+    def _scalar_reshards(self, cand: np.ndarray, vms: list, ums: list) -> _Reshards | None:
+        """`_compute_reshards`' result from its candidate sites `cand` and their per-dim mesh
+        axes (value side `vms`, use side `ums`), computed with Python ints and floats: the same
+        classification, keys, order and products, so the same arrays bit for bit, without the
+        forty NumPy calls that cost more than the arithmetic on a few dozen sites. None when a
+        site needs `_exact_reshard` (an odd one): the NumPy path then prices them all."""
+        site_value, site_op, site_hold, backward, ways, n_bits, _ = self._site_lists()
         real = int(self.real_axes)
         active = []  # (key, site, gathered axes per dim, moved axes)
         for s, vm_d, um_d in zip(cand.tolist(), vms, ums):

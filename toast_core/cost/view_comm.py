@@ -22,12 +22,17 @@ value is gathered (a mesh axis the value holds and the use does not) or moved (a
 
 from __future__ import annotations
 
+import threading
+from operator import itemgetter
+
 import numpy as np
 
 from toast_core.cost.model import A2A, AG, AR, RS
 
 #: Reshard keys as `Evaluator._compute_reshards` builds them: value, gathered axes, moved axes.
 _VALUE_SHIFT, _GATHER_SHIFT = 20, 8
+#: Reshard and reduction-row results kept per view, by the masks they read.
+MEMO_KEPT = 64
 
 
 class ScalarView:
@@ -120,6 +125,19 @@ class ScalarView:
                 )
             )
         self.site_ids = view.site_ids.tolist()
+        # What the reshards and the reduction rows read: memo keys (`price`).
+        self.site_key = _getter(
+            sorted({p for site in self.sites for d in site[0] for p in d[0] + d[1]})
+        )
+        self.row_key = _getter(
+            sorted(
+                {row[0] for row in self.rows}
+                | {p for row in self.rows for uses in row[6] for fs in uses for p in fs}
+            )
+        )
+        self._reshard_memo: dict = {}
+        self._row_memo: dict = {}
+        self._lock = threading.Lock()
 
     def price(self, masks: np.ndarray, value_local: np.ndarray) -> tuple | None:
         """`Incremental._comm_of`'s result for this view under `masks`: (bandwidth seconds of
@@ -127,17 +145,110 @@ class ScalarView:
         bytes, reads of those copies [3, n] and their extra bytes); None when a site needs the
         NumPy path (an odd reshard)."""
         mk = masks[self.fines].tolist()
+        key = self.site_key(mk)
+        resh = self._reshard_memo.get(key)
+        if resh is None:
+            resh = self._remember(self._reshard_memo, key, self._reshards(mk))
+        if not resh:
+            return None
+        key = self.row_key(mk)
+        rows = self._row_memo.get(key)
+        if rows is None:
+            rows = self._remember(self._row_memo, key, self._rows(mk))
         vl = value_local[self.values].tolist()
-        real, ways = self.real, self.ways
-        # Reshards first (they may send the view to the NumPy path): per active site its key
-        # and gathers per dim.
-        n_bits = self.n_bits
-        active = []
+        reshards, r_i, reads, read_i = resh
+        # Every collective as the NumPy path lists them: all-reduces, reduce-scatters, then
+        # each reshard's gathers and all-to-all; only those that move data are kept.
+        kinds, ms, vs, ops, vals, sites, trips = [], [], [], [], [], [], []
+        for kind, col in ((AR, 1), (RS, 2)):
+            for row in rows:
+                m = row[col]
+                _, o, v, vp, site, trip, _ = self.rows[row[0]]
+                local = vl[vp]
+                if m and local > 0:
+                    kinds.append(kind)
+                    ms.append(m)
+                    vs.append(local)
+                    ops.append(o)
+                    vals.append(v)
+                    sites.append(site)
+                    trips.append(trip)
+        res_bytes = []
+        for v, vp, op, use_site, trip, colls, buffer in reshards:
+            local = vl[vp]
+            for kind, m, factor in colls:
+                x = local * factor
+                if m and x > 0:
+                    kinds.append(kind)
+                    ms.append(m)
+                    vs.append(x)
+                    ops.append(op)
+                    vals.append(v)
+                    sites.append(use_site)
+                    trips.append(trip)
+            res_bytes.append(local * buffer)
+        read_bytes = [vl[vp] * grown for vp, grown in reads]
+        # Each view value's bandwidth seconds, summed in listing order (as `np.bincount`).
+        c1 = self.c1
+        per_value: dict[int, float] = {}
+        for k, m, v, value, trip in zip(kinds, ms, vs, vals, trips):
+            per_value[value] = per_value.get(value, 0.0) + c1[k][m] * v * trip
+        n = len(kinds)
+        return (
+            np.array([per_value.get(v, 0.0) for v in self.view_values], dtype=np.float64),
+            np.array([kinds, ms, ops, vals, sites], dtype=np.int64).reshape(5, n),
+            np.array(vs, dtype=np.float64),
+            r_i,
+            np.array(res_bytes, dtype=np.float64),
+            read_i,
+            np.array(read_bytes, dtype=np.float64),
+        )
+
+    def _remember(self, memo: dict, key, value):
+        """`value`, kept in `memo` under `key` (the oldest entry dropped beyond `MEMO_KEPT`;
+        locked: searches on one evaluator share its views)."""
+        with self._lock:
+            if len(memo) >= MEMO_KEPT:
+                memo.pop(next(iter(memo)))
+            memo[key] = value
+        return value
+
+    def _rows(self, mk: list) -> list:
+        """(row, all-reduce axes, reduce-scatter axes) of every reduction row whose fine class
+        holds mesh axes: a reduce-scatter over the axes every consumer down the row's chain
+        shards on (`Evaluator._scan_common`), an all-reduce over the rest."""
+        real = self.real
+        out = []
+        for i, row in enumerate(self.rows):
+            m = mk[row[0]]
+            if not m:
+                continue
+            common = 0
+            for uses in row[6]:
+                both = -1
+                for fs in uses:
+                    held = 0
+                    for p in fs:
+                        held |= mk[p]
+                    both &= held
+                common |= both
+            scatter = m & common
+            out.append((i, m & ~scatter & real, scatter & real))
+        return out
+
+    def _reshards(self, mk: list) -> tuple | bool:
+        """The view's distinct reshards under masks `mk` (a function of its sites' masks
+        alone): per reshard (value, its position, first reading op, combiner site, trips,
+        collectives as (kind, mesh axes, V / local bytes), new buffer / local bytes), the
+        copies as [5, n] value, first and last reader, last forward and first backward reader,
+        the reads of grown copies as (value position, growth) and [3, n] op, value, global
+        site. False when some site needs the NumPy path (an odd reshard)."""
+        real, ways, n_bits = self.real, self.ways, self.n_bits
+        active = []  # (key, site, gathered axes per dim, moved axes), in site order
         for s, site in enumerate(self.sites):
-            dims = site[0]
             vms, ums = [], []
             diff = 0
-            for vd, ud in dims:
+            for vd, ud in site[0]:
                 vm = 0
                 for p in vd:
                     vm |= mk[p]
@@ -154,53 +265,16 @@ class ScalarView:
                 hv |= vm
                 hu |= um
                 same |= vm & um
-            for vm, um in zip(vms, ums):
                 if (vm & ~um & real) and (um & ~vm & real):
-                    return None
+                    return False
                 if (vm ^ um) & real and (n_bits[vm & real] > 1 or n_bits[um & real] > 1):
-                    return None
+                    return False
             gather = hv & ~hu & real
             moved = hv & hu & ~same & real
             if not (gather | moved):
                 continue
             key = (site[1] << _VALUE_SHIFT) | (gather << _GATHER_SHIFT) | moved
             active.append((key, s, [vm & ~um & real & ~hu for vm, um in zip(vms, ums)], moved))
-        # Reduction rows: an all-reduce, or a reduce-scatter over the axes every consumer down
-        # the row's chain shards on (`Evaluator._scan_common`).
-        kinds, ms, vs, ops, vals, sites, trips = [], [], [], [], [], [], []
-        scatters = []
-        for row in self.rows:
-            m = mk[row[0]]
-            if not m:
-                continue
-            common = 0
-            for uses in row[6]:
-                both = -1
-                for fs in uses:
-                    held = 0
-                    for p in fs:
-                        held |= mk[p]
-                    both &= held
-                common |= both
-            scatter = m & common
-            scatters.append(scatter)
-            ms.append((m & ~scatter) & real)
-            kinds.append(AR)
-            _, o, v, vp, site, trip, _ = row
-            vs.append(vl[vp])
-            ops.append(o)
-            vals.append(v)
-            sites.append(site)
-            trips.append(trip)
-        n_red = len(kinds)
-        for k in range(n_red):
-            kinds.append(RS)
-            ms.append(scatters[k] & real)
-            vs.append(vs[k])
-            ops.append(ops[k])
-            vals.append(vals[k])
-            sites.append(sites[k])
-            trips.append(trips[k])
         # Distinct reshards in key order, each with its readers' span.
         groups: dict[int, list] = {}
         for key, s, gathered, moved in active:
@@ -219,77 +293,38 @@ class ScalarView:
             else:
                 g[3] = max(g[3], op)
         order = sorted(groups)
-        of_key = {key: j for j, key in enumerate(order)}
-        r_value, r_lo, r_hi, r_fwd, r_bwd, buffers, res_bytes = [], [], [], [], [], [], []
+        reshards, spans, buffers = [], [], {}
         for key in order:
             first, lo, hi, fwd, bwd, gathered, moved = groups[key]
             site = self.sites[first]
-            v, vp, op, use_site, trip = site[1], site[2], site[3], site[6], site[7]
-            local = vl[vp]
-            grown = 1.0
-            for g in reversed(gathered):
+            colls, grown = [], 1.0  # the gathers, last dim first, each over what the
+            for g in reversed(gathered):  # ones before it grew; then the all-to-all
                 grown = grown * ways[g]
                 if g:
-                    kinds.append(AG)
-                    ms.append(g & real)
-                    vs.append(local * grown)
-                    ops.append(op)
-                    vals.append(v)
-                    sites.append(use_site)
-                    trips.append(trip)
+                    colls.append((AG, g & real, grown))
             if moved:
-                kinds.append(A2A)
-                ms.append(moved & real)
-                vs.append(local * (grown * ways[moved]))
-                ops.append(op)
-                vals.append(v)
-                sites.append(use_site)
-                trips.append(trip)
-            r_value.append(v)
-            r_lo.append(lo)
-            r_hi.append(hi)
-            r_fwd.append(fwd)
-            r_bwd.append(bwd)
-            buffers.append(grown)
-            res_bytes.append(local * grown)
-        # Reads of the resharded copies, in site order (`Evaluator._reshard_reads`).
-        read_op, read_value, read_site, read_bytes = [], [], [], []
+                colls.append((A2A, moved & real, grown * ways[moved]))
+            reshards.append((site[1], site[2], site[3], site[6], site[7], colls, grown))
+            spans.append((site[1], lo, hi, fwd, bwd))
+            buffers[key] = grown
+        reads, read_i = [], []
         for key, s, _, _ in active:
-            grown = buffers[of_key[key]] - 1.0
+            grown = buffers[key] - 1.0
             site = self.sites[s]
             if grown > 0 and site[8]:
-                read_op.append(site[3])
-                read_value.append(site[1])
-                read_site.append(self.site_ids[s])
-                read_bytes.append(vl[site[2]] * grown)
-        # The collectives that move data, and each view value's bandwidth seconds.
-        c1 = self.c1
-        per_value: dict[int, float] = {}
-        keep = []
-        for i, (k, m, v) in enumerate(zip(kinds, ms, vs)):
-            if m and v > 0:
-                keep.append(i)
-                per_value[vals[i]] = per_value.get(vals[i], 0.0) + c1[k][m] * v * trips[i]
-        moved_s = [per_value.get(v, 0.0) for v in self.view_values]
-        new_i = np.array(
-            [
-                [kinds[i] for i in keep],
-                [ms[i] for i in keep],
-                [ops[i] for i in keep],
-                [vals[i] for i in keep],
-                [sites[i] for i in keep],
-            ],
-            dtype=np.int64,
-        ).reshape(5, len(keep))
-        return (
-            np.array(moved_s, dtype=np.float64),
-            new_i,
-            np.array([vs[i] for i in keep], dtype=np.float64),
-            np.array([r_value, r_lo, r_hi, r_fwd, r_bwd], dtype=np.int64).reshape(5, len(order)),
-            np.array(res_bytes, dtype=np.float64),
-            np.array([read_op, read_value, read_site], dtype=np.int64).reshape(3, len(read_op)),
-            np.array(read_bytes, dtype=np.float64),
-        )
+                reads.append((site[2], grown))
+                read_i.append((site[3], site[1], self.site_ids[s]))
+        r_i = np.array(spans, dtype=np.int64).reshape(len(spans), 5).T
+        read_i = np.array(read_i, dtype=np.int64).reshape(len(read_i), 3).T
+        return reshards, np.ascontiguousarray(r_i), reads, np.ascontiguousarray(read_i)
+
+
+def _getter(positions: list[int]):
+    """A function of the mask list giving the masks at `positions` (a memo key)."""
+    if not positions:
+        return lambda mk: ()
+    get = itemgetter(*positions)
+    return get if len(positions) > 1 else lambda mk: (get(mk),)
 
 
 def scalar_view(view) -> ScalarView | None:
