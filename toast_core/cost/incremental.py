@@ -408,9 +408,14 @@ class Incremental:
         return entry
 
     def _nearest(self, masks: np.ndarray) -> _Cached | None:
+        """The cached state whose masks differ from `masks` in the fewest fine classes, the
+        most recent first among equals (one that differs in at most one is taken at once)."""
+        entries = list(reversed(self._cache.values()))
+        if not entries:
+            return None
+        counts = np.count_nonzero(np.stack([e.masks for e in entries]) != masks, axis=1)
         best, best_n = None, None
-        for entry in reversed(self._cache.values()):
-            n = int(np.count_nonzero(entry.masks != masks))
+        for entry, n in zip(entries, counts.tolist()):
             if best_n is None or n < best_n:
                 best, best_n = entry, n
                 if n <= 1:
@@ -484,7 +489,7 @@ class Incremental:
             return None
         self.delta_evaluations += 1
         fine_logdeg = base.fine_logdeg.copy()
-        fine_logdeg[changed] = ev.axes.bits(masks[changed]).T @ ev.log2n
+        fine_logdeg[changed] = ev._fine_logdeg(masks[changed])
         # Local sizes, then the roofline time of every op that may move (an op whose inputs
         # kept their sizes gets its old time again: same formula, same order).
         value_local = base.value_local.copy()
@@ -571,17 +576,27 @@ class Incremental:
         """(bytes each op reads beyond its operands, the ops among `ops` whose such bytes
         changed) after the reads of resharded copies became `read_i` / `read_bytes`: the sums of
         `ops` are redone from their reads in site order, as `Evaluator._read_extra` sums them
-        (so bit-identical); every other op's reads are the parent's."""
-        hit = self._op_scratch
-        hit[ops] = True
-        sel = np.flatnonzero(hit[read_i[0]])
-        hit[ops] = False
-        ops = np.unique(ops)
-        sel = sel[np.argsort(read_i[2, sel], kind="stable")]
-        sums = np.bincount(read_i[0, sel], weights=read_bytes[sel], minlength=self.tab.n_ops)
+        (so bit-identical: each op's reads added to 0.0 one by one, as `np.bincount` adds);
+        every other op's reads are the parent's. A handful of reads: Python lists, not NumPy
+        calls."""
+        ops = sorted(set(ops.tolist()))
+        wanted = set(ops)
+        read_op, _, read_site = read_i.tolist()
+        sel = [j for j, op in enumerate(read_op) if op in wanted]
+        sel.sort(key=read_site.__getitem__)  # stable: equal sites keep their order
+        nbytes = read_bytes.tolist()
+        sums = dict.fromkeys(ops, 0.0)
+        for j in sel:
+            sums[read_op[j]] += nbytes[j]
         extra = base_extra.copy()
-        extra[ops] = sums[ops]
-        return extra, ops[extra[ops] != base_extra[ops]]
+        old = base_extra[ops].tolist() if ops else []
+        changed = []
+        for op, before in zip(ops, old):
+            now = sums[op]
+            extra[op] = now
+            if now != before:
+                changed.append(op)
+        return extra, np.array(changed, dtype=np.int64)
 
     def _reread_times(self, ops, value_local, fine_logdeg, read_extra) -> np.ndarray:
         """`Evaluator._compute`'s roofline time of `ops` (same formula, same order)."""

@@ -333,6 +333,12 @@ class Evaluator:
         self.axes = mesh_axes(mesh)
         self.n_axes = self.axes.n
         self.log2n = self.axes.log2_sizes
+        # log2 of the shard count of every mask, when every mesh axis size is a power of two:
+        # then each is a sum of integers, exact in any order, so a look-up gives the same
+        # floats as `bits.T @ log2n` (`_local`); None otherwise.
+        self.logdeg_of_mask = None
+        if np.array_equal(self.log2n, np.round(self.log2n)):
+            self.logdeg_of_mask = self.axes.bits(np.arange(1 << self.n_axes)).T @ self.log2n
         self._collective_coefficients()
 
         n_ops = len(prog.ops)
@@ -646,11 +652,16 @@ class Evaluator:
     # -- evaluation -----------------------------------------------------------------------------
 
     def _local(self, masks: np.ndarray):
-        bits = self.axes.bits(masks)
-        fine_logdeg = bits.T @ self.log2n
+        fine_logdeg = self._fine_logdeg(masks)
         value_local = self.nbytes * np.exp2(-(self.lay.value_fine @ fine_logdeg))
         op_logdeg = self.lay.op_work_fine @ fine_logdeg
         return fine_logdeg, value_local, op_logdeg
+
+    def _fine_logdeg(self, masks: np.ndarray) -> np.ndarray:
+        """log2 of the shard count of each fine class of `masks`."""
+        if self.logdeg_of_mask is not None:
+            return self.logdeg_of_mask[masks]
+        return self.axes.bits(masks).T @ self.log2n
 
     def _compute(self, value_local, op_logdeg, read_extra):
         """Per-op local flops, transcendentals, HBM bytes and roofline time (a transcendental
