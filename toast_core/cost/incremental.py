@@ -408,14 +408,9 @@ class Incremental:
         return entry
 
     def _nearest(self, masks: np.ndarray) -> _Cached | None:
-        """The cached state whose masks differ from `masks` in the fewest fine classes, the
-        most recent first among equals (one that differs in at most one is taken at once)."""
-        entries = list(reversed(self._cache.values()))
-        if not entries:
-            return None
-        counts = np.count_nonzero(np.stack([e.masks for e in entries]) != masks, axis=1)
         best, best_n = None, None
-        for entry, n in zip(entries, counts.tolist()):
+        for entry in reversed(self._cache.values()):
+            n = int(np.count_nonzero(entry.masks != masks))
             if best_n is None or n < best_n:
                 best, best_n = entry, n
                 if n <= 1:
@@ -450,7 +445,7 @@ class Incremental:
         res_bytes = value_local[r.value] * r.buffer
         np.add.at(delta, r.lo, res_bytes)
         np.add.at(delta, r.hi + 1, -res_bytes)
-        res_i = np.stack([r.value, r.lo, r.hi, r.fwd_hi, r.bwd_lo])
+        res_i = np.array([r.value, r.lo, r.hi, r.fwd_hi, r.bwd_lo])
         persistent = float(value_local[ev.persistent_ids].sum())
         return self._finish(
             masks,
@@ -463,7 +458,7 @@ class Incremental:
             delta,
             res_i,
             res_bytes,
-            np.stack([read_op, read_value, read_site]),
+            np.array([read_op, read_value, read_site]),
             read_bytes,
             read_extra,
             persistent,
@@ -477,7 +472,7 @@ class Incremental:
         kinds, ms, vs, ops, vals, sites = view._collective_arrays(masks, value_local)
         times = ev.c1[kinds, ms] * vs * ev.site_trip[sites]
         out = np.bincount(vals, weights=times, minlength=self.tab.n_values)
-        return out.astype(np.float64, copy=False), (np.stack([kinds, ms, ops, vals, sites]), vs)
+        return out.astype(np.float64, copy=False), (np.array([kinds, ms, ops, vals, sites]), vs)
 
     def _delta(self, base: _Cached, masks: np.ndarray) -> _Cached | None:
         ev = self.ev
@@ -698,9 +693,9 @@ class Incremental:
             if len(r_memo) >= COMM_KEPT:
                 r_memo.pop(next(iter(r_memo)))
             r_memo[site_key] = r
-        r_i = np.stack([r.value, r.lo, r.hi, r.fwd_hi, r.bwd_lo])
+        r_i = np.array([r.value, r.lo, r.hi, r.fwd_hi, r.bwd_lo])
         read_op, read_value, read_site, read_bytes = self.ev._reshard_reads(r, value_local)
-        read_i = np.stack([read_op, read_value, view.site_ids[read_site]])
+        read_i = np.array([read_op, read_value, view.site_ids[read_site]])
         res_bytes = value_local[r.value] * r.buffer
         return (moved[view.values], new_i, new_v, r_i, res_bytes, read_i, read_bytes)
 
