@@ -476,7 +476,7 @@ class Incremental:
 
     def _delta(self, base: _Cached, masks: np.ndarray) -> _Cached | None:
         ev = self.ev
-        changed = np.flatnonzero(base.masks != masks)
+        changed = (base.masks != masks).nonzero()[0]
         if not len(changed):
             return base
         plan = self._plan(changed)
@@ -762,7 +762,7 @@ class _Rows:
         pos, _ = self._positions(rows)
         hit = np.zeros(self.n_cols, dtype=bool)
         hit[self.indices[pos]] = True
-        return np.flatnonzero(hit)
+        return hit.nonzero()[0]
 
     def gather(self, rows: np.ndarray) -> _Gathered:
         """Rows `rows`, laid out for repeated mat-vecs (`_Gathered.matvec`)."""

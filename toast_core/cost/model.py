@@ -927,11 +927,11 @@ class Evaluator:
         # Sharded reductions -> all-reduce, or reduce-scatter into consumers sharded on the axis.
         if len(self.red_fine):
             m = masks[self.red_fine]
-            act = np.flatnonzero(m)
+            act = m.nonzero()[0]
             if len(act):
                 m = m[act]
                 scatter = m & self._scan_common(masks)[act]
-                for r in np.flatnonzero(self.red_split[act, 0] >= 0).tolist():
+                for r in (self.red_split[act, 0] >= 0).nonzero()[0].tolist():
                     pid, pieces = self.red_split[act[r]].tolist()
                     scatter[r] |= m[r] & self._partial_target(pid, self.rep_pieces[pieces], masks)
                 ops, vals = self.red_op[act], self.red_value[act]
@@ -1093,12 +1093,12 @@ class Evaluator:
         them); only by the use -> a free local slice. That is exact while each dim keeps its leading axes and only gains or loses axes at
         its end. A dim that loses some axes and gains others, or whose axes change while it holds
         several, goes through `_exact_reshard` (XLA permutes the shards there)."""
-        ext = np.append(masks, 0)
+        ext = np.concatenate((masks, _ZERO))
         vsub, usub = ext[self.site_vf], ext[self.site_uf]
         vm, um = _or_last(vsub), _or_last(usub)
         # A site whose every dim keeps its (real) mesh axes reshards nothing: most sites, so
         # classify only the others (`cand`; the arrays below are over them).
-        cand = np.flatnonzero(_or_last((vm ^ um) & self.real_axes))
+        cand = _or_last((vm ^ um) & self.real_axes).nonzero()[0]
         if not len(cand):
             return _Reshards.empty()
         vm, um = vm[cand], um[cand]
@@ -1701,6 +1701,8 @@ class Evaluator:
         return hit
 
 
+#: Appended to the masks by `_compute_reshards`: the padding fine class, which holds no mesh axis.
+_ZERO = np.zeros(1, dtype=np.int64)
 #: Appended to the masks by `_scan_common`: a fine class holding no mesh axis, one holding all.
 _SCAN_SENTINELS = np.array([0, -1], dtype=np.int64)
 
