@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from toast_core.cost.model import Evaluator, Score
+from toast_core.cost.model import SCALAR_KEPT_PER_VIEW, Evaluator, Score
 from toast_core.cost.remat import hold_barrier_inputs, shorten_lifetimes
 from toast_core.cost.view_comm import scalar_view
 from toast_core.strategy.remat import remat_effect
@@ -138,6 +138,7 @@ class _SitesOf:
         # The evaluator's tables of its own rows, not these.
         self.__dict__.pop("_scan_tab", None)
         self.__dict__.pop("_site_lists_memo", None)
+        self._scalar_kept = SCALAR_KEPT_PER_VIEW
         red = inc.red_of.take(values)
         self.red_op, self.red_fine = ev.red_op[red], ev.red_fine[red]
         self.red_value, self.red_scan = ev.red_value[red], ev.red_scan[red]

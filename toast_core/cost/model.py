@@ -87,8 +87,8 @@ KIND_INDEX = {k: i for i, k in enumerate(COLLECTIVE_KINDS)}
 #: Up to this many sites whose layouts differ, `_compute_reshards` classifies them in Python
 #: (`_scalar_reshards`): NumPy's per-call overhead exceeds the arithmetic on so few.
 SCALAR_SITES = 64
-#: `_scalar_reshards` results kept per evaluator (and per restricted view).
-SCALAR_KEPT = 1024
+#: `_scalar_reshards` results kept per evaluator, and per restricted view (there are hundreds).
+SCALAR_KEPT, SCALAR_KEPT_PER_VIEW = 1024, 16
 AG, AR, A2A, CP, RS = (
     KIND_INDEX["all-gather"],
     KIND_INDEX["all-reduce"],
@@ -313,6 +313,8 @@ def _reduction_atoms(ana: Analysis) -> list[tuple[int, int]]:
 class Evaluator:
     """Compiled cost model for one (analysis, mesh, hardware); strategies as fine-class masks.
     Get one with `evaluator(...)`, which builds it once per key."""
+
+    _scalar_kept = SCALAR_KEPT  # `_scalar_reshards` results kept (a restricted view: fewer)
 
     def __init__(
         self, ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, options: CostOptions
@@ -1110,7 +1112,7 @@ class Evaluator:
             if r is None:
                 r = self._scalar_reshards(cand, vm.tolist(), um.tolist())
                 with self._layout_ids_lock:
-                    if len(memo) >= SCALAR_KEPT:
+                    if len(memo) >= self._scalar_kept:
                         memo.pop(next(iter(memo)))
                     memo[key] = r if r is not None else False
             if r is not None and r is not False:

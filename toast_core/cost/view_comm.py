@@ -8,11 +8,13 @@ floats over tables built once per view: the same bits, the same arithmetic in th
 (IEEE products and sums of Python floats are NumPy's float64 ones), the same listing order, so
 its arrays are the NumPy path's bit for bit (tests/test_view_comm.py holds it to that).
 
-It covers the common view, whose values have reduction rows and reshard sites only; a view
-with replicate, permute or concatenate rows, or a reduction read by a split alone
-(`red_split`), has no `ScalarView` (`scalar_view` returns None). A state in which some site
-needs XLA's permuting reshard (an "odd" site, `Evaluator._exact_reshard`) is priced by the
-NumPy path too (`price` returns None): those layouts are rare and their memo lives there.
+It covers the common view, whose values have reduction rows and reshard sites only (at most
+`SCALAR_ROWS` of them); a view with replicate, permute or concatenate rows, or a reduction read
+by a split alone (`red_split`), has no `ScalarView` (`scalar_view` returns None). A state in
+which some site needs XLA's permuting reshard (an "odd" site, `Evaluator._exact_reshard`) is
+priced by the NumPy path too (`price` returns None): those layouts are rare and their memo
+lives there. What a view's reshards and reduction rows come to is kept per view, keyed by the
+masks each reads (a search meets the same neighbourhoods again).
 
 Worked example: sharding an MLP weight's output dim on `model` re-prices its value's
 reduction row (an all-reduce over `model` of the matmul's partial sum when the contracting dim is
@@ -31,8 +33,11 @@ from toast_core.cost.model import A2A, AG, AR, RS
 
 #: Reshard keys as `Evaluator._compute_reshards` builds them: value, gathered axes, moved axes.
 _VALUE_SHIFT, _GATHER_SHIFT = 20, 8
+#: Views with more reshard sites and reduction rows than this keep the NumPy path, whose
+#: per-call overhead no longer dominates (GPT-2 small's views: about 20).
+SCALAR_ROWS = 128
 #: Reshard and reduction-row results kept per view, by the masks they read.
-MEMO_KEPT = 64
+MEMO_KEPT = 32
 
 
 class ScalarView:
@@ -333,7 +338,8 @@ def scalar_view(view) -> ScalarView | None:
     hit = view.__dict__.get("_scalar")
     if hit is None:
         covered = (
-            not len(view.rep)
+            len(view.site_ids) + len(view.red_op) <= SCALAR_ROWS
+            and not len(view.rep)
             and not len(view.per)
             and not len(view.cat)
             and not (view.red_split[:, 0] >= 0).any()
