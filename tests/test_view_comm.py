@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import toast_core as tc
 from demos import MODEL_ZOO
-from toast_core.cost import evaluator
+from toast_core.cost import evaluator, view_comm
 from toast_core.cost.incremental import Incremental
 from toast_core.cost.view_comm import scalar_view
 from toast_core.search.env import Environment
@@ -72,17 +72,21 @@ def test_scalar_view_prices_bit_for_bit_like_numpy(model, mesh, data):
     env, ev = _env(model, mesh)
     inc = Incremental(ev)
     state = env.root
-    for _ in range(data.draw(st.integers(1, 12), label="steps")):
-        actions = [a for a in env.legal_actions(state) if not isinstance(a, Stop)]
-        if not actions:
-            break
-        parent, state = state, env.apply(state, data.draw(st.sampled_from(actions), label="a"))
-        _compare(inc, state.masks, parent.masks)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(view_comm, "SCALAR_ROWS", 10**6)  # the big views of these steps too
+        for _ in range(data.draw(st.integers(1, 12), label="steps")):
+            actions = [a for a in env.legal_actions(state) if not isinstance(a, Stop)]
+            if not actions:
+                break
+            parent = state
+            state = env.apply(state, data.draw(st.sampled_from(actions), label="a"))
+            _compare(inc, state.masks, parent.masks)
 
 
-def test_scalar_view_covers_gpt_steps_and_matches():
+def test_scalar_view_covers_gpt_steps_and_matches(monkeypatch):
     """Every first shard of GPT, from the root and from one FSDP-like step on: most views are
     priced by the scalar path (so the comparison above is not vacuous) and all match."""
+    monkeypatch.setattr(view_comm, "SCALAR_ROWS", 10**6)
     env, ev = _env("gpt", "2x4")
     inc = Incremental(ev)
     priced = 0
@@ -98,10 +102,6 @@ def _reshards_both_ways(ev, masks, monkeypatch):
     import toast_core.cost.model as model
 
     got = ev._compute_reshards(masks)
-    ext = np.append(masks, 0)
-    vm, um = (np.bitwise_or.reduce(ext[f], axis=-1) for f in (ev.site_vf, ev.site_uf))
-    cand = np.flatnonzero(np.bitwise_or.reduce((vm ^ um) & ev.real_axes, axis=-1))
-    scalar = ev._scalar_reshards(cand, vm[cand].tolist(), um[cand].tolist()) is not None
     with monkeypatch.context() as m:
         m.setattr(model, "SCALAR_SITES", 0)
         want = ev._compute_reshards(masks)
@@ -109,14 +109,15 @@ def _reshards_both_ways(ev, masks, monkeypatch):
         a, b = getattr(got, name), getattr(want, name)
         assert a.dtype == b.dtype and a.shape == b.shape, name
         assert a.tobytes() == b.tobytes(), name
-    return len(want.value) if scalar else 0
+    return len(want.value)
 
 
-@pytest.mark.parametrize("model", ["gpt", "llama", "unet"])
+@pytest.mark.parametrize("model", ["gpt", "llama", "moe", "unet"])
 @pytest.mark.parametrize("mesh", sorted(MESHES))
 def test_scalar_reshards_equal_numpy_reshards(model, mesh, monkeypatch):
     """`Evaluator._compute_reshards` with its Python tail (few candidate sites) and without it:
-    the same `_Reshards` byte for byte, on the states of a seeded random walk."""
+    the same `_Reshards` byte for byte (odd sites' permutes and layout ids included), on the
+    states of a seeded random walk."""
     env, ev = _env(model, mesh)
     rng = np.random.default_rng(0)
     state, resharded = env.root, 0
@@ -127,3 +128,53 @@ def test_scalar_reshards_equal_numpy_reshards(model, mesh, monkeypatch):
         state = env.apply(state, actions[int(rng.integers(len(actions)))])
         resharded += _reshards_both_ways(ev, state.masks, monkeypatch)
     assert resharded > 0  # reshards priced by the Python tail were compared
+
+
+@pytest.mark.parametrize("model", ["gpt", "llama", "moe"])
+def test_scalar_reshards_give_layout_ids_in_the_numpy_order(model, monkeypatch):
+    """Odd sites' layout ids are handed out in order of first appearance, and they order the
+    reshards: two fresh evaluators walked through the same states, one pricing reshards in
+    Python and one in NumPy, end with the same ids, the same reshards at every step."""
+    import toast_core.cost.model as cost_model
+
+    env, cached = _env(model, "2x2x2")
+    fresh = [
+        cost_model.Evaluator(cached.ana, cached.mesh, cached.hw, cached.options) for _ in range(2)
+    ]
+    rng = np.random.default_rng(1)
+    state = env.root
+    for _ in range(16):
+        actions = [a for a in env.legal_actions(state) if not isinstance(a, Stop)]
+        if not actions:
+            break
+        state = env.apply(state, actions[int(rng.integers(len(actions)))])
+        got = fresh[0]._compute_reshards(state.masks)
+        with monkeypatch.context() as m:
+            m.setattr(cost_model, "SCALAR_SITES", 0)
+            want = fresh[1]._compute_reshards(state.masks)
+        for name in want.__dataclass_fields__:
+            assert getattr(got, name).tobytes() == getattr(want, name).tobytes(), name
+    assert list(fresh[0]._layout_ids.items()) == list(fresh[1]._layout_ids.items())
+    assert fresh[1]._layout_ids  # odd sites were met
+
+
+@settings(max_examples=30)
+@given(seed=st.integers(0, 2**32 - 1), n_reads=st.integers(0, 40), n_ops=st.integers(1, 12))
+def test_python_reread_sums_like_numpy(seed, n_reads, n_ops):
+    """`Incremental._reread` (Python floats, few reads) and `_reread_numpy`: the same extra
+    bytes per op and the same changed ops, bit for bit, sites repeated and out of order."""
+    _, ev = _env("gpt", "2x4")
+    inc = Incremental(ev)
+    rng = np.random.default_rng(seed)
+    n = inc.tab.n_ops
+    read_i = np.array(
+        [rng.integers(0, n, n_reads), rng.integers(0, 50, n_reads), rng.integers(0, 9, n_reads)]
+    ).reshape(3, n_reads)
+    read_bytes = rng.random(n_reads) * 10.0 ** rng.integers(0, 9, n_reads)
+    base = np.zeros(n)
+    base[rng.integers(0, n, 20)] = rng.random(20)
+    ops = np.concatenate([read_i[0, : n_reads // 2], rng.integers(0, n, n_ops)])
+    got = inc._reread(ops, read_i, read_bytes, base)
+    want = inc._reread_numpy(ops, read_i, read_bytes, base)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes()

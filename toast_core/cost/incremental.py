@@ -66,6 +66,8 @@ COMM_KEPT = 64
 #: full again, under other conflict options or remat policies, once the LRU has let them go
 #: (GPT-2 small: a quarter of its full evaluations, most within 16 of the last).
 FULLS_KEPT = 16
+#: Up to this many reads of resharded copies, a step re-sums them in Python (`_reread`).
+SCALAR_READS = 64
 #: Delta plans kept (`Incremental._plan`), one per set of changed fine classes.
 PLANS_KEPT = 4096
 
@@ -573,8 +575,10 @@ class Incremental:
         changed) after the reads of resharded copies became `read_i` / `read_bytes`: the sums of
         `ops` are redone from their reads in site order, as `Evaluator._read_extra` sums them
         (so bit-identical: each op's reads added to 0.0 one by one, as `np.bincount` adds);
-        every other op's reads are the parent's. A handful of reads: Python lists, not NumPy
-        calls."""
+        every other op's reads are the parent's. A handful of reads (`SCALAR_READS`) are summed
+        with Python floats, more with NumPy."""
+        if read_i.shape[1] > SCALAR_READS:
+            return self._reread_numpy(ops, read_i, read_bytes, base_extra)
         ops = sorted(set(ops.tolist()))
         wanted = set(ops)
         read_op, _, read_site = read_i.tolist()
@@ -593,6 +597,19 @@ class Incremental:
             if now != before:
                 changed.append(op)
         return extra, np.array(changed, dtype=np.int64)
+
+    def _reread_numpy(self, ops, read_i, read_bytes, base_extra):
+        """`_reread` for many reads, in NumPy calls."""
+        hit = self._op_scratch
+        hit[ops] = True
+        sel = hit[read_i[0]].nonzero()[0]
+        hit[ops] = False
+        ops = np.unique(ops)
+        sel = sel[np.argsort(read_i[2, sel], kind="stable")]
+        sums = np.bincount(read_i[0, sel], weights=read_bytes[sel], minlength=self.tab.n_ops)
+        extra = base_extra.copy()
+        extra[ops] = sums[ops]
+        return extra, ops[extra[ops] != base_extra[ops]]
 
     def _reread_times(self, ops, value_local, fine_logdeg, read_extra) -> np.ndarray:
         """`Evaluator._compute`'s roofline time of `ops` (same formula, same order)."""

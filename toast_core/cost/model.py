@@ -86,7 +86,7 @@ from toast_core.strategy.remat import POLICIES, RematEffect, remat_effect, remat
 KIND_INDEX = {k: i for i, k in enumerate(COLLECTIVE_KINDS)}
 #: Up to this many sites whose layouts differ, `_compute_reshards` classifies them in Python
 #: (`_scalar_reshards`): NumPy's per-call overhead exceeds the arithmetic on so few.
-SCALAR_SITES = 64
+SCALAR_SITES = 32
 #: `_scalar_reshards` results kept per evaluator, and per restricted view (there are hundreds).
 SCALAR_KEPT, SCALAR_KEPT_PER_VIEW = 1024, 16
 AG, AR, A2A, CP, RS = (
@@ -1105,18 +1105,18 @@ class Evaluator:
             return _Reshards.empty()
         vm, um = vm[cand], um[cand]
         if len(cand) <= SCALAR_SITES:
-            # A pure function of the candidates' layouts, which a search meets again and again.
+            # A function of the candidates' layouts (and of the layout ids, which never change
+            # once given), which a search meets again and again.
             memo = self._scalar_memo()
-            key = (cand.tobytes(), vm.tobytes(), um.tobytes())
+            key = (cand.tobytes(), vsub[cand].tobytes(), usub[cand].tobytes())
             r = memo.get(key)
             if r is None:
-                r = self._scalar_reshards(cand, vm.tolist(), um.tolist())
+                r = self._scalar_reshards(cand, vm.tolist(), um.tolist(), vsub, usub)
                 with self._layout_ids_lock:
                     if len(memo) >= self._scalar_kept:
                         memo.pop(next(iter(memo)))
-                    memo[key] = r if r is not None else False
-            if r is not None and r is not False:
-                return r
+                    memo[key] = r
+            return r
         vsub, usub = vsub[cand], usub[cand]
         hv, hu = _or_last(vm), _or_last(um)
         same = _or_last(vm & um)
@@ -1187,25 +1187,33 @@ class Evaluator:
         """`_scalar_reshards`' results by (candidate sites, their value and use layouts)."""
         return self._site_lists()[-1]
 
-    def _scalar_reshards(self, cand: np.ndarray, vms: list, ums: list) -> _Reshards | None:
-        """`_compute_reshards`' result from its candidate sites `cand` and their per-dim mesh
-        axes (value side `vms`, use side `ums`), computed with Python ints and floats: the same
-        classification, keys, order and products, so the same arrays bit for bit, without the
-        forty NumPy calls that cost more than the arithmetic on a few dozen sites. None when a
-        site needs `_exact_reshard` (an odd one): the NumPy path then prices them all."""
+    def _scalar_reshards(self, cand: np.ndarray, vms: list, ums: list, vsub, usub) -> _Reshards:
+        """`_compute_reshards`' result from its candidate sites `cand`, their per-dim mesh axes
+        (value side `vms`, use side `ums`) and every site's sub-factor masks (`vsub`, `usub`
+        [site, dim, sub-factor]), computed with Python ints and floats: the same
+        classification, keys, layout ids (given in the same order), order and products, so the
+        same arrays bit for bit, without the forty NumPy calls that cost more than the
+        arithmetic on a few dozen sites. An odd site's collectives are `_exact_reshard`'s."""
         site_value, site_op, site_hold, backward, ways, n_bits, _ = self._site_lists()
         real = int(self.real_axes)
-        active = []  # (key, site, gathered axes per dim, moved axes)
+        active = []  # (key, site, gathered axes per dim or None when odd, moved axes)
         for s, vm_d, um_d in zip(cand.tolist(), vms, ums):
             hv = hu = same = 0
+            odd = False
             for vm, um in zip(vm_d, um_d):
                 hv |= vm
                 hu |= um
                 same |= vm & um
                 if (vm & ~um & real) and (um & ~vm & real):
-                    return None
-                if (vm ^ um) & real and (n_bits[vm & real] > 1 or n_bits[um & real] > 1):
-                    return None
+                    odd = True
+                elif (vm ^ um) & real and (n_bits[vm & real] > 1 or n_bits[um & real] > 1):
+                    odd = True
+            if odd:
+                with self._layout_ids_lock:
+                    ids = self._layout_ids
+                    layout = ids.setdefault(usub[s].tobytes(), len(ids))
+                active.append(((site_value[s] << 20) | (1 << 18) | layout, s, None, 0))
+                continue
             gather = hv & ~hu & real
             moved = hv & hu & ~same & real
             if gather | moved:
@@ -1232,7 +1240,16 @@ class Evaluator:
         of_key = {key: j for j, key in enumerate(order)}
         kind, mask, factor, of, buffer = [], [], [], [], []
         for j, key in enumerate(order):
-            gathered, moved = groups[key][5], groups[key][6]
+            first, gathered, moved = groups[key][0], groups[key][5], groups[key][6]
+            if gathered is None:  # odd: XLA's permuting reshard
+                colls, grown = self._exact_reshard(vsub[first], usub[first])
+                for c in colls:
+                    kind.append(c[0])
+                    mask.append(c[1])
+                    factor.append(c[2])
+                    of.append(j)
+                buffer.append(grown)
+                continue
             grown = 1.0  # the gathers, last dim first, each over what the ones before grew
             for g in reversed(gathered):
                 grown = grown * ways[g]

@@ -35,7 +35,7 @@ from toast_core.cost.model import A2A, AG, AR, RS
 _VALUE_SHIFT, _GATHER_SHIFT = 20, 8
 #: Views with more reshard sites and reduction rows than this keep the NumPy path, whose
 #: per-call overhead no longer dominates (GPT-2 small's views: about 20).
-SCALAR_ROWS = 128
+SCALAR_ROWS = 64
 #: Reshard and reduction-row results kept per view, by the masks they read.
 MEMO_KEPT = 32
 
