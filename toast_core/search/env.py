@@ -40,10 +40,6 @@ RESOLVE_WEIGHT = 8.0
 REMAT_WEIGHT = 10.0
 #: Candidates a rollout step samples before it gives up.
 ROLLOUT_TRIES = 12
-#: States whose atom counts the environment remembers (each is [values + uses, mesh axes]).
-COUNTS_KEPT = 8
-#: Shard steps whose child's atom counts the environment can derive from the parent's.
-PARENTS_KEPT = 1024
 #: Units tuples whose rollout weights the environment remembers.
 WEIGHTS_KEPT = 1024
 
@@ -55,11 +51,8 @@ class Environment:
         self.n_axes = space.axes.n
         self.root = constraints.root
         self.groups = space.conflict_groups
-        # Per-state atom counts (`StrategySpace.axis_counts`) of the last few states, so that a
-        # rollout step derives its child's counts from its own instead of recounting.
-        self._counts: dict[bytes, tuple] = {}
-        self._parents: dict[bytes, tuple] = {}  # child masks -> (parent masks, unit, axis)
-        self._unit_tables: dict[int, tuple] = {}  # id(units) -> (units, `legality.UnitTable`)
+        # (id(units), picked units or None) -> (units, `legality.UnitTable`)
+        self._unit_tables: dict[tuple, tuple] = {}
         # id(units) -> (units, rollout weights, cumulative weights by (resolutions, remats))
         self._shard_weights: dict[int, tuple] = {}
         self._open_groups: dict[tuple, list[int]] = {}  # options -> `open_groups`
@@ -139,9 +132,9 @@ class Environment:
                     out.append(State(state.options, state.masks, remat))
         return out
 
-    def why_illegal_shard(self, state: State, unit: Unit, a: int, counts=None) -> str | None:
+    def why_illegal_shard(self, state: State, unit: Unit, a: int) -> str | None:
         forbidden = self.constraints.forbidden_bits(unit.fines)
-        return self.space.why_illegal_shard(state, unit, a, counts, forbidden)
+        return self.space.why_illegal_shard(state, unit, a, forbidden)
 
     # -- actions -------------------------------------------------------------------------------
 
@@ -158,61 +151,33 @@ class Environment:
         out.append(Stop())
         return out
 
-    def axis_counts(self, state: State):
-        """`StrategySpace.axis_counts` of the state's masks, remembered for a few states."""
-        key = state.masks.tobytes()
-        hit = self._counts.get(key)
-        if hit is None:
-            step = self._parents.pop(key, None)
-            if step is not None:
-                hit = self._child_counts(*step)
-            if hit is None:
-                hit = self.space.axis_counts(state.masks)
-            self._remember_counts(key, hit)
-        return hit
-
-    def _remember_counts(self, key: bytes, counts):
-        if len(self._counts) >= COUNTS_KEPT:
-            del self._counts[next(iter(self._counts))]
-        self._counts[key] = counts
-        return counts
-
-    def _child_counts(self, parent: np.ndarray, unit: Unit, a: int):
-        """The counts of the masks `parent` with axis `a` added to `unit`, from the parent's
-        (None when those are not remembered): the unit's atoms gain axis `a` where they did not
-        hold it. Whole-number sums, so equal to a recount."""
-        counts = self._counts.get(parent.tobytes())
-        if counts is None:
-            return None
-        chk = self.space.shard_check(unit.fines)
-        gained = (parent[chk.fines] & self.space.axes.bit(a)) == 0
-        if not gained.all():  # parts already on the axis (after a resolution): recount
-            return None
-        values, uses = counts[0].copy(), counts[1].copy()
-        values[chk.value_rows, a] += chk.value_add
-        uses[chk.use_rows, a] += chk.use_add
-        return values, uses
-
     def shard_actions(self, state: State, units=None) -> list[Shard]:
-        """Legal shards of `units` (indices; all by default)."""
-        counts = self.axis_counts(state)
+        """Legal shards of `units` (indices; all by default): only those units are checked (a
+        greedy step asks for the few parts a resolution creates)."""
         all_units = self.units(state)
-        table = self._unit_table(state, all_units)
-        ok = legality.legal_shards(self.space, state.masks, table, counts)
-        picked = range(len(all_units)) if units is None else units
-        return [Shard(u, a) for u in picked for a in np.flatnonzero(ok[u]).tolist()]
+        picked = None if units is None else tuple(units)
+        table = self._unit_table(state, all_units, picked)
+        rows, axes = np.nonzero(legality.legal_shards(self.space, state.masks, table))
+        if picked is None:
+            return [Shard(u, a) for u, a in zip(rows.tolist(), axes.tolist())]
+        return [Shard(picked[r], a) for r, a in zip(rows.tolist(), axes.tolist())]
 
-    def _unit_table(self, state: State, units: tuple[Unit, ...]) -> legality.UnitTable:
-        """`legality.UnitTable` of the state's units (`units`) under the pins: looked up per
-        units tuple, made once per resolution and pins by the space (every search on it)."""
-        hit = self._unit_tables.get(id(units))
+    def _unit_table(
+        self, state: State, units: tuple[Unit, ...], picked: tuple[int, ...] | None
+    ) -> legality.UnitTable:
+        """`legality.UnitTable` of the state's units (`units`; those at indices `picked`, if
+        given) under the pins: looked up per units tuple, made once per resolution and pins by
+        the space (every search on it)."""
+        key = (id(units), picked)
+        hit = self._unit_tables.get(key)
         if hit is None or hit[0] is not units:
             if len(self._unit_tables) >= WEIGHTS_KEPT:
                 self._unit_tables.clear()
-            forbidden = tuple(self.constraints.forbidden_bits(u.fines) for u in units)
+            chosen = units if picked is None else [units[u] for u in picked]
+            forbidden = tuple(self.constraints.forbidden_bits(u.fines) for u in chosen)
             pinned = self.constraints.pinned_fines
-            hit = (units, self.space.unit_table(state.options, pinned, forbidden))
-            self._unit_tables[id(units)] = hit
+            hit = (units, self.space.unit_table(state.options, pinned, forbidden, picked))
+            self._unit_tables[key] = hit
         return hit[1]
 
     def apply(self, state: State, action: Action) -> State:
@@ -222,14 +187,8 @@ class Environment:
         if isinstance(action, Shard):
             unit = self.units(state)[action.unit]
             masks = state.masks.copy()
-            masks[list(unit.fines)] |= self.space.axes.bit(action.axis)
-            child = State(state.options, masks, state.remat)
-            # Its counts are derived from the parent's when asked for (a greedy step makes
-            # dozens of children and goes on from one).
-            if len(self._parents) >= PARENTS_KEPT:
-                self._parents.clear()
-            self._parents[masks.tobytes()] = (state.masks, unit, action.axis)
-            return child
+            masks[self.space.shard_check(unit.fines).fines] |= 1 << action.axis
+            return State(state.options, masks, state.remat)
         if isinstance(action, Remat):
             rest = tuple(x for x in state.remat if x[0] != action.group)
             return State(
@@ -247,14 +206,13 @@ class Environment:
         cdf = self._rollout_cdf(units, len(groups), len(remats))
         if not len(cdf):
             return None
-        counts = self.axis_counts(state)
         for _ in range(ROLLOUT_TRIES):
             # `rng.choice(len(w), p=w / w.sum())` as numpy computes it (the same draw of the
             # same stream), with the cumulative weights computed once per kind of state.
             i = int(cdf.searchsorted(rng.random(), side="right"))
             if i < n_shard:
                 u, a = divmod(i, self.n_axes)
-                if self.why_illegal_shard(state, units[u], a, counts) is None:
+                if self.why_illegal_shard(state, units[u], a) is None:
                     return Shard(u, a)
             elif i < n_shard + len(groups):
                 g = groups[i - n_shard]

@@ -14,8 +14,9 @@ A strategy is legal on a mesh when
 
 `strategy_problems` checks a whole strategy and returns every problem (the error lists them
 together). `why_illegal_shard` checks one search step, "add mesh axis a to unit u", against the
-same rules using counts the search keeps up to date, so that the search can never build a state
-that `Strategy.validate` would reject.
+same rules from the state's masks and what depends on the unit alone (`ShardCheck`), and
+`legal_shards` every step of a state at once, so that the search can never build a state that
+`Strategy.validate` would reject.
 """
 
 from __future__ import annotations
@@ -160,12 +161,12 @@ def _layout_problems(space: StrategySpace, masks: np.ndarray, res) -> list[str]:
 
 
 def why_illegal_shard(
-    space: StrategySpace, masks: np.ndarray, unit: Unit, a: int, counts, forbidden: int = 0
+    space: StrategySpace, masks: np.ndarray, unit: Unit, a: int, forbidden: int = 0
 ) -> str | None:
     """None if adding mesh axis `a` to every fine class of `unit` keeps the state legal, else
-    the reason. `counts` is `space.axis_counts(masks)`; `forbidden` the mesh axes the user
-    forbids on the unit. The search calls this for every candidate step, so what depends on the
-    unit alone is computed once (`ShardCheck`)."""
+    the reason; `forbidden` is the mesh axes the user forbids on the unit. The search calls
+    this for every candidate step, so what depends on the unit alone is computed once
+    (`ShardCheck`)."""
     ax = space.axes
     bit = 1 << a
     chk = space.shard_check(unit.fines)
@@ -180,9 +181,10 @@ def why_illegal_shard(
     for m in sorted(set(masks[chk.fines].tolist())):
         if indivisible(unit.size, int(ax.ways[m | bit])):
             return f"size {unit.size} is not divisible by {int(ax.ways[m | bit])} shards"
-    # Rule 2. Atom counts are whole numbers: with the unit's own atoms at most once per row, a
-    # row breaks the rule exactly when it already holds the mesh axis.
-    if chk.holds_twice or counts[0][chk.value_rows, a].any() or counts[1][chk.use_rows, a].any():
+    # Rule 2. With the unit's own atoms at most once per row, a row breaks the rule exactly
+    # when it already holds the mesh axis: when some fine class it holds (a neighbour of the
+    # unit) does.
+    if chk.holds_twice or int(np.bitwise_or.reduce(masks[chk.neighbors])) & bit:
         return "a value or op would hold that mesh axis twice"
     if len(chk.split_fines):
         m = np.where(chk.split_pad, 0, masks[chk.split_index]) | np.where(chk.split_in_unit, bit, 0)
@@ -192,25 +194,42 @@ def why_illegal_shard(
 
 
 class UnitTable:
-    """What `legal_shards` needs of a tuple of units (one per resolution), whatever the state:
-    their fine classes padded to one width (with each unit's first class, which changes no
-    test), sizes, first classes, forbidden mesh axes, the rows holding their atoms, and the
-    units that can never be sharded (a blocked class, atoms held twice)."""
+    """What `legal_shards` needs of a tuple of units (one per resolution), whatever the state,
+    as flat segments (one per unit, in unit order) that a few NumPy reductions fold per unit:
+
+    * `static`: the mesh axes no state allows (forbidden by the user; all of them for a unit
+      with a blocked class or atoms held twice);
+    * rule 1: `indivisible[u * 2**n + m]`, the mesh axes whose addition to mask m leaves unit
+      u's size indivisible, looked up for each part (`part_fines`, `part_base`);
+    * rule 2: `near`, the fine classes sharing a value or a use with the unit (its own
+      included): a mesh axis any of them holds would appear twice in that row;
+    * rule 3: the split dims each unit touches (rows of `ShardCheck.split_fines`, stacked)."""
 
     def __init__(self, space: StrategySpace, units, forbidden: list[int]) -> None:
         checks = [space.shard_check(u.fines) for u in units]
-        n = len(units)
-        width = max((len(c.fines) for c in checks), default=1)
-        self.fines = np.array(
-            [list(c.fines) + [c.first] * (width - len(c.fines)) for c in checks], dtype=np.int64
-        ).reshape(n, width)
+        n, ax = len(units), space.axes
+        self.n_units = n
+        every = (1 << ax.n) - 1
         self.first = np.array([c.first for c in checks], dtype=np.int64)
-        self.size = np.array([u.size for u in units], dtype=np.int64)
-        self.forbidden = np.array(forbidden, dtype=np.int64).reshape(n)
-        self.never = np.array([c.blocked or c.holds_twice for c in checks], dtype=bool)
-        lay = space.layout
-        self.value_rows = _incidence([c.value_rows for c in checks], lay.value_fine.shape[0])
-        self.use_rows = _incidence([c.use_rows for c in checks], lay.use_fine.shape[0])
+        self.static = np.array(
+            [f | (every if c.blocked or c.holds_twice else 0) for c, f in zip(checks, forbidden)],
+            dtype=np.int64,
+        )
+        # Rule 1: bits a with size % ways[m | a] != 0, per unit and mask m.
+        n_masks = 1 << ax.n
+        size = np.array([u.size for u in units], dtype=np.int64)
+        bad = np.zeros((n, n_masks), dtype=np.int64)
+        for a in range(ax.n):
+            ways = ax.ways[np.arange(n_masks) | (1 << a)].astype(np.int64)
+            bad |= np.where(size[:, None] % ways[None, :] != 0, 1 << a, 0)
+        self.indivisible = bad.ravel()
+        self.part_fines, self.part_starts = _segments([c.fines for c in checks])
+        self.part_base = np.repeat(
+            np.arange(n, dtype=np.int64) * n_masks, [len(c.fines) for c in checks]
+        )
+        # Rule 2 (a unit touching no row gets its first class: `masks[first]` is refused anyway).
+        near = [c.neighbors if len(c.neighbors) else c.fines[:1] for c in checks]
+        self.near, self.near_starts = _segments(near)
         # Rule 3's split dims of every unit, stacked (rows of `ShardCheck.split_fines`), with
         # the unit each row belongs to: `legal_shards` tests them all, on every mesh axis, at once.
         split = [(i, c) for i, c in enumerate(checks) if len(c.split_fines)]
@@ -224,36 +243,34 @@ class UnitTable:
             self.split_sizes = np.concatenate([c.split_sizes for _, c in split])
 
 
-def _incidence(rows: list[np.ndarray], n_cols: int) -> sp.csr_matrix:
-    """[units, rows]: 1 where a unit has atoms in the row."""
-    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum([len(r) for r in rows], out=indptr[1:])
-    cols = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, dtype=np.int64)
-    return sp.csr_matrix((np.ones(len(cols)), cols, indptr), shape=(len(rows), n_cols))
+def _segments(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The arrays `parts` end to end, and where each starts (for `ufunc.reduceat`)."""
+    lengths = np.array([len(p) for p in parts], dtype=np.int64)
+    starts = np.zeros(len(parts), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    flat = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+    return flat, starts
 
 
-def legal_shards(space: StrategySpace, masks: np.ndarray, table: UnitTable, counts) -> np.ndarray:
+def legal_shards(space: StrategySpace, masks: np.ndarray, table: UnitTable) -> np.ndarray:
     """[units, mesh axes]: whether adding the mesh axis to the unit keeps the state legal, for
     every unit of `table` at once: `why_illegal_shard`'s rules on arrays (the tree lists every
     legal shard of each new node, on the search's hot path; tests/test_legality_incremental.py
-    checks the two agree)."""
+    checks the two agree). Rules 1 and 2 fold into one mask of refused mesh axes per unit."""
     ax = space.axes
     bits = np.int64(1) << np.arange(ax.n, dtype=np.int64)
-    if not len(table.first):
+    if not table.n_units:
         return np.zeros((0, ax.n), dtype=bool)
-    ways = ax.ways.astype(np.int64)
-    ok = (masks[table.first][:, None] & bits) == 0
-    ok &= (table.forbidden[:, None] & bits) == 0
-    ok &= ~table.never[:, None]
-    # Rule 1 for every mask among the unit's parts.
-    split_ways = ways[masks[table.fines][:, :, None] | bits]  # [units, parts, axes]
-    ok &= ~(table.size[:, None, None] % split_ways != 0).any(axis=1)
-    # Rule 2: a row holding the unit's atoms already holds the mesh axis.
-    ok &= (table.value_rows @ (counts[0] != 0).astype(np.float64)) == 0
-    ok &= (table.use_rows @ (counts[1] != 0).astype(np.float64)) == 0
+    refused = table.static | masks[table.first]
+    refused |= np.bitwise_or.reduceat(
+        table.indivisible[table.part_base + masks[table.part_fines]], table.part_starts
+    )
+    refused |= np.bitwise_or.reduceat(masks[table.near], table.near_starts)
+    ok = (refused[:, None] & bits) == 0
     # Rule 3: every split dim a unit touches, with the mesh axis added to the unit's classes,
     # for every mesh axis ([axes, rows, sub-factors]; `strided_masks` on each slice).
     if len(table.split_unit):
+        ways = ax.ways
         held = np.where(table.split_pad, 0, masks[table.split_index])
         m = held | np.where(table.split_in_unit, bits[:, None, None], 0)
         whole = ways[m] == table.split_sizes
@@ -265,7 +282,8 @@ def legal_shards(space: StrategySpace, masks: np.ndarray, table: UnitTable, coun
 
 class ShardCheck:
     """What `why_illegal_shard` needs of one unit, whatever the state: its fine classes, the
-    rows (values, uses) holding them with their atom counts, and the split dims they touch."""
+    rows (values, uses) holding them with their atom counts, the fine classes those rows hold
+    (its neighbours), and the split dims they touch."""
 
     __slots__ = (
         "fines",
@@ -276,6 +294,7 @@ class ShardCheck:
         "use_rows",
         "use_add",
         "holds_twice",
+        "neighbors",
         "split_fines",
         "split_index",
         "split_pad",
@@ -293,6 +312,10 @@ class ShardCheck:
             (len(self.value_add) and self.value_add.max() > 1.5)
             or (len(self.use_add) and self.use_add.max() > 1.5)
         )
+        lay = space.layout  # incidence entries are atom counts, so every stored one is > 0
+        self.neighbors = np.union1d(
+            lay.value_fine[self.value_rows].indices, lay.use_fine[self.use_rows].indices
+        ).astype(np.int64)
         self.split_fines = space.layout.split_fines[space.splits_touching(fines)]
         n_fine = len(space.fine_size_ext) - 1  # index n_fine is the padding class
         self.split_pad = self.split_fines == n_fine

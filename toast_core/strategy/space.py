@@ -144,11 +144,6 @@ class StrategySpace:
             key, lambda: tuple(legality.strategy_problems(self, shardings, options, name))
         )
 
-    def axis_counts(self, masks: np.ndarray):
-        """([values, axes], [uses, axes]): how many atoms of each row hold each mesh axis."""
-        bits = self.axes.bits(masks).T
-        return (self.layout.value_fine @ bits, self.layout.use_fine @ bits)
-
     def touch(self, fines: tuple[int, ...]):
         """Rows (values, uses) holding these fine classes, with how many atoms each holds."""
 
@@ -175,19 +170,24 @@ class StrategySpace:
         """The state-independent part of `why_illegal_shard` for a unit (memoized)."""
         return self._checks.get(fines, lambda: legality.ShardCheck(self, fines))
 
-    def why_illegal_shard(self, state: State, unit: Unit, a: int, counts=None, forbidden=0):
+    def why_illegal_shard(self, state: State, unit: Unit, a: int, forbidden: int = 0):
         """None if adding mesh axis `a` to `unit` is legal in `state`, else the reason."""
-        if counts is None:
-            counts = self.axis_counts(state.masks)
-        return legality.why_illegal_shard(self, state.masks, unit, a, counts, forbidden)
+        return legality.why_illegal_shard(self, state.masks, unit, a, forbidden)
 
-    def unit_table(self, options, exclude: frozenset, forbidden: tuple) -> legality.UnitTable:
-        """`legality.UnitTable` of `units(options, exclude)`, with the mesh axes `forbidden` on
-        each (memoized: the search lists legal shards under the same resolutions again)."""
-        return self._tables.get(
-            (tuple(options), exclude, forbidden),
-            lambda: legality.UnitTable(self, self.units(options, exclude), list(forbidden)),
-        )
+    def unit_table(
+        self, options, exclude: frozenset, forbidden: tuple, picked: tuple | None = None
+    ) -> legality.UnitTable:
+        """`legality.UnitTable` of `units(options, exclude)` (of those at indices `picked`
+        only, if given), with the mesh axes `forbidden` on each (memoized: the search lists
+        legal shards under the same resolutions again)."""
+
+        def make():
+            units = self.units(options, exclude)
+            if picked is not None:
+                units = [units[u] for u in picked]
+            return legality.UnitTable(self, units, list(forbidden))
+
+        return self._tables.get((tuple(options), exclude, forbidden, picked), make)
 
     # -- units ---------------------------------------------------------------------------------
 
