@@ -56,7 +56,12 @@ class Environment:
         # id(units) -> (units, rollout weights, cumulative weights by (resolutions, remats))
         self._shard_weights: dict[int, tuple] = {}
         self._open_groups: dict[tuple, list[int]] = {}  # options -> `open_groups`
+        self._resolves: dict[tuple, list[Resolve]] = {}  # options -> their legal resolutions
+        self._remats: dict[tuple, tuple[Remat, ...]] = {}  # remat -> `remat_actions`
         self._parts: dict[tuple, list[int]] = {}  # (options, group) -> `units_of_parts`
+        self._n_options = [
+            min(len(self.ana.conflicts[k].options) for k in grp) for grp in self.groups
+        ]
 
     # -- units and groups ----------------------------------------------------------------------
 
@@ -95,7 +100,7 @@ class Environment:
         return list(hit)
 
     def n_options(self, g: int) -> int:
-        return min(len(self.ana.conflicts[k].options) for k in self.groups[g])
+        return self._n_options[g]
 
     def may_resolve(self, g: int, o: int) -> bool:
         forbidden = self.constraints.forbidden_options
@@ -110,12 +115,22 @@ class Environment:
         return (g, p) not in self.constraints.forbidden_remat
 
     def remat_actions(self, state: State) -> list[Remat]:
-        return [
-            Remat(g, p)
-            for g in self.open_remat(state)
-            for p in range(1, len(POLICIES))
-            if self.may_remat(g, p)
-        ]
+        return list(self._remat_actions(state))
+
+    def _remat_actions(self, state: State) -> tuple[Remat, ...]:
+        """`remat_actions`, memoized per remat policies (the rollouts ask at every step)."""
+        hit = self._remats.get(state.remat)
+        if hit is None:
+            hit = tuple(
+                Remat(g, p)
+                for g in self.open_remat(state)
+                for p in range(1, len(POLICIES))
+                if self.may_remat(g, p)
+            )
+            if len(self._remats) >= WEIGHTS_KEPT:
+                self._remats.clear()
+            self._remats[state.remat] = hit
+        return hit
 
     def remat_relaxations(self, state: State) -> list[State]:
         """States that choose another policy for one remat group (none included): the greedy
@@ -139,17 +154,27 @@ class Environment:
     # -- actions -------------------------------------------------------------------------------
 
     def legal_actions(self, state: State) -> list[Action]:
-        """Every legal action from `state`: resolutions, shards, then stop."""
-        out: list[Action] = [
-            Resolve(g, o)
-            for g in self.open_groups(state)
-            for o in range(self.n_options(g))
-            if self.may_resolve(g, o)
-        ]
+        """Every legal action from `state`: resolutions, shards, remat choices, then stop."""
+        out: list[Action] = list(self._resolve_actions(state))
         out += self.shard_actions(state)
-        out += self.remat_actions(state)
+        out += self._remat_actions(state)
         out.append(Stop())
         return out
+
+    def _resolve_actions(self, state: State) -> list[Resolve]:
+        """The legal resolutions of `state`, memoized per resolution."""
+        hit = self._resolves.get(state.options)
+        if hit is None:
+            hit = [
+                Resolve(g, o)
+                for g in self.open_groups(state)
+                for o in range(self.n_options(g))
+                if self.may_resolve(g, o)
+            ]
+            if len(self._resolves) >= WEIGHTS_KEPT:
+                self._resolves.clear()
+            self._resolves[state.options] = hit
+        return hit
 
     def shard_actions(self, state: State, units=None) -> list[Shard]:
         """Legal shards of `units` (indices; all by default): only those units are checked (a
@@ -201,7 +226,7 @@ class Environment:
         sampled candidates were all illegal."""
         units = self.units(state)
         groups = self.open_groups(state)
-        remats = self.remat_actions(state)
+        remats = self._remat_actions(state)
         n_shard = len(units) * self.n_axes
         cdf = self._rollout_cdf(units, len(groups), len(remats))
         if not len(cdf):

@@ -186,11 +186,25 @@ def why_illegal_shard(
     # unit) does.
     if chk.holds_twice or int(np.bitwise_or.reduce(masks[chk.neighbors])) & bit:
         return "a value or op would hold that mesh axis twice"
-    if len(chk.split_fines):
-        m = np.where(chk.split_pad, 0, masks[chk.split_index]) | np.where(chk.split_in_unit, bit, 0)
-        if strided_masks(m, chk.split_sizes, ax.ways).any():
+    if chk.split_index.shape[1]:
+        looked_up = chk.split_table[chk.split_base + masks[chk.split_index]]
+        if int(np.bitwise_or.reduce(strided_axes(looked_up, ax.n))) & bit:
             return "it would shard a minor sub-factor of a split dim (strided)"
     return None
+
+
+def strided_axes(looked_up: np.ndarray, n_axes: int) -> np.ndarray:
+    """Rule 3 for every mesh axis at once: per split dim (columns of `looked_up`, the
+    `ShardCheck.split_table` entries of its sub-factors under the state's masks, major first),
+    the mesh axes whose addition to the unit would shard a minor sub-factor while a more major
+    one is not completely split."""
+    every = (1 << n_axes) - 1
+    not_whole = looked_up[0] & every  # mesh axes leaving some more major sub-factor partial
+    out = not_whole & (looked_up[1] >> n_axes)
+    for k in range(2, len(looked_up)):
+        not_whole |= looked_up[k - 1] & every
+        out |= not_whole & (looked_up[k] >> n_axes)
+    return out
 
 
 class UnitTable:
@@ -203,7 +217,7 @@ class UnitTable:
       u's size indivisible, looked up for each part (`part_fines`, `part_base`);
     * rule 2: `near`, the fine classes sharing a value or a use with the unit (its own
       included): a mesh axis any of them holds would appear twice in that row;
-    * rule 3: the split dims each unit touches (rows of `ShardCheck.split_fines`, stacked)."""
+    * rule 3: the split dims each unit touches (`ShardCheck.split_table`, stacked)."""
 
     def __init__(self, space: StrategySpace, units, forbidden: list[int]) -> None:
         checks = [space.shard_check(u.fines) for u in units]
@@ -230,17 +244,19 @@ class UnitTable:
         # Rule 2 (a unit touching no row gets its first class: `masks[first]` is refused anyway).
         near = [c.neighbors if len(c.neighbors) else c.fines[:1] for c in checks]
         self.near, self.near_starts = _segments(near)
-        # Rule 3's split dims of every unit, stacked (rows of `ShardCheck.split_fines`), with
-        # the unit each row belongs to: `legal_shards` tests them all, on every mesh axis, at once.
-        split = [(i, c) for i, c in enumerate(checks) if len(c.split_fines)]
-        self.split_unit = np.array(
-            [i for i, c in split for _ in range(len(c.split_fines))], dtype=np.int64
-        )
+        # Rule 3's split dims of every unit that touches some, stacked (`split_units`, each
+        # unit's rows from `split_starts`): `legal_shards` tests them all, on every mesh axis,
+        # at once.
+        split = [(i, c) for i, c in enumerate(checks) if c.split_index.shape[1]]
+        self.split_units = np.array([i for i, _ in split], dtype=np.int64)
         if split:
-            self.split_index = np.concatenate([c.split_index for _, c in split])
-            self.split_pad = np.concatenate([c.split_pad for _, c in split])
-            self.split_in_unit = np.concatenate([c.split_in_unit for _, c in split])
-            self.split_sizes = np.concatenate([c.split_sizes for _, c in split])
+            self.split_table = np.concatenate([c.split_table for _, c in split])
+            offsets = np.cumsum([0] + [len(c.split_table) for _, c in split[:-1]])
+            self.split_base = np.concatenate(
+                [c.split_base + o for (_, c), o in zip(split, offsets.tolist())], axis=1
+            )
+            self.split_index = np.concatenate([c.split_index for _, c in split], axis=1)
+            _, self.split_starts = _segments([c.split_index[0] for _, c in split])
 
 
 def _segments(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -266,24 +282,18 @@ def legal_shards(space: StrategySpace, masks: np.ndarray, table: UnitTable) -> n
         table.indivisible[table.part_base + masks[table.part_fines]], table.part_starts
     )
     refused |= np.bitwise_or.reduceat(masks[table.near], table.near_starts)
-    ok = (refused[:, None] & bits) == 0
-    # Rule 3: every split dim a unit touches, with the mesh axis added to the unit's classes,
-    # for every mesh axis ([axes, rows, sub-factors]; `strided_masks` on each slice).
-    if len(table.split_unit):
-        ways = ax.ways
-        held = np.where(table.split_pad, 0, masks[table.split_index])
-        m = held | np.where(table.split_in_unit, bits[:, None, None], 0)
-        whole = ways[m] == table.split_sizes
-        major_whole = np.logical_and.accumulate(whole, axis=2)
-        axis, row = np.nonzero(((m[:, :, 1:] != 0) & ~major_whole[:, :, :-1]).any(axis=2))
-        ok[table.split_unit[row], axis] = False
-    return ok
+    # Rule 3: every split dim a unit touches, for every mesh axis.
+    if len(table.split_units):
+        looked_up = table.split_table[table.split_base + masks[table.split_index]]
+        strided = strided_axes(looked_up, ax.n)
+        refused[table.split_units] |= np.bitwise_or.reduceat(strided, table.split_starts)
+    return (refused[:, None] & bits) == 0
 
 
 class ShardCheck:
     """What `why_illegal_shard` needs of one unit, whatever the state: its fine classes, the
     rows (values, uses) holding them with their atom counts, the fine classes those rows hold
-    (its neighbours), and the split dims they touch."""
+    (its neighbours), and the split dims they touch (`split_table`)."""
 
     __slots__ = (
         "fines",
@@ -295,11 +305,9 @@ class ShardCheck:
         "use_add",
         "holds_twice",
         "neighbors",
-        "split_fines",
         "split_index",
-        "split_pad",
-        "split_in_unit",
-        "split_sizes",
+        "split_table",
+        "split_base",
     )
 
     def __init__(self, space: StrategySpace, fines: tuple[int, ...]) -> None:
@@ -316,9 +324,35 @@ class ShardCheck:
         self.neighbors = np.union1d(
             lay.value_fine[self.value_rows].indices, lay.use_fine[self.use_rows].indices
         ).astype(np.int64)
-        self.split_fines = space.layout.split_fines[space.splits_touching(fines)]
+        split_fines = space.layout.split_fines[space.splits_touching(fines)]
         n_fine = len(space.fine_size_ext) - 1  # index n_fine is the padding class
-        self.split_pad = self.split_fines == n_fine
-        self.split_index = np.where(self.split_pad, 0, self.split_fines)
-        self.split_in_unit = np.isin(self.split_fines, self.fines)
-        self.split_sizes = space.fine_size_ext[self.split_fines]
+        pad = (split_fines == n_fine).T  # [sub-factors, split dims], like the rest
+        self.split_index = np.where(pad, 0, split_fines.T)
+        table = _split_table(
+            space.axes,
+            np.isin(split_fines.T, self.fines),
+            pad,
+            space.fine_size_ext[split_fines.T],
+        )
+        self.split_table = table.ravel()
+        width, rows, n_masks = table.shape
+        self.split_base = np.arange(width * rows, dtype=np.int64).reshape(width, rows) * n_masks
+
+
+def _split_table(ax, in_unit: np.ndarray, pad: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """[sub-factors, split dims, masks]: for each sub-factor of a split dim holding mask m,
+    once the unit adds a mesh axis a: bit a set if the sub-factor is then not completely split
+    (ways != size), and bits `ax.n` and up all set if it is then sharded at all (whatever a:
+    the unit's own classes gain a mesh axis). The padding is whole and unsharded whatever the
+    state (its mask reads as 0)."""
+    n_masks = 1 << ax.n
+    every = n_masks - 1
+    m = np.arange(n_masks, dtype=np.int64)
+    partial_in = np.zeros(sizes.shape + (n_masks,), dtype=np.int64)
+    for a in range(ax.n):
+        partial_in |= np.where(ax.ways[m | (1 << a)] != sizes[..., None], 1 << a, 0)
+    partial_out = np.where(ax.ways[m] != sizes[..., None], every, 0)
+    partial = np.where(in_unit[..., None], partial_in, partial_out)
+    partial = np.where(pad[..., None], 0, partial)
+    sharded = in_unit[..., None] | ((m != 0) & ~pad[..., None])
+    return partial | np.where(sharded, every << ax.n, 0)
