@@ -58,7 +58,8 @@ class Environment:
         self._open_groups: dict[tuple, list[int]] = {}  # options -> `open_groups`
         self._resolves: dict[tuple, list[Resolve]] = {}  # options -> their legal resolutions
         self._remats: dict[tuple, tuple[Remat, ...]] = {}  # remat -> `remat_actions`
-        self._parts: dict[tuple, list[int]] = {}  # (options, group) -> `units_of_parts`
+        self._units: dict[tuple, tuple[Unit, ...]] = {}  # options -> `units`
+        self._unit_fines: dict[int, tuple] = {}  # id(units) -> (units, their fine classes)
         self._n_options = [
             min(len(self.ana.conflicts[k].options) for k in grp) for grp in self.groups
         ]
@@ -66,26 +67,32 @@ class Environment:
     # -- units and groups ----------------------------------------------------------------------
 
     def units(self, state: State) -> tuple[Unit, ...]:
-        return self.space.units(state.options, self.constraints.pinned_fines)
-
-    def units_of_parts(self, state: State, group: int) -> list[int]:
-        """Indices of the units of `state` holding a part of a named dim that conflict group
-        `group` splits (the greedy descent's follow-ups of a resolution); memoized per
-        (resolution, group): a descent asks again at every step."""
-        key = (state.options, group)
-        hit = self._parts.get(key)
+        """The units of decision of `state` under the pins (`StrategySpace.units`), looked up
+        per resolution here first (every step of the search asks, the space's cache locks)."""
+        hit = self._units.get(state.options)
         if hit is None:
-            parents = {d for k in self.groups[group] for d in self.ana.conflicts[k].named_dims}
-            res_dims = {d.name: d.parent for d in self.space.resolution(state.options).dims}
-            hit = [
-                u
-                for u, unit in enumerate(self.units(state))
-                if any(res_dims.get(n) in parents for n in unit.dims)
-            ]
-            if len(self._parts) >= WEIGHTS_KEPT:
-                self._parts.clear()
-            self._parts[key] = hit
+            if len(self._units) >= WEIGHTS_KEPT:
+                self._units.clear()
+            hit = self.space.units(state.options, self.constraints.pinned_fines)
+            self._units[state.options] = hit
         return hit
+
+    def unit_fines(self, state: State) -> list[np.ndarray]:
+        """The fine classes of each unit of `state`, as index arrays (`apply` sets masks)."""
+        units = self.units(state)
+        hit = self._unit_fines.get(id(units))
+        if hit is None or hit[0] is not units:
+            if len(self._unit_fines) >= WEIGHTS_KEPT:
+                self._unit_fines.clear()
+            hit = (units, [self.space.shard_check(u.fines).fines for u in units])
+            self._unit_fines[id(units)] = hit
+        return hit[1]
+
+    def units_of_parts(self, state: State, group: int) -> tuple[int, ...]:
+        """Indices of the units of `state` holding a part of a named dim that conflict group
+        `group` splits (the greedy descent's follow-ups of a resolution; memoized by the
+        space: a descent asks again at every step)."""
+        return self.space.units_of_parts(state.options, self.constraints.pinned_fines, group)
 
     def open_groups(self, state: State) -> list[int]:
         """Decision groups with no conflict resolved yet (by the state or a pin); memoized per
@@ -210,9 +217,8 @@ class Environment:
             chosen = {(k, action.option) for k in self.groups[action.group]}
             return State(tuple(sorted(set(state.options) | chosen)), state.masks, state.remat)
         if isinstance(action, Shard):
-            unit = self.units(state)[action.unit]
             masks = state.masks.copy()
-            masks[self.space.shard_check(unit.fines).fines] |= 1 << action.axis
+            masks[self.unit_fines(state)[action.unit]] |= 1 << action.axis
             return State(state.options, masks, state.remat)
         if isinstance(action, Remat):
             rest = tuple(x for x in state.remat if x[0] != action.group)

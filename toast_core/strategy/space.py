@@ -108,7 +108,7 @@ class StrategySpace:
         self.blocked = _blocked_fines(ana, self.axes)
         self.remat = remat_space(ana)
         self._units, self._touch, self._splits = _Lru(), _Lru(), _Lru()
-        self._checks = _Lru()
+        self._checks, self._parts = _Lru(), _Lru()
         self._tables = _Lru(256)  # each a few arrays of the units' size
         self._valid = _Lru()
 
@@ -197,6 +197,23 @@ class StrategySpace:
         return self._units.get(
             (tuple(options), exclude), lambda: self._make_units(options, exclude)
         )
+
+    def units_of_parts(self, options, exclude: frozenset, group: int) -> tuple[int, ...]:
+        """Indices of `units(options, exclude)` holding a part of a named dim that conflict
+        group `group` (of `conflict_groups`) splits (memoized)."""
+
+        def make():
+            parents = {
+                d for k in self.conflict_groups[group] for d in self.ana.conflicts[k].named_dims
+            }
+            res_dims = {d.name: d.parent for d in self.resolution(options).dims}
+            return tuple(
+                u
+                for u, unit in enumerate(self.units(options, exclude))
+                if any(res_dims.get(n) in parents for n in unit.dims)
+            )
+
+        return self._parts.get((tuple(options), exclude, group), make)
 
     def _make_units(self, options, exclude: frozenset) -> tuple[Unit, ...]:
         res = self.resolution(options)
