@@ -59,7 +59,9 @@ class Environment:
         self._resolves: dict[tuple, list[Resolve]] = {}  # options -> their legal resolutions
         self._remats: dict[tuple, tuple[Remat, ...]] = {}  # remat -> `remat_actions`
         self._units: dict[tuple, tuple[Unit, ...]] = {}  # options -> `units`
-        self._unit_fines: dict[int, tuple] = {}  # id(units) -> (units, their fine classes)
+        # id(units) -> (units, their `legality.ShardCheck`s and forbidden mesh axes)
+        self._unit_checks: dict[int, tuple] = {}
+        self._shards: list[Shard] = []  # `_shard_objects`
         self._n_options = [
             min(len(self.ana.conflicts[k].options) for k in grp) for grp in self.groups
         ]
@@ -77,16 +79,17 @@ class Environment:
             self._units[state.options] = hit
         return hit
 
-    def unit_fines(self, state: State) -> list[np.ndarray]:
-        """The fine classes of each unit of `state`, as index arrays (`apply` sets masks)."""
-        units = self.units(state)
-        hit = self._unit_fines.get(id(units))
+    def _checks(self, units: tuple[Unit, ...]) -> tuple[list, list[int]]:
+        """The `legality.ShardCheck` of each of `units` (its fine classes as an index array,
+        which `apply` sets) and the mesh axes the pins forbid on it."""
+        hit = self._unit_checks.get(id(units))
         if hit is None or hit[0] is not units:
-            if len(self._unit_fines) >= WEIGHTS_KEPT:
-                self._unit_fines.clear()
-            hit = (units, [self.space.shard_check(u.fines).fines for u in units])
-            self._unit_fines[id(units)] = hit
-        return hit[1]
+            if len(self._unit_checks) >= WEIGHTS_KEPT:
+                self._unit_checks.clear()
+            checks = [self.space.shard_check(u.fines) for u in units]
+            forbidden = [self.constraints.forbidden_bits(u.fines) for u in units]
+            hit = self._unit_checks[id(units)] = (units, checks, forbidden)
+        return hit[1], hit[2]
 
     def units_of_parts(self, state: State, group: int) -> tuple[int, ...]:
         """Indices of the units of `state` holding a part of a named dim that conflict group
@@ -95,8 +98,12 @@ class Environment:
         return self.space.units_of_parts(state.options, self.constraints.pinned_fines, group)
 
     def open_groups(self, state: State) -> list[int]:
-        """Decision groups with no conflict resolved yet (by the state or a pin); memoized per
-        resolution (the tree and the rollouts ask again at every step)."""
+        """Decision groups with no conflict resolved yet (by the state or a pin)."""
+        return list(self._open(state))
+
+    def _open(self, state: State) -> list[int]:
+        """`open_groups`, memoized per resolution (the tree and the rollouts ask again at every
+        step); not to be changed."""
         hit = self._open_groups.get(state.options)
         if hit is None:
             done = {k for k, _ in state.options} | self.constraints.fixed_conflicts
@@ -104,7 +111,7 @@ class Environment:
             if len(self._open_groups) >= WEIGHTS_KEPT:
                 self._open_groups.clear()
             self._open_groups[state.options] = hit
-        return list(hit)
+        return hit
 
     def n_options(self, g: int) -> int:
         return self._n_options[g]
@@ -174,7 +181,7 @@ class Environment:
         if hit is None:
             hit = [
                 Resolve(g, o)
-                for g in self.open_groups(state)
+                for g in self._open(state)
                 for o in range(self.n_options(g))
                 if self.may_resolve(g, o)
             ]
@@ -189,10 +196,22 @@ class Environment:
         all_units = self.units(state)
         picked = None if units is None else tuple(units)
         table = self._unit_table(state, all_units, picked)
-        rows, axes = np.nonzero(legality.legal_shards(self.space, state.masks, table))
+        legal = np.flatnonzero(legality.legal_shards(self.space, state.masks, table)).tolist()
+        if not legal:
+            return []
+        shards = self._shard_objects(len(all_units))
         if picked is None:
-            return [Shard(u, a) for u, a in zip(rows.tolist(), axes.tolist())]
-        return [Shard(picked[r], a) for r, a in zip(rows.tolist(), axes.tolist())]
+            return [shards[i] for i in legal]
+        n = self.n_axes
+        return [shards[picked[i // n] * n + i % n] for i in legal]
+
+    def _shard_objects(self, n_units: int) -> list[Shard]:
+        """`Shard(u, a)` at index `u * n_axes + a`, for units 0 to `n_units` - 1 at least (made
+        once: a search lists thousands)."""
+        have = len(self._shards) // self.n_axes
+        if have < n_units:
+            self._shards += [Shard(u, a) for u in range(have, n_units) for a in range(self.n_axes)]
+        return self._shards
 
     def _unit_table(
         self, state: State, units: tuple[Unit, ...], picked: tuple[int, ...] | None
@@ -218,7 +237,7 @@ class Environment:
             return State(tuple(sorted(set(state.options) | chosen)), state.masks, state.remat)
         if isinstance(action, Shard):
             masks = state.masks.copy()
-            masks[self.unit_fines(state)[action.unit]] |= 1 << action.axis
+            masks[self._checks(self.units(state))[0][action.unit].fines] |= 1 << action.axis
             return State(state.options, masks, state.remat)
         if isinstance(action, Remat):
             rest = tuple(x for x in state.remat if x[0] != action.group)
@@ -231,19 +250,23 @@ class Environment:
         """A random legal action for rollouts (large units more often), or None when a few
         sampled candidates were all illegal."""
         units = self.units(state)
-        groups = self.open_groups(state)
+        groups = self._open(state)
         remats = self._remat_actions(state)
         n_shard = len(units) * self.n_axes
         cdf = self._rollout_cdf(units, len(groups), len(remats))
         if not len(cdf):
             return None
+        checks, forbidden = self._checks(units)
         for _ in range(ROLLOUT_TRIES):
             # `rng.choice(len(w), p=w / w.sum())` as numpy computes it (the same draw of the
             # same stream), with the cumulative weights computed once per kind of state.
             i = int(cdf.searchsorted(rng.random(), side="right"))
             if i < n_shard:
                 u, a = divmod(i, self.n_axes)
-                if self.why_illegal_shard(state, units[u], a) is None:
+                why = legality.why_illegal_check(
+                    self.space, state.masks, checks[u], units[u].size, a, forbidden[u]
+                )
+                if why is None:
                     return Shard(u, a)
             elif i < n_shard + len(groups):
                 g = groups[i - n_shard]

@@ -167,9 +167,15 @@ def why_illegal_shard(
     the reason; `forbidden` is the mesh axes the user forbids on the unit. The search calls
     this for every candidate step, so what depends on the unit alone is computed once
     (`ShardCheck`)."""
+    return why_illegal_check(space, masks, space.shard_check(unit.fines), unit.size, a, forbidden)
+
+
+def why_illegal_check(
+    space: StrategySpace, masks: np.ndarray, chk: ShardCheck, size: int, a: int, forbidden: int
+) -> str | None:
+    """`why_illegal_shard` of the unit of `chk` and `size` (the search keeps both per unit)."""
     ax = space.axes
     bit = 1 << a
-    chk = space.shard_check(unit.fines)
     if int(masks[chk.first]) & bit:
         return "already on that mesh axis"
     if forbidden & bit:
@@ -179,8 +185,8 @@ def why_illegal_shard(
     # Rule 1 for every distinct mask among the unit's parts (after a resolution, parts of
     # different named dims with one signature may already hold different mesh axes).
     for m in sorted(set(masks[chk.fines].tolist())):
-        if indivisible(unit.size, int(ax.ways[m | bit])):
-            return f"size {unit.size} is not divisible by {int(ax.ways[m | bit])} shards"
+        if indivisible(size, int(ax.ways[m | bit])):
+            return f"size {size} is not divisible by {int(ax.ways[m | bit])} shards"
     # Rule 2. With the unit's own atoms at most once per row, a row breaks the rule exactly
     # when it already holds the mesh axis: when some fine class it holds (a neighbour of the
     # unit) does.
