@@ -79,14 +79,15 @@ class Environment:
             self._units[state.options] = hit
         return hit
 
-    def _checks(self, units: tuple[Unit, ...]) -> tuple[list, list[int]]:
-        """The `legality.ShardCheck` of each of `units` (its fine classes as an index array,
-        which `apply` sets) and the mesh axes the pins forbid on it."""
+    def _checks(self, state: State) -> tuple[tuple, list[int]]:
+        """The `legality.ShardCheck` of each unit of `state` (its fine classes as an index
+        array, which `apply` sets) and the mesh axes the pins forbid on it."""
+        units = self.units(state)
         hit = self._unit_checks.get(id(units))
         if hit is None or hit[0] is not units:
             if len(self._unit_checks) >= WEIGHTS_KEPT:
                 self._unit_checks.clear()
-            checks = [self.space.shard_check(u.fines) for u in units]
+            checks = self.space.unit_checks(state.options, self.constraints.pinned_fines)
             forbidden = [self.constraints.forbidden_bits(u.fines) for u in units]
             hit = self._unit_checks[id(units)] = (units, checks, forbidden)
         return hit[1], hit[2]
@@ -237,7 +238,7 @@ class Environment:
             return State(tuple(sorted(set(state.options) | chosen)), state.masks, state.remat)
         if isinstance(action, Shard):
             masks = state.masks.copy()
-            masks[self._checks(self.units(state))[0][action.unit].fines] |= 1 << action.axis
+            masks[self._checks(state)[0][action.unit].fines] |= 1 << action.axis
             return State(state.options, masks, state.remat)
         if isinstance(action, Remat):
             rest = tuple(x for x in state.remat if x[0] != action.group)
@@ -256,7 +257,7 @@ class Environment:
         cdf = self._rollout_cdf(units, len(groups), len(remats))
         if not len(cdf):
             return None
-        checks, forbidden = self._checks(units)
+        checks, forbidden = self._checks(state)
         for _ in range(ROLLOUT_TRIES):
             # `rng.choice(len(w), p=w / w.sum())` as numpy computes it (the same draw of the
             # same stream), with the cumulative weights computed once per kind of state.

@@ -108,7 +108,7 @@ class StrategySpace:
         self.blocked = _blocked_fines(ana, self.axes)
         self.remat = remat_space(ana)
         self._units, self._touch, self._splits = _Lru(), _Lru(), _Lru()
-        self._checks, self._parts = _Lru(), _Lru()
+        self._checks, self._parts, self._unit_checks = _Lru(), _Lru(), _Lru()
         self._tables = _Lru(256)  # each a few arrays of the units' size
         self._valid = _Lru()
 
@@ -173,6 +173,13 @@ class StrategySpace:
     def why_illegal_shard(self, state: State, unit: Unit, a: int, forbidden: int = 0):
         """None if adding mesh axis `a` to `unit` is legal in `state`, else the reason."""
         return legality.why_illegal_shard(self, state.masks, unit, a, forbidden)
+
+    def unit_checks(self, options, exclude: frozenset) -> tuple[legality.ShardCheck, ...]:
+        """The `shard_check` of each of `units(options, exclude)` (memoized)."""
+        return self._unit_checks.get(
+            (tuple(options), exclude),
+            lambda: tuple(self.shard_check(u.fines) for u in self.units(options, exclude)),
+        )
 
     def unit_table(
         self, options, exclude: frozenset, forbidden: tuple, picked: tuple | None = None
