@@ -233,13 +233,15 @@ class Environment:
         return hit[1]
 
     def apply(self, state: State, action: Action) -> State:
+        if isinstance(action, Shard):  # the common case (greedy steps, rollouts) first
+            masks = state.masks.copy()
+            fines = self._checks(state)[0][action.unit].fines
+            # Not `masks[fines] |= bit`: NumPy's in-place fancy update is 3x slower.
+            masks[fines] = masks[fines] | (1 << action.axis)
+            return State(state.options, masks, state.remat)
         if isinstance(action, Resolve):
             chosen = {(k, action.option) for k in self.groups[action.group]}
             return State(tuple(sorted(set(state.options) | chosen)), state.masks, state.remat)
-        if isinstance(action, Shard):
-            masks = state.masks.copy()
-            masks[self._checks(state)[0][action.unit].fines] |= 1 << action.axis
-            return State(state.options, masks, state.remat)
         if isinstance(action, Remat):
             rest = tuple(x for x in state.remat if x[0] != action.group)
             return State(

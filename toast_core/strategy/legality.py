@@ -292,7 +292,8 @@ def legal_shards(space: StrategySpace, masks: np.ndarray, table: UnitTable) -> n
     if len(table.split_units):
         looked_up = table.split_table[table.split_base + masks[table.split_index]]
         strided = strided_axes(looked_up, ax.n)
-        refused[table.split_units] |= np.bitwise_or.reduceat(strided, table.split_starts)
+        by_unit = np.bitwise_or.reduceat(strided, table.split_starts)
+        refused[table.split_units] = refused[table.split_units] | by_unit
     return (refused[:, None] & bits) == 0
 
 
