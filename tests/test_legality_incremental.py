@@ -73,3 +73,24 @@ def test_incremental_legality_matches_whole_strategy_check(model, mesh, data):
             break
         state = env.apply(state, action)
         assert not _problems(env, state)
+
+
+def test_listing_honours_forbidden_mesh_axes():
+    """A forbid (`!N3@model`) removes exactly that unit's mesh axis from the listing, which
+    still agrees with the one-by-one check."""
+    free = _env("gpt", "2x4")
+    space = free.space
+    model = space.axes.index("model")
+    root_units = free.units(free.root)
+    u = next(s.unit for s in free.shard_actions(free.root) if s.axis == model)
+    env = Environment(space, constrain(space, forbids=[f"!{root_units[u].dims[0]}@model"]))
+    listed = env.shard_actions(env.root)
+    units = env.units(env.root)
+    assert {(s.unit, s.axis) for s in listed} == {
+        (i, a)
+        for i in range(len(units))
+        for a in range(env.n_axes)
+        if env.why_illegal_shard(env.root, units[i], a) is None
+    }
+    assert units == root_units  # a forbid pins nothing: the same units
+    assert set(free.shard_actions(free.root)) - set(listed) == {Shard(u, model)}
