@@ -204,8 +204,9 @@ def search_iter(
         yield from _search(ana, mesh, hw, st)
 
 
-def _search(ana, mesh, hw, st: SearchSettings) -> Iterator[SearchEvent]:
-    """The single-process search (`search_iter`)."""
+def _search(ana, mesh, hw, st: SearchSettings, teach: bool = True) -> Iterator[SearchEvent]:
+    """The single-process search (`search_iter`); without `teach` the events leave out the
+    top of the tree (`search` keeps none of it)."""
     start, cpu0 = time.perf_counter(), time.process_time()
     run = _Run(ana, mesh, hw, st)
     phase = _deadlines(start, time.perf_counter(), st.budget_s)
@@ -236,7 +237,7 @@ def _search(ana, mesh, hw, st: SearchSettings) -> Iterator[SearchEvent]:
             evals_per_s=run.scorer.evaluations / elapsed if elapsed > 0 else 0.0,
             done=done,
             baselines=dict(run.baselines),
-            tree_top=run.tree_top(),
+            tree_top=run.tree_top() if teach else (),
             verified=tuple(verified),
             notes=tuple(notes),
         )
@@ -309,7 +310,7 @@ def _search_result(ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, settings) ->
     if st.workers > 1:
         last, history = _parallel(ana, mesh, hw, st)
     else:
-        for ev in search_iter(ana, mesh, hw, **settings):
+        for ev in _search(ana, mesh, hw, st, teach=False):  # collector paused by `search`
             history.append((ev.iteration, ev.elapsed_s, ev.best_step_time_s))
             last = ev
     times = last.baselines
