@@ -89,8 +89,8 @@ class _Builder:
     Most tries of a greedy tactic fail (Megatron on GPT-3 175B: 576 of 607, each head dim once
     the heads hold the model axis), and the whole check of a 40k-op strategy costs milliseconds.
     A try that adds one mesh axis to named dims nothing shards yet is first put to the search's
-    incremental check (`why_illegal_shard`, on the atom counts of the current strategy, kept
-    while it does not change), which refuses exactly what the whole check refuses
+    incremental check (`why_illegal_shard`, on the fine-class masks of the current strategy,
+    kept while it does not change), which refuses exactly what the whole check refuses
     (tests/test_legality_incremental.py); what it allows still goes through the whole check.
     """
 
@@ -98,7 +98,7 @@ class _Builder:
         self.ana, self.mesh, self.name = ana, mesh, name
         self.shardings: dict[str, tuple[str, ...]] = {}
         self.options: dict[int, int] = {}
-        self._counted: tuple | None = None  # (strategy key, fine masks, atom counts)
+        self._masked: tuple | None = None  # (strategy key, fine masks)
 
     def strategy(self) -> Strategy:
         return Strategy.make(self.ana, self.shardings, self.options, self.name)
@@ -112,11 +112,10 @@ class _Builder:
         if any(n in self.shardings for n in names):
             return False
         key = (tuple(self.shardings.items()), tuple(sorted(self.options.items())))
-        if self._counted is None or self._counted[0] != key:
+        if self._masked is None or self._masked[0] != key:
             current = Strategy.make(self.ana, self.shardings, self.options, self.name)
-            masks = space.masks_of(current.shardings, current.options)
-            self._counted = (key, masks, space.axis_counts(masks))
-        _, masks, counts = self._counted
+            self._masked = (key, space.masks_of(current.shardings, current.options))
+        masks = self._masked[1]
         res = space.resolution(tuple(sorted(self.options.items())))
         try:
             parts = [p for n in names for p in named_dim_parts(self.ana, res, n)]
@@ -133,7 +132,7 @@ class _Builder:
             return False
         unit = Unit(tuple(names), fines, sizes.pop(), 0.0)
         a = space.axes.index(axes[0])
-        return why_illegal_shard(space, masks, unit, a, counts) is not None
+        return why_illegal_shard(space, masks, unit, a) is not None
 
     def try_shard(self, dim_name: str | list[str], axes: tuple[str, ...], options=None) -> bool:
         """Adds `axes` to one named dim (or to each of a group of them) if the result is legal."""

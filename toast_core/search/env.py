@@ -40,10 +40,6 @@ RESOLVE_WEIGHT = 8.0
 REMAT_WEIGHT = 10.0
 #: Candidates a rollout step samples before it gives up.
 ROLLOUT_TRIES = 12
-#: States whose atom counts the environment remembers (each is [values + uses, mesh axes]).
-COUNTS_KEPT = 8
-#: Shard steps whose child's atom counts the environment can derive from the parent's.
-PARENTS_KEPT = 1024
 #: Units tuples whose rollout weights the environment remembers.
 WEIGHTS_KEPT = 1024
 
@@ -55,43 +51,60 @@ class Environment:
         self.n_axes = space.axes.n
         self.root = constraints.root
         self.groups = space.conflict_groups
-        # Per-state atom counts (`StrategySpace.axis_counts`) of the last few states, so that a
-        # rollout step derives its child's counts from its own instead of recounting.
-        self._counts: dict[bytes, tuple] = {}
-        self._parents: dict[bytes, tuple] = {}  # child masks -> (parent masks, unit, axis)
-        self._unit_tables: dict[int, tuple] = {}  # id(units) -> (units, `legality.UnitTable`)
+        # (id(units), picked units or None) -> (units, `legality.UnitTable`)
+        self._unit_tables: dict[tuple, tuple] = {}
         # id(units) -> (units, rollout weights, cumulative weights by (resolutions, remats))
         self._shard_weights: dict[int, tuple] = {}
         self._open_groups: dict[tuple, list[int]] = {}  # options -> `open_groups`
-        self._parts: dict[tuple, list[int]] = {}  # (options, group) -> `units_of_parts`
+        self._resolves: dict[tuple, list[Resolve]] = {}  # options -> their legal resolutions
+        self._remats: dict[tuple, tuple[Remat, ...]] = {}  # remat -> `remat_actions`
+        self._units: dict[tuple, tuple[Unit, ...]] = {}  # options -> `units`
+        # id(units) -> (units, their `legality.ShardCheck`s and forbidden mesh axes)
+        self._unit_checks: dict[int, tuple] = {}
+        self._shards: list[Shard] = []  # `_shard_objects`
+        self._n_options = [
+            min(len(self.ana.conflicts[k].options) for k in grp) for grp in self.groups
+        ]
 
     # -- units and groups ----------------------------------------------------------------------
 
     def units(self, state: State) -> tuple[Unit, ...]:
-        return self.space.units(state.options, self.constraints.pinned_fines)
-
-    def units_of_parts(self, state: State, group: int) -> list[int]:
-        """Indices of the units of `state` holding a part of a named dim that conflict group
-        `group` splits (the greedy descent's follow-ups of a resolution); memoized per
-        (resolution, group): a descent asks again at every step."""
-        key = (state.options, group)
-        hit = self._parts.get(key)
+        """The units of decision of `state` under the pins (`StrategySpace.units`), looked up
+        per resolution here first (every step of the search asks, the space's cache locks)."""
+        hit = self._units.get(state.options)
         if hit is None:
-            parents = {d for k in self.groups[group] for d in self.ana.conflicts[k].named_dims}
-            res_dims = {d.name: d.parent for d in self.space.resolution(state.options).dims}
-            hit = [
-                u
-                for u, unit in enumerate(self.units(state))
-                if any(res_dims.get(n) in parents for n in unit.dims)
-            ]
-            if len(self._parts) >= WEIGHTS_KEPT:
-                self._parts.clear()
-            self._parts[key] = hit
+            if len(self._units) >= WEIGHTS_KEPT:
+                self._units.clear()
+            hit = self.space.units(state.options, self.constraints.pinned_fines)
+            self._units[state.options] = hit
         return hit
 
+    def _checks(self, state: State) -> tuple[tuple, list[int]]:
+        """The `legality.ShardCheck` of each unit of `state` (its fine classes as an index
+        array, which `apply` sets) and the mesh axes the pins forbid on it."""
+        units = self.units(state)
+        hit = self._unit_checks.get(id(units))
+        if hit is None or hit[0] is not units:
+            if len(self._unit_checks) >= WEIGHTS_KEPT:
+                self._unit_checks.clear()
+            checks = self.space.unit_checks(state.options, self.constraints.pinned_fines)
+            forbidden = [self.constraints.forbidden_bits(u.fines) for u in units]
+            hit = self._unit_checks[id(units)] = (units, checks, forbidden)
+        return hit[1], hit[2]
+
+    def units_of_parts(self, state: State, group: int) -> tuple[int, ...]:
+        """Indices of the units of `state` holding a part of a named dim that conflict group
+        `group` splits (the greedy descent's follow-ups of a resolution; memoized by the
+        space: a descent asks again at every step)."""
+        return self.space.units_of_parts(state.options, self.constraints.pinned_fines, group)
+
     def open_groups(self, state: State) -> list[int]:
-        """Decision groups with no conflict resolved yet (by the state or a pin); memoized per
-        resolution (the tree and the rollouts ask again at every step)."""
+        """Decision groups with no conflict resolved yet (by the state or a pin)."""
+        return list(self._open(state))
+
+    def _open(self, state: State) -> list[int]:
+        """`open_groups`, memoized per resolution (the tree and the rollouts ask again at every
+        step); not to be changed."""
         hit = self._open_groups.get(state.options)
         if hit is None:
             done = {k for k, _ in state.options} | self.constraints.fixed_conflicts
@@ -99,10 +112,10 @@ class Environment:
             if len(self._open_groups) >= WEIGHTS_KEPT:
                 self._open_groups.clear()
             self._open_groups[state.options] = hit
-        return list(hit)
+        return hit
 
     def n_options(self, g: int) -> int:
-        return min(len(self.ana.conflicts[k].options) for k in self.groups[g])
+        return self._n_options[g]
 
     def may_resolve(self, g: int, o: int) -> bool:
         forbidden = self.constraints.forbidden_options
@@ -117,12 +130,22 @@ class Environment:
         return (g, p) not in self.constraints.forbidden_remat
 
     def remat_actions(self, state: State) -> list[Remat]:
-        return [
-            Remat(g, p)
-            for g in self.open_remat(state)
-            for p in range(1, len(POLICIES))
-            if self.may_remat(g, p)
-        ]
+        return list(self._remat_actions(state))
+
+    def _remat_actions(self, state: State) -> tuple[Remat, ...]:
+        """`remat_actions`, memoized per remat policies (the rollouts ask at every step)."""
+        hit = self._remats.get(state.remat)
+        if hit is None:
+            hit = tuple(
+                Remat(g, p)
+                for g in self.open_remat(state)
+                for p in range(1, len(POLICIES))
+                if self.may_remat(g, p)
+            )
+            if len(self._remats) >= WEIGHTS_KEPT:
+                self._remats.clear()
+            self._remats[state.remat] = hit
+        return hit
 
     def remat_relaxations(self, state: State) -> list[State]:
         """States that choose another policy for one remat group (none included): the greedy
@@ -139,97 +162,86 @@ class Environment:
                     out.append(State(state.options, state.masks, remat))
         return out
 
-    def why_illegal_shard(self, state: State, unit: Unit, a: int, counts=None) -> str | None:
+    def why_illegal_shard(self, state: State, unit: Unit, a: int) -> str | None:
         forbidden = self.constraints.forbidden_bits(unit.fines)
-        return self.space.why_illegal_shard(state, unit, a, counts, forbidden)
+        return self.space.why_illegal_shard(state, unit, a, forbidden)
 
     # -- actions -------------------------------------------------------------------------------
 
     def legal_actions(self, state: State) -> list[Action]:
-        """Every legal action from `state`: resolutions, shards, then stop."""
-        out: list[Action] = [
-            Resolve(g, o)
-            for g in self.open_groups(state)
-            for o in range(self.n_options(g))
-            if self.may_resolve(g, o)
-        ]
+        """Every legal action from `state`: resolutions, shards, remat choices, then stop."""
+        out: list[Action] = list(self._resolve_actions(state))
         out += self.shard_actions(state)
-        out += self.remat_actions(state)
+        out += self._remat_actions(state)
         out.append(Stop())
         return out
 
-    def axis_counts(self, state: State):
-        """`StrategySpace.axis_counts` of the state's masks, remembered for a few states."""
-        key = state.masks.tobytes()
-        hit = self._counts.get(key)
+    def _resolve_actions(self, state: State) -> list[Resolve]:
+        """The legal resolutions of `state`, memoized per resolution."""
+        hit = self._resolves.get(state.options)
         if hit is None:
-            step = self._parents.pop(key, None)
-            if step is not None:
-                hit = self._child_counts(*step)
-            if hit is None:
-                hit = self.space.axis_counts(state.masks)
-            self._remember_counts(key, hit)
+            hit = [
+                Resolve(g, o)
+                for g in self._open(state)
+                for o in range(self.n_options(g))
+                if self.may_resolve(g, o)
+            ]
+            if len(self._resolves) >= WEIGHTS_KEPT:
+                self._resolves.clear()
+            self._resolves[state.options] = hit
         return hit
 
-    def _remember_counts(self, key: bytes, counts):
-        if len(self._counts) >= COUNTS_KEPT:
-            del self._counts[next(iter(self._counts))]
-        self._counts[key] = counts
-        return counts
-
-    def _child_counts(self, parent: np.ndarray, unit: Unit, a: int):
-        """The counts of the masks `parent` with axis `a` added to `unit`, from the parent's
-        (None when those are not remembered): the unit's atoms gain axis `a` where they did not
-        hold it. Whole-number sums, so equal to a recount."""
-        counts = self._counts.get(parent.tobytes())
-        if counts is None:
-            return None
-        chk = self.space.shard_check(unit.fines)
-        gained = (parent[chk.fines] & self.space.axes.bit(a)) == 0
-        if not gained.all():  # parts already on the axis (after a resolution): recount
-            return None
-        values, uses = counts[0].copy(), counts[1].copy()
-        values[chk.value_rows, a] += chk.value_add
-        uses[chk.use_rows, a] += chk.use_add
-        return values, uses
-
     def shard_actions(self, state: State, units=None) -> list[Shard]:
-        """Legal shards of `units` (indices; all by default)."""
-        counts = self.axis_counts(state)
+        """Legal shards of `units` (indices; all by default): only those units are checked (a
+        greedy step asks for the few parts a resolution creates)."""
         all_units = self.units(state)
-        table = self._unit_table(state, all_units)
-        ok = legality.legal_shards(self.space, state.masks, table, counts)
-        picked = range(len(all_units)) if units is None else units
-        return [Shard(u, a) for u in picked for a in np.flatnonzero(ok[u]).tolist()]
+        picked = None if units is None else tuple(units)
+        table = self._unit_table(state, all_units, picked)
+        legal = np.flatnonzero(legality.legal_shards(self.space, state.masks, table)).tolist()
+        if not legal:
+            return []
+        shards = self._shard_objects(len(all_units))
+        if picked is None:
+            return [shards[i] for i in legal]
+        n = self.n_axes
+        return [shards[picked[i // n] * n + i % n] for i in legal]
 
-    def _unit_table(self, state: State, units: tuple[Unit, ...]) -> legality.UnitTable:
-        """`legality.UnitTable` of the state's units (`units`) under the pins: looked up per
-        units tuple, made once per resolution and pins by the space (every search on it)."""
-        hit = self._unit_tables.get(id(units))
+    def _shard_objects(self, n_units: int) -> list[Shard]:
+        """`Shard(u, a)` at index `u * n_axes + a`, for units 0 to `n_units` - 1 at least (made
+        once: a search lists thousands)."""
+        have = len(self._shards) // self.n_axes
+        if have < n_units:
+            self._shards += [Shard(u, a) for u in range(have, n_units) for a in range(self.n_axes)]
+        return self._shards
+
+    def _unit_table(
+        self, state: State, units: tuple[Unit, ...], picked: tuple[int, ...] | None
+    ) -> legality.UnitTable:
+        """`legality.UnitTable` of the state's units (`units`; those at indices `picked`, if
+        given) under the pins: looked up per units tuple, made once per resolution and pins by
+        the space (every search on it)."""
+        key = (id(units), picked)
+        hit = self._unit_tables.get(key)
         if hit is None or hit[0] is not units:
             if len(self._unit_tables) >= WEIGHTS_KEPT:
                 self._unit_tables.clear()
-            forbidden = tuple(self.constraints.forbidden_bits(u.fines) for u in units)
+            chosen = units if picked is None else [units[u] for u in picked]
+            forbidden = tuple(self.constraints.forbidden_bits(u.fines) for u in chosen)
             pinned = self.constraints.pinned_fines
-            hit = (units, self.space.unit_table(state.options, pinned, forbidden))
-            self._unit_tables[id(units)] = hit
+            hit = (units, self.space.unit_table(state.options, pinned, forbidden, picked))
+            self._unit_tables[key] = hit
         return hit[1]
 
     def apply(self, state: State, action: Action) -> State:
+        if isinstance(action, Shard):  # the common case (greedy steps, rollouts) first
+            masks = state.masks.copy()
+            fines = self._checks(state)[0][action.unit].fines
+            # Not `masks[fines] |= bit`: NumPy's in-place fancy update is 3x slower.
+            masks[fines] = masks[fines] | (1 << action.axis)
+            return State(state.options, masks, state.remat)
         if isinstance(action, Resolve):
             chosen = {(k, action.option) for k in self.groups[action.group]}
             return State(tuple(sorted(set(state.options) | chosen)), state.masks, state.remat)
-        if isinstance(action, Shard):
-            unit = self.units(state)[action.unit]
-            masks = state.masks.copy()
-            masks[list(unit.fines)] |= self.space.axes.bit(action.axis)
-            child = State(state.options, masks, state.remat)
-            # Its counts are derived from the parent's when asked for (a greedy step makes
-            # dozens of children and goes on from one).
-            if len(self._parents) >= PARENTS_KEPT:
-                self._parents.clear()
-            self._parents[masks.tobytes()] = (state.masks, unit, action.axis)
-            return child
         if isinstance(action, Remat):
             rest = tuple(x for x in state.remat if x[0] != action.group)
             return State(
@@ -241,20 +253,23 @@ class Environment:
         """A random legal action for rollouts (large units more often), or None when a few
         sampled candidates were all illegal."""
         units = self.units(state)
-        groups = self.open_groups(state)
-        remats = self.remat_actions(state)
+        groups = self._open(state)
+        remats = self._remat_actions(state)
         n_shard = len(units) * self.n_axes
         cdf = self._rollout_cdf(units, len(groups), len(remats))
         if not len(cdf):
             return None
-        counts = self.axis_counts(state)
+        checks, forbidden = self._checks(state)
         for _ in range(ROLLOUT_TRIES):
             # `rng.choice(len(w), p=w / w.sum())` as numpy computes it (the same draw of the
             # same stream), with the cumulative weights computed once per kind of state.
             i = int(cdf.searchsorted(rng.random(), side="right"))
             if i < n_shard:
                 u, a = divmod(i, self.n_axes)
-                if self.why_illegal_shard(state, units[u], a, counts) is None:
+                why = legality.why_illegal_check(
+                    self.space, state.masks, checks[u], units[u].size, a, forbidden[u]
+                )
+                if why is None:
                     return Shard(u, a)
             elif i < n_shard + len(groups):
                 g = groups[i - n_shard]

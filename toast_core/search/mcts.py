@@ -53,7 +53,7 @@ from toast_core.search.types import (
     settings_of,
 )
 from toast_core.search.verify import verify_plans
-from toast_core.strategy import State, constrain, space_of
+from toast_core.strategy import State, Strategy, constrain, space_of
 
 STOP_PROBABILITY = 0.25
 ROLLOUT_STEPS = 24
@@ -70,6 +70,14 @@ class _Run:
         self.rng = np.random.default_rng(st.seed)
         self.ref = 1.0
         self.baselines: dict = {}
+        self._shown: tuple | None = None  # (state, its strategy) last shown in an event
+
+    def strategy_of(self, state: State) -> Strategy:
+        """The strategy of `state` named `search` (the last one is kept: every event shows
+        the best state, which seldom changes between two)."""
+        if self._shown is None or self._shown[0] is not state:
+            self._shown = (state, self.env.to_strategy(state, "search"))
+        return self._shown[1]
 
     def seed(self, deadline: float | None = None, until: float | None = None) -> None:
         self.baselines, admitted = seeding.score_baselines(self.scorer, self.env, deadline, until)
@@ -196,8 +204,9 @@ def search_iter(
         yield from _search(ana, mesh, hw, st)
 
 
-def _search(ana, mesh, hw, st: SearchSettings) -> Iterator[SearchEvent]:
-    """The single-process search (`search_iter`)."""
+def _search(ana, mesh, hw, st: SearchSettings, teach: bool = True) -> Iterator[SearchEvent]:
+    """The single-process search (`search_iter`); without `teach` the events leave out the
+    top of the tree (`search` keeps none of it)."""
     start, cpu0 = time.perf_counter(), time.process_time()
     run = _Run(ana, mesh, hw, st)
     phase = _deadlines(start, time.perf_counter(), st.budget_s)
@@ -222,13 +231,13 @@ def _search(ana, mesh, hw, st: SearchSettings) -> Iterator[SearchEvent]:
             best_step_time_s=best.step_time_s,
             best_peak_bytes=best.peak_bytes,
             best_fits=best.fits,
-            best_strategy=run.env.to_strategy(best_state, "search"),
+            best_strategy=run.strategy_of(best_state),
             tree_size=len(run.tree),
             evaluations=run.scorer.evaluations,
             evals_per_s=run.scorer.evaluations / elapsed if elapsed > 0 else 0.0,
             done=done,
             baselines=dict(run.baselines),
-            tree_top=run.tree_top(),
+            tree_top=run.tree_top() if teach else (),
             verified=tuple(verified),
             notes=tuple(notes),
         )
@@ -301,7 +310,7 @@ def _search_result(ana: Analysis, mesh: MeshSpec, hw: HardwareSpec, settings) ->
     if st.workers > 1:
         last, history = _parallel(ana, mesh, hw, st)
     else:
-        for ev in search_iter(ana, mesh, hw, **settings):
+        for ev in _search(ana, mesh, hw, st, teach=False):  # collector paused by `search`
             history.append((ev.iteration, ev.elapsed_s, ev.best_step_time_s))
             last = ev
     times = last.baselines

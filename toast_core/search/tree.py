@@ -3,7 +3,9 @@
 Decisions commute (sharding N1 then N2 is sharding N2 then N1), so states are keyed canonically
 and the tree is a DAG: a state reached by two paths is one node. Each node keeps its untried
 actions in expansion order (popped from the end: the units that cover the most bytes first, then
-resolutions, stop last), its children by action, its visit count and summed reward.
+resolutions, stop last), its children by action, its visit count and summed reward. A node
+lists its actions only when first asked (most leaves of a short search are never selected
+again, and listing is a legality pass over every unit).
 """
 
 from __future__ import annotations
@@ -15,16 +17,51 @@ from toast_core.strategy import State
 
 
 class Node:
-    __slots__ = ("state", "visits", "value", "children", "untried", "terminal", "_ordered")
+    __slots__ = (
+        "state",
+        "visits",
+        "value",
+        "children",
+        "_untried",
+        "_terminal",
+        "_list",
+        "_ordered",
+    )
 
-    def __init__(self, state: State, actions: list[Action]) -> None:
+    def __init__(
+        self,
+        state: State,
+        actions: list[Action] | None = None,
+        list_actions: Callable[[State], list[Action]] | None = None,
+    ) -> None:
+        """A node with its untried `actions` in expansion order, or, lazily, those
+        `list_actions(state)` lists (the first time `untried` or `terminal` is read)."""
         self.state = state
         self.visits = 0
         self.value = 0.0
         self.children: dict[Action, Node] = {}
-        self.untried = actions
-        self.terminal = len(actions) <= 1
+        self._untried = self._terminal = None
+        self._list = list_actions
+        if actions is not None:
+            self._set_untried(actions)
         self._ordered: list[Node] | None = None
+
+    def _set_untried(self, actions: list[Action]) -> None:
+        self._untried, self._terminal, self._list = actions, len(actions) <= 1, None
+
+    @property
+    def untried(self) -> list[Action]:
+        """Untried actions, popped from the end."""
+        if self._untried is None:
+            self._set_untried(expansion_order(self._list(self.state)))
+        return self._untried
+
+    @property
+    def terminal(self) -> bool:
+        """Whether only stop (or nothing) was ever legal here."""
+        if self._untried is None:
+            self._set_untried(expansion_order(self._list(self.state)))
+        return self._terminal
 
     def ordered_children(self) -> list[Node]:
         """Children in action order (sorted again only after an expansion: selection asks at
@@ -62,10 +99,10 @@ class Tree:
         return len(self.table)
 
     def node(self, state: State) -> Node:
-        n = self.table.get(state.key)
+        key = state.key
+        n = self.table.get(key)
         if n is None:
-            n = Node(state, expansion_order(self.legal_actions(state)))
-            self.table[state.key] = n
+            n = self.table[key] = Node(state, list_actions=self.legal_actions)
         return n
 
     def expand(self, node: Node, apply: Callable[[State, Action], State]) -> Node:

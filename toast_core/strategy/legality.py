@@ -14,8 +14,9 @@ A strategy is legal on a mesh when
 
 `strategy_problems` checks a whole strategy and returns every problem (the error lists them
 together). `why_illegal_shard` checks one search step, "add mesh axis a to unit u", against the
-same rules using counts the search keeps up to date, so that the search can never build a state
-that `Strategy.validate` would reject.
+same rules from the state's masks and what depends on the unit alone (`ShardCheck`), and
+`legal_shards` every step of a state at once, so that the search can never build a state that
+`Strategy.validate` would reject.
 """
 
 from __future__ import annotations
@@ -160,15 +161,21 @@ def _layout_problems(space: StrategySpace, masks: np.ndarray, res) -> list[str]:
 
 
 def why_illegal_shard(
-    space: StrategySpace, masks: np.ndarray, unit: Unit, a: int, counts, forbidden: int = 0
+    space: StrategySpace, masks: np.ndarray, unit: Unit, a: int, forbidden: int = 0
 ) -> str | None:
     """None if adding mesh axis `a` to every fine class of `unit` keeps the state legal, else
-    the reason. `counts` is `space.axis_counts(masks)`; `forbidden` the mesh axes the user
-    forbids on the unit. The search calls this for every candidate step, so what depends on the
-    unit alone is computed once (`ShardCheck`)."""
+    the reason; `forbidden` is the mesh axes the user forbids on the unit. The search calls
+    this for every candidate step, so what depends on the unit alone is computed once
+    (`ShardCheck`)."""
+    return why_illegal_check(space, masks, space.shard_check(unit.fines), unit.size, a, forbidden)
+
+
+def why_illegal_check(
+    space: StrategySpace, masks: np.ndarray, chk: ShardCheck, size: int, a: int, forbidden: int
+) -> str | None:
+    """`why_illegal_shard` of the unit of `chk` and `size` (the search keeps both per unit)."""
     ax = space.axes
     bit = 1 << a
-    chk = space.shard_check(unit.fines)
     if int(masks[chk.first]) & bit:
         return "already on that mesh axis"
     if forbidden & bit:
@@ -178,94 +185,122 @@ def why_illegal_shard(
     # Rule 1 for every distinct mask among the unit's parts (after a resolution, parts of
     # different named dims with one signature may already hold different mesh axes).
     for m in sorted(set(masks[chk.fines].tolist())):
-        if indivisible(unit.size, int(ax.ways[m | bit])):
-            return f"size {unit.size} is not divisible by {int(ax.ways[m | bit])} shards"
-    # Rule 2. Atom counts are whole numbers: with the unit's own atoms at most once per row, a
-    # row breaks the rule exactly when it already holds the mesh axis.
-    if chk.holds_twice or counts[0][chk.value_rows, a].any() or counts[1][chk.use_rows, a].any():
+        if indivisible(size, int(ax.ways[m | bit])):
+            return f"size {size} is not divisible by {int(ax.ways[m | bit])} shards"
+    # Rule 2. With the unit's own atoms at most once per row, a row breaks the rule exactly
+    # when it already holds the mesh axis: when some fine class it holds (a neighbour of the
+    # unit) does.
+    if chk.holds_twice or int(np.bitwise_or.reduce(masks[chk.neighbors])) & bit:
         return "a value or op would hold that mesh axis twice"
-    if len(chk.split_fines):
-        m = np.where(chk.split_pad, 0, masks[chk.split_index]) | np.where(chk.split_in_unit, bit, 0)
-        if strided_masks(m, chk.split_sizes, ax.ways).any():
+    if chk.split_index.shape[1]:
+        looked_up = chk.split_table[chk.split_base + masks[chk.split_index]]
+        if int(np.bitwise_or.reduce(strided_axes(looked_up, ax.n))) & bit:
             return "it would shard a minor sub-factor of a split dim (strided)"
     return None
 
 
+def strided_axes(looked_up: np.ndarray, n_axes: int) -> np.ndarray:
+    """Rule 3 for every mesh axis at once: per split dim (columns of `looked_up`, the
+    `ShardCheck.split_table` entries of its sub-factors under the state's masks, major first),
+    the mesh axes whose addition to the unit would shard a minor sub-factor while a more major
+    one is not completely split."""
+    every = (1 << n_axes) - 1
+    not_whole = looked_up[0] & every  # mesh axes leaving some more major sub-factor partial
+    out = not_whole & (looked_up[1] >> n_axes)
+    for k in range(2, len(looked_up)):
+        not_whole |= looked_up[k - 1] & every
+        out |= not_whole & (looked_up[k] >> n_axes)
+    return out
+
+
 class UnitTable:
-    """What `legal_shards` needs of a tuple of units (one per resolution), whatever the state:
-    their fine classes padded to one width (with each unit's first class, which changes no
-    test), sizes, first classes, forbidden mesh axes, the rows holding their atoms, and the
-    units that can never be sharded (a blocked class, atoms held twice)."""
+    """What `legal_shards` needs of a tuple of units (one per resolution), whatever the state,
+    as flat segments (one per unit, in unit order) that a few NumPy reductions fold per unit:
+
+    * `static`: the mesh axes no state allows (forbidden by the user; all of them for a unit
+      with a blocked class or atoms held twice);
+    * rule 1: `indivisible[u * 2**n + m]`, the mesh axes whose addition to mask m leaves unit
+      u's size indivisible, looked up for each part (`part_fines`, `part_base`);
+    * rule 2: `near`, the fine classes sharing a value or a use with the unit (its own
+      included): a mesh axis any of them holds would appear twice in that row;
+    * rule 3: the split dims each unit touches (`ShardCheck.split_table`, stacked)."""
 
     def __init__(self, space: StrategySpace, units, forbidden: list[int]) -> None:
         checks = [space.shard_check(u.fines) for u in units]
-        n = len(units)
-        width = max((len(c.fines) for c in checks), default=1)
-        self.fines = np.array(
-            [list(c.fines) + [c.first] * (width - len(c.fines)) for c in checks], dtype=np.int64
-        ).reshape(n, width)
+        n, ax = len(units), space.axes
+        self.n_units = n
+        every = (1 << ax.n) - 1
         self.first = np.array([c.first for c in checks], dtype=np.int64)
-        self.size = np.array([u.size for u in units], dtype=np.int64)
-        self.forbidden = np.array(forbidden, dtype=np.int64).reshape(n)
-        self.never = np.array([c.blocked or c.holds_twice for c in checks], dtype=bool)
-        lay = space.layout
-        self.value_rows = _incidence([c.value_rows for c in checks], lay.value_fine.shape[0])
-        self.use_rows = _incidence([c.use_rows for c in checks], lay.use_fine.shape[0])
-        # Rule 3's split dims of every unit, stacked (rows of `ShardCheck.split_fines`), with
-        # the unit each row belongs to: `legal_shards` tests them all, on every mesh axis, at once.
-        split = [(i, c) for i, c in enumerate(checks) if len(c.split_fines)]
-        self.split_unit = np.array(
-            [i for i, c in split for _ in range(len(c.split_fines))], dtype=np.int64
+        self.static = np.array(
+            [f | (every if c.blocked or c.holds_twice else 0) for c, f in zip(checks, forbidden)],
+            dtype=np.int64,
         )
+        # Rule 1: bits a with size % ways[m | a] != 0, per unit and mask m.
+        n_masks = 1 << ax.n
+        size = np.array([u.size for u in units], dtype=np.int64)
+        bad = np.zeros((n, n_masks), dtype=np.int64)
+        for a in range(ax.n):
+            ways = ax.ways[np.arange(n_masks) | (1 << a)].astype(np.int64)
+            bad |= np.where(size[:, None] % ways[None, :] != 0, 1 << a, 0)
+        self.indivisible = bad.ravel()
+        self.part_fines, self.part_starts = _segments([c.fines for c in checks])
+        self.part_base = np.repeat(
+            np.arange(n, dtype=np.int64) * n_masks, [len(c.fines) for c in checks]
+        )
+        # Rule 2 (a unit touching no row gets its first class: `masks[first]` is refused anyway).
+        near = [c.neighbors if len(c.neighbors) else c.fines[:1] for c in checks]
+        self.near, self.near_starts = _segments(near)
+        # Rule 3's split dims of every unit that touches some, stacked (`split_units`, each
+        # unit's rows from `split_starts`): `legal_shards` tests them all, on every mesh axis,
+        # at once.
+        split = [(i, c) for i, c in enumerate(checks) if c.split_index.shape[1]]
+        self.split_units = np.array([i for i, _ in split], dtype=np.int64)
         if split:
-            self.split_index = np.concatenate([c.split_index for _, c in split])
-            self.split_pad = np.concatenate([c.split_pad for _, c in split])
-            self.split_in_unit = np.concatenate([c.split_in_unit for _, c in split])
-            self.split_sizes = np.concatenate([c.split_sizes for _, c in split])
+            self.split_table = np.concatenate([c.split_table for _, c in split])
+            offsets = np.cumsum([0] + [len(c.split_table) for _, c in split[:-1]])
+            self.split_base = np.concatenate(
+                [c.split_base + o for (_, c), o in zip(split, offsets.tolist())], axis=1
+            )
+            self.split_index = np.concatenate([c.split_index for _, c in split], axis=1)
+            _, self.split_starts = _segments([c.split_index[0] for _, c in split])
 
 
-def _incidence(rows: list[np.ndarray], n_cols: int) -> sp.csr_matrix:
-    """[units, rows]: 1 where a unit has atoms in the row."""
-    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum([len(r) for r in rows], out=indptr[1:])
-    cols = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, dtype=np.int64)
-    return sp.csr_matrix((np.ones(len(cols)), cols, indptr), shape=(len(rows), n_cols))
+def _segments(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The arrays `parts` end to end, and where each starts (for `ufunc.reduceat`)."""
+    lengths = np.array([len(p) for p in parts], dtype=np.int64)
+    starts = np.zeros(len(parts), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    flat = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+    return flat, starts
 
 
-def legal_shards(space: StrategySpace, masks: np.ndarray, table: UnitTable, counts) -> np.ndarray:
+def legal_shards(space: StrategySpace, masks: np.ndarray, table: UnitTable) -> np.ndarray:
     """[units, mesh axes]: whether adding the mesh axis to the unit keeps the state legal, for
     every unit of `table` at once: `why_illegal_shard`'s rules on arrays (the tree lists every
     legal shard of each new node, on the search's hot path; tests/test_legality_incremental.py
-    checks the two agree)."""
+    checks the two agree). Rules 1 and 2 fold into one mask of refused mesh axes per unit."""
     ax = space.axes
     bits = np.int64(1) << np.arange(ax.n, dtype=np.int64)
-    if not len(table.first):
+    if not table.n_units:
         return np.zeros((0, ax.n), dtype=bool)
-    ways = ax.ways.astype(np.int64)
-    ok = (masks[table.first][:, None] & bits) == 0
-    ok &= (table.forbidden[:, None] & bits) == 0
-    ok &= ~table.never[:, None]
-    # Rule 1 for every mask among the unit's parts.
-    split_ways = ways[masks[table.fines][:, :, None] | bits]  # [units, parts, axes]
-    ok &= ~(table.size[:, None, None] % split_ways != 0).any(axis=1)
-    # Rule 2: a row holding the unit's atoms already holds the mesh axis.
-    ok &= (table.value_rows @ (counts[0] != 0).astype(np.float64)) == 0
-    ok &= (table.use_rows @ (counts[1] != 0).astype(np.float64)) == 0
-    # Rule 3: every split dim a unit touches, with the mesh axis added to the unit's classes,
-    # for every mesh axis ([axes, rows, sub-factors]; `strided_masks` on each slice).
-    if len(table.split_unit):
-        held = np.where(table.split_pad, 0, masks[table.split_index])
-        m = held | np.where(table.split_in_unit, bits[:, None, None], 0)
-        whole = ways[m] == table.split_sizes
-        major_whole = np.logical_and.accumulate(whole, axis=2)
-        axis, row = np.nonzero(((m[:, :, 1:] != 0) & ~major_whole[:, :, :-1]).any(axis=2))
-        ok[table.split_unit[row], axis] = False
-    return ok
+    refused = table.static | masks[table.first]
+    refused |= np.bitwise_or.reduceat(
+        table.indivisible[table.part_base + masks[table.part_fines]], table.part_starts
+    )
+    refused |= np.bitwise_or.reduceat(masks[table.near], table.near_starts)
+    # Rule 3: every split dim a unit touches, for every mesh axis.
+    if len(table.split_units):
+        looked_up = table.split_table[table.split_base + masks[table.split_index]]
+        strided = strided_axes(looked_up, ax.n)
+        by_unit = np.bitwise_or.reduceat(strided, table.split_starts)
+        refused[table.split_units] = refused[table.split_units] | by_unit
+    return (refused[:, None] & bits) == 0
 
 
 class ShardCheck:
     """What `why_illegal_shard` needs of one unit, whatever the state: its fine classes, the
-    rows (values, uses) holding them with their atom counts, and the split dims they touch."""
+    rows (values, uses) holding them with their atom counts, the fine classes those rows hold
+    (its neighbours), and the split dims they touch (`split_table`)."""
 
     __slots__ = (
         "fines",
@@ -276,11 +311,10 @@ class ShardCheck:
         "use_rows",
         "use_add",
         "holds_twice",
-        "split_fines",
+        "neighbors",
         "split_index",
-        "split_pad",
-        "split_in_unit",
-        "split_sizes",
+        "split_table",
+        "split_base",
     )
 
     def __init__(self, space: StrategySpace, fines: tuple[int, ...]) -> None:
@@ -293,9 +327,39 @@ class ShardCheck:
             (len(self.value_add) and self.value_add.max() > 1.5)
             or (len(self.use_add) and self.use_add.max() > 1.5)
         )
-        self.split_fines = space.layout.split_fines[space.splits_touching(fines)]
+        lay = space.layout  # incidence entries are atom counts, so every stored one is > 0
+        self.neighbors = np.union1d(
+            lay.value_fine[self.value_rows].indices, lay.use_fine[self.use_rows].indices
+        ).astype(np.int64)
+        split_fines = space.layout.split_fines[space.splits_touching(fines)]
         n_fine = len(space.fine_size_ext) - 1  # index n_fine is the padding class
-        self.split_pad = self.split_fines == n_fine
-        self.split_index = np.where(self.split_pad, 0, self.split_fines)
-        self.split_in_unit = np.isin(self.split_fines, self.fines)
-        self.split_sizes = space.fine_size_ext[self.split_fines]
+        pad = (split_fines == n_fine).T  # [sub-factors, split dims], like the rest
+        self.split_index = np.where(pad, 0, split_fines.T)
+        table = _split_table(
+            space.axes,
+            np.isin(split_fines.T, self.fines),
+            pad,
+            space.fine_size_ext[split_fines.T],
+        )
+        self.split_table = table.ravel()
+        width, rows, n_masks = table.shape
+        self.split_base = np.arange(width * rows, dtype=np.int64).reshape(width, rows) * n_masks
+
+
+def _split_table(ax, in_unit: np.ndarray, pad: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """[sub-factors, split dims, masks]: for each sub-factor of a split dim holding mask m,
+    once the unit adds a mesh axis a: bit a set if the sub-factor is then not completely split
+    (ways != size), and bits `ax.n` and up all set if it is then sharded at all (whatever a:
+    the unit's own classes gain a mesh axis). The padding is whole and unsharded whatever the
+    state (its mask reads as 0)."""
+    n_masks = 1 << ax.n
+    every = n_masks - 1
+    m = np.arange(n_masks, dtype=np.int64)
+    partial_in = np.zeros(sizes.shape + (n_masks,), dtype=np.int64)
+    for a in range(ax.n):
+        partial_in |= np.where(ax.ways[m | (1 << a)] != sizes[..., None], 1 << a, 0)
+    partial_out = np.where(ax.ways[m] != sizes[..., None], every, 0)
+    partial = np.where(in_unit[..., None], partial_in, partial_out)
+    partial = np.where(pad[..., None], 0, partial)
+    sharded = in_unit[..., None] | ((m != 0) & ~pad[..., None])
+    return partial | np.where(sharded, every << ax.n, 0)

@@ -108,7 +108,7 @@ class StrategySpace:
         self.blocked = _blocked_fines(ana, self.axes)
         self.remat = remat_space(ana)
         self._units, self._touch, self._splits = _Lru(), _Lru(), _Lru()
-        self._checks = _Lru()
+        self._checks, self._parts, self._unit_checks = _Lru(), _Lru(), _Lru()
         self._tables = _Lru(256)  # each a few arrays of the units' size
         self._valid = _Lru()
 
@@ -144,11 +144,6 @@ class StrategySpace:
             key, lambda: tuple(legality.strategy_problems(self, shardings, options, name))
         )
 
-    def axis_counts(self, masks: np.ndarray):
-        """([values, axes], [uses, axes]): how many atoms of each row hold each mesh axis."""
-        bits = self.axes.bits(masks).T
-        return (self.layout.value_fine @ bits, self.layout.use_fine @ bits)
-
     def touch(self, fines: tuple[int, ...]):
         """Rows (values, uses) holding these fine classes, with how many atoms each holds."""
 
@@ -175,19 +170,31 @@ class StrategySpace:
         """The state-independent part of `why_illegal_shard` for a unit (memoized)."""
         return self._checks.get(fines, lambda: legality.ShardCheck(self, fines))
 
-    def why_illegal_shard(self, state: State, unit: Unit, a: int, counts=None, forbidden=0):
+    def why_illegal_shard(self, state: State, unit: Unit, a: int, forbidden: int = 0):
         """None if adding mesh axis `a` to `unit` is legal in `state`, else the reason."""
-        if counts is None:
-            counts = self.axis_counts(state.masks)
-        return legality.why_illegal_shard(self, state.masks, unit, a, counts, forbidden)
+        return legality.why_illegal_shard(self, state.masks, unit, a, forbidden)
 
-    def unit_table(self, options, exclude: frozenset, forbidden: tuple) -> legality.UnitTable:
-        """`legality.UnitTable` of `units(options, exclude)`, with the mesh axes `forbidden` on
-        each (memoized: the search lists legal shards under the same resolutions again)."""
-        return self._tables.get(
-            (tuple(options), exclude, forbidden),
-            lambda: legality.UnitTable(self, self.units(options, exclude), list(forbidden)),
+    def unit_checks(self, options, exclude: frozenset) -> tuple[legality.ShardCheck, ...]:
+        """The `shard_check` of each of `units(options, exclude)` (memoized)."""
+        return self._unit_checks.get(
+            (tuple(options), exclude),
+            lambda: tuple(self.shard_check(u.fines) for u in self.units(options, exclude)),
         )
+
+    def unit_table(
+        self, options, exclude: frozenset, forbidden: tuple, picked: tuple | None = None
+    ) -> legality.UnitTable:
+        """`legality.UnitTable` of `units(options, exclude)` (of those at indices `picked`
+        only, if given), with the mesh axes `forbidden` on each (memoized: the search lists
+        legal shards under the same resolutions again)."""
+
+        def make():
+            units = self.units(options, exclude)
+            if picked is not None:
+                units = [units[u] for u in picked]
+            return legality.UnitTable(self, units, list(forbidden))
+
+        return self._tables.get((tuple(options), exclude, forbidden, picked), make)
 
     # -- units ---------------------------------------------------------------------------------
 
@@ -197,6 +204,23 @@ class StrategySpace:
         return self._units.get(
             (tuple(options), exclude), lambda: self._make_units(options, exclude)
         )
+
+    def units_of_parts(self, options, exclude: frozenset, group: int) -> tuple[int, ...]:
+        """Indices of `units(options, exclude)` holding a part of a named dim that conflict
+        group `group` (of `conflict_groups`) splits (memoized)."""
+
+        def make():
+            parents = {
+                d for k in self.conflict_groups[group] for d in self.ana.conflicts[k].named_dims
+            }
+            res_dims = {d.name: d.parent for d in self.resolution(options).dims}
+            return tuple(
+                u
+                for u, unit in enumerate(self.units(options, exclude))
+                if any(res_dims.get(n) in parents for n in unit.dims)
+            )
+
+        return self._parts.get((tuple(options), exclude, group), make)
 
     def _make_units(self, options, exclude: frozenset) -> tuple[Unit, ...]:
         res = self.resolution(options)
