@@ -629,10 +629,20 @@ class Evaluator:
         """`remat` with each extension starting after its value's own live range: the effect
         counts a value's last reader among its direct readers, the liveness also through the
         fused values made from it, and the overlap would count the value twice for that op
-        (GPT demo, `full`: one 64 KB value per layer, counted twice at one op)."""
+        (GPT demo, `full`: one 64 KB value per layer, counted twice at one op). A value whose
+        life remat shortens (`_remat_liveness`: it lived on for the fused readers of a dropped
+        residual) ends earlier, and its extension starts there (as `buffers.buffer_intervals`
+        counts it: the GPT's LayerNorm input under `dots`, read through the fused normalized
+        value by the recomputation)."""
         if not len(remat.extend_values):
             return remat
-        own_end = self._live_end[remat.extend_values]
+        own_end = self._live_end
+        if len(remat.values):
+            vals, new, _ = self._remat_liveness(remat)
+            if len(vals):
+                own_end = own_end.copy()
+                own_end[vals] = new + 1
+        own_end = own_end[remat.extend_values]
         start = np.minimum(np.maximum(remat.extend_from, own_end), remat.extend_to)
         if np.array_equal(start, remat.extend_from):
             return remat
