@@ -186,11 +186,7 @@ def _recomputing_readers(
     `m' = beta * m + g`, an output read by the update `p - lr * m'`, is stored once and read,
     and so are Adam's moments, read by the update's division and square root; but a moment
     whose gradient is a broadcast is recomputed there, fuzz seed 14 #1668)."""
-    if (
-        costly[op.index]
-        or _more_than_unary(prog, op, spread)
-        or _feeds_max_and_exp_shift(prog, op)
-    ):
+    if costly[op.index] or _more_than_unary(prog, op, spread) or _feeds_max_and_exp_shift(prog, op):
         return frozenset()
     uses = prog.uses()
     fuses = _fusible_ops(prog)

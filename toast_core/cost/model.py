@@ -64,6 +64,7 @@ from toast_core.cost.flops import FOLDING, local_fold_flops, op_counts
 from toast_core.cost.fusion import bitcasts, fused_away, materialized
 from toast_core.cost.halo import slice_halo_permutes
 from toast_core.cost.hoist import use_counts
+from toast_core.cost.layout_copies import dot_copy_traffic
 from toast_core.cost.loop_buffers import buffer_aliases, held_until, zero_filled
 from toast_core.cost.remat import (
     hold_barrier_inputs,
@@ -374,6 +375,13 @@ class Evaluator:
         self.op_values = sp.csr_matrix(
             (np.ones(len(idx)), idx, indptr), shape=(n_ops, len(prog.values))
         )
+        # Dot operands transposed into layout copies move their bytes again (layout_copies.py).
+        copies = dot_copy_traffic(prog, is_mat)
+        if copies:
+            c_ops, c_vals, c_bytes = zip(*copies)
+            self.op_values = self.op_values + sp.csr_matrix(
+                (c_bytes, (c_ops, c_vals)), shape=(n_ops, len(prog.values))
+            )
         self.peak_flops = hw.peak_flops_per_s * hw.flops_efficiency
         self.direction = [
             "backward" if "transpose(" in op.name_stack else "forward" for op in prog.ops
