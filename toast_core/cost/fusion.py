@@ -376,9 +376,18 @@ def fused_away(prog: Program, is_materialized: list[bool]) -> list[bool]:
       bytes where counting each [24, 16] intermediate predicted 7.7 KB), and `var(x)`'s centred
       squares exist only inside its reduction (XLA: one 4-byte temporary).
 
-    A same-size value read by several fusions stays a buffer: XLA computes `1 + x * x` read by a
-    forward and a backward division once and stores it (24 KB of a 74 KB temporary block). A
-    fused value's operands stay live until its last reader instead (the cost model's liveness).
+    A cheap value read by several fusions is fused away too when XLA duplicates it into each of
+    them, as `fusion_copies` counts its flops: it reads one array (`_more_than_unary`), or no
+    path to its readers leaves the fusions (`_unfused_path`), and it is not a softmax's scores
+    (`_feeds_max_and_exp_shift`). BatchNorm's `z - mean`, `* rsqrt(var)`, `* gamma + beta`,
+    each [32, 64] per device under megatron on 2x4, are recomputed from the matmul's `z` inside
+    the relu, the loss's and every gradient fusion (XLA's temporaries: one [32, 64] at a time
+    beside z; counting them as buffers predicted 1.49 of XLA's bytes, 1.12 without); so is
+    `1 + x * x` read by a forward division and its gradient's (measured: no buffer). An
+    expensive value (a division, an exp) read by several fusions stays a buffer. A fused
+    value's operands stay live until its last reader instead (the cost model's liveness).
+    XLA:CPU stores some of them all the same, for the library reductions that read them
+    (`cpu_buffers.library_reduction_inputs`, the CPU view only).
     """
     expansion = _expansions(prog, is_materialized)
     roots = _fusion_roots(prog, is_materialized, expansion)
