@@ -4,7 +4,8 @@
 exist there and not on TPU/GPU, and are added to that view only (`cpu_buffers`): layout copies of
 dot and convolution operands, the rolled threefry loop's state, the blocked scans of cumulative
 ops, the expansion of max-pool gradients (`select_and_scatter_add`), the explicit indices of
-batched gathers and scatters, and constant arrays made at the step's start.
+batched gathers and scatters, constant arrays made at the step's start, and the inputs of the
+reductions XLA:CPU runs as library calls.
 
 **Dot operands.** XLA:CPU runs every dot as a 2-D (or batched 2-D) matrix product: its dot decomposer turns
 `dot_general` into `[batch, rows, contracted] x [batch, contracted, cols]` by transposing and
@@ -91,6 +92,12 @@ scatter cannot fuse it: measured on both). Fuzz seed 14 #1038 (measured in
 XLA's buffer assignment): `take_along_axis` over 3 batching dims, `s32[2, 12, 1, 6, 4]` for the
 forward gather and `s32[144, 4]` for its gradient's scatter; `top_k`'s gradient scatter
 `s32[384, 4]` (6 KiB of a 28 KiB temporary block where the model had 18 KiB).
+
+**Library reductions.** XLA:CPU hands a float sum, max or min of 4096 elements or more per
+device to its kernel library (`__ynn_fusion` custom fusions in the compiled HLO), which takes in
+the elementwise ops feeding the reduction alone and reads the rest from memory: values that
+loop fusions recompute everywhere else (a LayerNorm's centred input, its normalized value) are
+stored for it, from their producer to the last such reduction (`library_reduction_inputs`).
 
 **Constant arrays.** XLA:CPU's scheduler puts the fusions that read no input (a broadcast of a
 constant, an iota) at the start of the step, so a stored one lives from there to its last

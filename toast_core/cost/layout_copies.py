@@ -6,7 +6,9 @@ is transposed into a copy first (`cpu_buffers._grouping` says which orders pass 
 copy as large as the operand, written before the dot and read by it. The compiled program the
 judge prices (`toast_core.apply.hlo_compute`) keeps these copies: a layout fusion between a dot
 and the dot reading it is not fused into either, so it reads its operand from HBM and writes
-the copy back. The jaxpr has no such op, so the model priced none.
+the copy back. The jaxpr has no such op, so the model priced none. (A TPU's layout assignment
+may fold some of them into the dot, as `cpu_buffers` says for memory; nothing here measures
+that, and the judge, the reference, keeps them.)
 
 Measured on the zoo MoE (tiny, replicated on 2x4, tpu-v5e): the expert einsums
 `becd,edf->becf` read the dispatched tokens `[B, E, C, D]` with the expert dim second, and the
