@@ -153,7 +153,9 @@ def fusion_copies(
                 roots[op.index] = self_only
             elif mat:
                 roots[op.index] = self_only | _recomputing_readers(prog, op, roots, costly, spread)
-            elif len(readers) > 1 and _unfused_path(prog, op, roots):
+            elif len(readers) > 1 and (
+                _unfused_path(prog, op, roots) or _feeds_max_and_exp_shift(prog, op)
+            ):
                 roots[op.index] = self_only
             else:
                 roots[op.index] = readers
@@ -184,7 +186,7 @@ def _recomputing_readers(
     `m' = beta * m + g`, an output read by the update `p - lr * m'`, is stored once and read,
     and so are Adam's moments, read by the update's division and square root; but a moment
     whose gradient is a broadcast is recomputed there, fuzz seed 14 #1668)."""
-    if costly[op.index] or _more_than_unary(prog, op, spread):
+    if costly[op.index] or _more_than_unary(prog, op, spread) or _feeds_max_and_exp_shift(prog, op):
         return frozenset()
     uses = prog.uses()
     fuses = _fusible_ops(prog)
@@ -262,6 +264,47 @@ def _unfused_path(prog: Program, op, roots: list[frozenset[int]]) -> bool:
     return blocked
 
 
+#: Ops between a softmax's max and its shift `x - max` that XLA's simplifier leaves as the
+#: max's broadcast: keepdims reshapes, `stop_gradient`, the `max(-inf, m)` of `initial=-inf`.
+_MAX_PASSING = frozenset({"broadcast_in_dim", "reshape", "expand_dims", "stop_gradient", "max"})
+
+
+def _feeds_max_and_exp_shift(prog: Program, op) -> bool:
+    """Whether a cheap op feeds both a max reduction and the shift `exp(x - max)` of that max,
+    as a softmax's scores do: XLA:CPU computes such a producer once and stores it, though
+    duplicating it is otherwise free (`CpuInstructionFusion::ComputeGloballyUnfusible`: a copy
+    recomputed with FMA contraction could exceed the max it was taken over by an ulp, which
+    exp makes inf). The masked scores `where(causal, s, -1e9)` read by the softmax's max and
+    exp are one buffer in XLA's buffer assignment (tests/test_memory_fusion.py)."""
+    if len(op.results) != 1:
+        return False
+    (r,) = op.results
+    uses = prog.uses()
+    maxima = {
+        prog.ops[o].results[0]
+        for o, k in uses[r]
+        if prog.ops[o].primitive == "reduce_max" and k == 0
+    }
+    if not maxima:
+        return False
+    producers = prog.producers()
+    for o, _ in uses[r]:
+        shift = prog.ops[o]
+        if shift.primitive != "sub" or not any(
+            prog.ops[e].primitive == "exp" for x in shift.results for e, _ in uses[x]
+        ):
+            continue
+        for x in shift.operands:
+            for _ in range(8):  # back through the max's broadcast to the max itself
+                if x in maxima:
+                    return True
+                p = producers[x]
+                if p is None or prog.ops[p].primitive not in _MAX_PASSING:
+                    break
+                x = max(prog.ops[p].operands, key=lambda v: prog.values[v].size)
+    return False
+
+
 #: Annotations JAX lowers to nothing (or XLA removes before fusion): `_more_than_unary` looks
 #: through them (softmax's `stop_gradient(max)` reaches the fusion as a broadcast).
 _VANISHING = prim.NO_OP_ELEMENTWISE - {"optimization_barrier"}
@@ -333,9 +376,18 @@ def fused_away(prog: Program, is_materialized: list[bool]) -> list[bool]:
       bytes where counting each [24, 16] intermediate predicted 7.7 KB), and `var(x)`'s centred
       squares exist only inside its reduction (XLA: one 4-byte temporary).
 
-    A same-size value read by several fusions stays a buffer: XLA computes `1 + x * x` read by a
-    forward and a backward division once and stores it (24 KB of a 74 KB temporary block). A
-    fused value's operands stay live until its last reader instead (the cost model's liveness).
+    A cheap value read by several fusions is fused away too when XLA duplicates it into each of
+    them, as `fusion_copies` counts its flops: it reads one array (`_more_than_unary`), or no
+    path to its readers leaves the fusions (`_unfused_path`), and it is not a softmax's scores
+    (`_feeds_max_and_exp_shift`). BatchNorm's `z - mean`, `* rsqrt(var)`, `* gamma + beta`,
+    each [32, 64] per device under megatron on 2x4, are recomputed from the matmul's `z` inside
+    the relu, the loss's and every gradient fusion (XLA's temporaries: one [32, 64] at a time
+    beside z; counting them as buffers predicted 1.49 of XLA's bytes, 1.12 without); so is
+    `1 + x * x` read by a forward division and its gradient's (measured: no buffer). An
+    expensive value (a division, an exp) read by several fusions stays a buffer. A fused
+    value's operands stay live until its last reader instead (the cost model's liveness).
+    XLA:CPU stores some of them all the same, for the library reductions that read them
+    (`cpu_buffers.library_reduction_inputs`, the CPU view only).
     """
     expansion = _expansions(prog, is_materialized)
     roots = _fusion_roots(prog, is_materialized, expansion)
@@ -406,7 +458,15 @@ def _fusion_roots(
         own = (
             not fuses[op.index]
             or any(is_materialized[r] for r in op.results)
-            or (len(readers) > 1 and not expansion[op.index])
+            or (
+                len(readers) > 1
+                and not expansion[op.index]
+                and (
+                    op.primitive in NOT_DUPLICATED
+                    or _unfused_path(prog, op, roots)
+                    or _feeds_max_and_exp_shift(prog, op)
+                )
+            )
             or (op.primitive in _REDUCTIONS and _widens(prog, op, readers))
         )
         roots[op.index] = frozenset((op.index,)) if own or not readers else readers

@@ -64,6 +64,7 @@ from toast_core.cost.flops import FOLDING, local_fold_flops, op_counts
 from toast_core.cost.fusion import bitcasts, fused_away, materialized
 from toast_core.cost.halo import slice_halo_permutes
 from toast_core.cost.hoist import use_counts
+from toast_core.cost.layout_copies import dot_copy_traffic
 from toast_core.cost.loop_buffers import buffer_aliases, held_until, zero_filled
 from toast_core.cost.remat import (
     hold_barrier_inputs,
@@ -387,6 +388,13 @@ class Evaluator:
         self.op_values = sp.csr_matrix(
             (np.ones(len(idx)), idx, indptr), shape=(n_ops, len(prog.values))
         )
+        # Dot operands transposed into layout copies move their bytes again (layout_copies.py).
+        copies = dot_copy_traffic(prog, is_mat)
+        if copies:
+            c_ops, c_vals, c_bytes = zip(*copies)
+            self.op_values = self.op_values + sp.csr_matrix(
+                (c_bytes, (c_ops, c_vals)), shape=(n_ops, len(prog.values))
+            )
         self.peak_flops = hw.peak_flops_per_s * hw.flops_efficiency
         self.direction = [
             "backward" if "transpose(" in op.name_stack else "forward" for op in prog.ops
@@ -642,10 +650,20 @@ class Evaluator:
         """`remat` with each extension starting after its value's own live range: the effect
         counts a value's last reader among its direct readers, the liveness also through the
         fused values made from it, and the overlap would count the value twice for that op
-        (GPT demo, `full`: one 64 KB value per layer, counted twice at one op)."""
+        (GPT demo, `full`: one 64 KB value per layer, counted twice at one op). A value whose
+        life remat shortens (`_remat_liveness`: it lived on for the fused readers of a dropped
+        residual) ends earlier, and its extension starts there (as `buffers.buffer_intervals`
+        counts it: the GPT's LayerNorm input under `dots`, read through the fused normalized
+        value by the recomputation)."""
         if not len(remat.extend_values):
             return remat
-        own_end = self._live_end[remat.extend_values]
+        own_end = self._live_end
+        if len(remat.values):
+            vals, new, _ = self._remat_liveness(remat)
+            if len(vals):
+                own_end = own_end.copy()
+                own_end[vals] = new + 1
+        own_end = own_end[remat.extend_values]
         start = np.minimum(np.maximum(remat.extend_from, own_end), remat.extend_to)
         if np.array_equal(start, remat.extend_from):
             return remat
