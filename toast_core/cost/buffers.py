@@ -227,7 +227,7 @@ def cpu_temporaries(ev, value_local, align_bytes: int, masks=None):
         vals, lo, hi, scale, count, small = ev._cpu_buffers
     else:
         is_mat = ev._is_mat.tolist()
-        rows = cpu_buffers(ev.ana.program, is_mat, local_dot_shapes(ev, masks))
+        rows = ev.live_cpu_rows(cpu_buffers(ev.ana.program, is_mat, local_dot_shapes(ev, masks)))
         vals, lo, hi, scale, count, small = rows
     size = value_local[vals] * scale
     if align_bytes:
