@@ -104,6 +104,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from toast_core.cost.cpu_tree_reduce import CPU_REDUCE_WINDOW, CPU_TREE_MAX_ELEMENTS
 from toast_core.cost.fusion import FUSIBLE, fused_away
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
@@ -134,6 +135,7 @@ def cpu_buffers(
     rows += conv_operand_copies(prog, is_materialized)
     rows += batched_index_buffers(prog)
     rows += hoisted_constant_buffers(prog, is_materialized)
+    rows += tree_reduced_operands(prog, is_materialized, local_shape)
     a = np.array(rows, dtype=np.float64).reshape(-1, 6)
     ints = a[:, [0, 1, 2, 4, 5]].astype(np.int64)
     return ints[:, 0], ints[:, 1], ints[:, 2], a[:, 3], ints[:, 3], ints[:, 4]
@@ -261,6 +263,42 @@ def hoisted_constant_buffers(prog: Program, is_materialized: list[bool]) -> list
                     )
                 ):
                     rows.append((r, 0, op.index - 1, 1.0, 1, 0))
+    return rows
+
+
+def tree_reduced_operands(prog: Program, is_materialized: list[bool], local_shape=None) -> list:
+    """(operand, op, op, bytes per byte of the operand, 1, 0) per reduction whose operand a
+    fusion computes in registers (`fused_away`) and that XLA:CPU's tree reduction splits (a
+    reduced dim longer than 32 and under 4,096 elements on a device: `cpu_tree_reduce`): the
+    reduce-window it becomes takes no fused producer, so the operand is stored, then the
+    windows' partial results (module essay). Measured on `sum(tanh(x) * 2 + x)` (temporaries):
+    x[128, 4] 2,064 bytes, x[2000] 8,252, x[64, 63] over dim 0 16,632; x[32, 32] and x[64, 64]
+    (no dim over 32, or 4,096 elements: one fused reduce) none. Fuzz seed 15 #53: the outer
+    product `x[2, 64, 1] @ w[1, 4]` under a mean, 2 KiB XLA stores and the model fused away.
+    `local_shape(op, pos)`: an operand use's shape on one device (default: the global one)."""
+    fused = fused_away(prog, is_materialized)
+    rows = []
+    for op in prog.ops:
+        if op.primitive not in prim.FUSED_REDUCTIONS or not op.operands:
+            continue
+        x = op.operands[0]
+        if not fused[x]:
+            continue
+        shape = prog.values[x].shape if local_shape is None else local_shape(op.index, 0)
+        size = int(np.prod(shape, dtype=np.int64))
+        axes = tuple(op.param("axes") or ())
+        reduced = [shape[d] for d in axes]
+        if (
+            not size
+            or size >= CPU_TREE_MAX_ELEMENTS
+            or all(n <= CPU_REDUCE_WINDOW for n in reduced)
+        ):
+            continue
+        windows = size
+        for n in reduced:
+            windows = windows // n * -(-n // CPU_REDUCE_WINDOW)
+        rows.append((x, op.index, op.index, 1.0, 1, 0))
+        rows.append((x, op.index, op.index, windows / size, 1, 0))
     return rows
 
 
