@@ -10,7 +10,12 @@ import pytest
 
 import toast_core as tc
 from toast_core.apply.validate import predicted_cpu_memory_bytes
-from toast_core.cost.cpu_buffers import tree_reduced_operands
+from toast_core.cost.cpu_buffers import (
+    broadcasts_per_layout,
+    dot_broadcasts,
+    dot_operand_copies,
+    tree_reduced_operands,
+)
 from toast_core.cost.fusion import materialized
 
 HW = tc.hardware("tpu-v5e")
@@ -57,21 +62,79 @@ def test_a_dot_never_writes_over_an_operand_it_reads_last():
     assert predicted_cpu_memory_bytes(ana, strategy, MESH_8, HW) == 2432
 
 
+def test_a_full_reduction_of_a_reshape_reduces_the_reshaped_value():
+    # XLA folds the reshape into the reduce: sum(v.reshape(-1)) with v [12, 3, 8] has no dim
+    # over 32, so its tree reduction does not split it (fuzz seed 15 #17)
+    def flat(x):
+        return jnp.sum((jnp.tanh(x) * 2.0).reshape(-1))
+
+    prog = tc.analyze(tc.trace(flat, jax.ShapeDtypeStruct((12, 3, 8), jnp.float32))).program
+    assert tree_reduced_operands(prog, materialized(prog)) == []
+    assert _rows((288,)) == [1.0, 9 / 288]  # the same elements, flat from the start
+
+
+def _seed_loss(p, x):
+    return jnp.mean(jnp.einsum("abcd,de->abce", x, p["w"]))
+
+
+def _seed_dots(params, batch):
+    """Fuzz #86: a two-micro-batch accumulation of the gradients of `mean(x @ w)`: the mean's
+    seed broadcast is read by the weight-gradient dot as [32, 256] and by the (loop-invariant)
+    input-gradient dot as [256, 32]."""
+
+    def body(i, acc):
+        g = jax.grad(_seed_loss, argnums=(0, 1))(params, batch["x"][i])
+        return acc[0] + g[0]["w"], acc[1] + g[1]
+
+    zeros = (jnp.zeros((8, 32)), jnp.zeros((2, 16, 8, 8)))
+    return jax.lax.fori_loop(0, 2, body, zeros)
+
+
+def _seed_dots_args():
+    params = {"w": jax.ShapeDtypeStruct((8, 32), jnp.float32)}
+    return params, {"x": jax.ShapeDtypeStruct((2, 2, 16, 8, 8), jnp.float32)}
+
+
+def test_a_broadcast_only_dots_read_in_a_loop_is_made_once_per_layout():
+    ana = tc.analyze(tc.trace(_seed_dots, *_seed_dots_args()))
+    prog = ana.program
+    mat = materialized(prog)
+    (seed,) = dot_broadcasts(prog, mat)
+    assert prog.values[seed].shape == (2, 16, 8, 32)
+    rows = broadcasts_per_layout(prog, mat)
+    readers = sorted(o for o, _ in prog.uses()[seed])
+    # the two dots read it in two layouts: a broadcast for each, made just before it
+    assert [(lo, hi) for _, lo, hi, *_ in rows] == [(o, o) for o in readers]
+    # and no layout copy of it besides
+    assert seed not in dot_operand_copies(prog, mat)[0].tolist()
+
+
+def test_outside_loops_a_broadcast_keeps_its_buffer():
+    args = _seed_dots_args()
+    args = (args[0], {"x": jax.ShapeDtypeStruct((2, 16, 8, 8), jnp.float32)})
+    fn = jax.grad(_seed_loss, argnums=(0, 1))
+    prog = tc.analyze(tc.trace(lambda p, b: fn(p, b["x"]), *args)).program
+    assert dot_broadcasts(prog, materialized(prog)) == []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "fn, args",
+    "fn, args, within",
     [
-        (lambda x: (_summed(x),), (jax.ShapeDtypeStruct((128, 4), jnp.float32),)),
-        (lambda x: (_summed(x),), (jax.ShapeDtypeStruct((2000,), jnp.float32),)),
-        (_broadcast_dot, _broadcast_dot_args()),
+        (lambda x: (_summed(x),), (jax.ShapeDtypeStruct((128, 4), jnp.float32),), 0.05),
+        (lambda x: (_summed(x),), (jax.ShapeDtypeStruct((2000,), jnp.float32),), 0.05),
+        (_broadcast_dot, _broadcast_dot_args(), 0.05),
+        # measured 76,884 bytes: 0.89 of them (1.32 with the seed held across both dots and a
+        # copy beside it); the rest is the loop's scheduling, which the model does not follow
+        (_seed_dots, _seed_dots_args(), 0.15),
     ],
-    ids=["tree-reduced-128x4", "tree-reduced-2000", "dot-reads-broadcast-last"],
+    ids=["tree-reduced-128x4", "tree-reduced-2000", "dot-reads-broadcast-last", "seed-in-a-loop"],
 )
-def test_cpu_reduce_and_dot_buffers_match_xla(fn, args):
+def test_cpu_reduce_and_dot_buffers_match_xla(fn, args, within):
     ana = tc.analyze(tc.trace(fn, *args))
     strategy = tc.baselines.all(ana, MESH_8)["replicated"][0]
     check = tc.validate(fn, args, ana, strategy, tc.jax_mesh(MESH_8), HW, check_numerics=False)
-    assert abs(check.predicted_memory_bytes / check.compiled_memory_bytes - 1) <= 0.05, (
+    assert abs(check.predicted_memory_bytes / check.compiled_memory_bytes - 1) <= within, (
         check.predicted_memory_bytes,
         check.compiled_memory_bytes,
     )

@@ -268,9 +268,13 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
     temporaries only XLA:CPU makes (`cpu_temporaries`) join the others."""
     masks = strategy.fine_masks(ev.ana, ev.mesh)
     _, value_local, _ = ev._local(masks)
+    local = value_local
     pairs = ev._remat_pairs(strategy)
     effect = remat_effect(ev.remat, pairs) if pairs else None
     reduced = all_reduce_issue_ops(ev, masks, value_local) if cpu else None
+    if cpu:  # the broadcasts remade per layout (`cpu_buffers.broadcasts_per_layout`)
+        value_local = value_local.copy()
+        value_local[ev.dot_broadcasts] = 0.0
     partials: list[bool] = []
     size, start, end, is_out = buffer_intervals(
         ev, value_local, masks, effect, pairs, align_bytes, reduced, partials
@@ -281,12 +285,12 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         else None
     )
     if cpu:
-        extra, lo, hi = cpu_temporaries(ev, value_local, align_bytes, masks)
+        extra, lo, hi = cpu_temporaries(ev, local, align_bytes, masks)
         size, start, end = (np.concatenate(x) for x in ((size, extra), (start, lo), (end, hi)))
         is_out = np.concatenate([is_out, np.zeros(len(extra), dtype=bool)])
         partials += [False] * len(extra)
         if own is not None:
-            own = np.concatenate([own, cpu_temporaries(ev, value_local, 0, masks)[0]])
+            own = np.concatenate([own, cpu_temporaries(ev, local, 0, masks)[0]])
     whole_life = np.asarray(partials, dtype=bool) | read_last_by_matmul(ev)[end - 1]
     outputs_bytes, block = place_in_output_allocations(
         size, start, end, is_out, ev.n_ops, own, whole_life

@@ -59,7 +59,7 @@ from toast_core.cost.buffers import cpu_temporaries
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.concat_slice import CONCAT, SLICE, concat_slice_sites
-from toast_core.cost.cpu_buffers import cpu_buffers
+from toast_core.cost.cpu_buffers import cpu_buffers, dot_broadcasts
 from toast_core.cost.flops import FOLDING, local_fold_flops, op_counts
 from toast_core.cost.fusion import bitcasts, fused_away, materialized
 from toast_core.cost.halo import slice_halo_permutes
@@ -897,6 +897,12 @@ class Evaluator:
         """XLA:CPU's extra temporaries: dot and conv operand layout copies, threefry loops,
         select-and-scatter expansions (`cpu_buffers`)."""
         return self.live_cpu_rows(cpu_buffers(self.ana.program, self._is_mat.tolist()))
+
+    @cached_property
+    def dot_broadcasts(self) -> np.ndarray:
+        """The broadcasts XLA:CPU remakes per layout its dots read them in
+        (`cpu_buffers.dot_broadcasts`): their own buffers are not in the CPU view."""
+        return np.array(dot_broadcasts(self.ana.program, self._is_mat.tolist()), dtype=np.int64)
 
     def live_cpu_rows(self, rows: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
         """`cpu_buffers` rows without those whose last op is dead (XLA removes it: a dot of the
