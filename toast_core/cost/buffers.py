@@ -36,6 +36,7 @@ import numpy as np
 
 from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.cost.cpu_buffers import cpu_buffers
+from toast_core.cost.fusion import fusible
 from toast_core.strategy.remat import RematEffect, remat_effect
 from toast_core.strategy.space import space_of
 
@@ -227,7 +228,7 @@ def cpu_temporaries(ev, value_local, align_bytes: int, masks=None):
         vals, lo, hi, scale, count, small = ev._cpu_buffers
     else:
         is_mat = ev._is_mat.tolist()
-        rows = cpu_buffers(ev.ana.program, is_mat, local_dot_shapes(ev, masks))
+        rows = ev.live_cpu_rows(cpu_buffers(ev.ana.program, is_mat, local_dot_shapes(ev, masks)))
         vals, lo, hi, scale, count, small = rows
     size = value_local[vals] * scale
     if align_bytes:
@@ -267,9 +268,13 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
     temporaries only XLA:CPU makes (`cpu_temporaries`) join the others."""
     masks = strategy.fine_masks(ev.ana, ev.mesh)
     _, value_local, _ = ev._local(masks)
+    local = value_local
     pairs = ev._remat_pairs(strategy)
     effect = remat_effect(ev.remat, pairs) if pairs else None
     reduced = all_reduce_issue_ops(ev, masks, value_local) if cpu else None
+    if cpu:  # the broadcasts remade per layout (`cpu_buffers.broadcasts_per_layout`)
+        value_local = value_local.copy()
+        value_local[ev.dot_broadcasts] = 0.0
     partials: list[bool] = []
     size, start, end, is_out = buffer_intervals(
         ev, value_local, masks, effect, pairs, align_bytes, reduced, partials
@@ -280,16 +285,34 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         else None
     )
     if cpu:
-        extra, lo, hi = cpu_temporaries(ev, value_local, align_bytes, masks)
+        extra, lo, hi = cpu_temporaries(ev, local, align_bytes, masks)
         size, start, end = (np.concatenate(x) for x in ((size, extra), (start, lo), (end, hi)))
         is_out = np.concatenate([is_out, np.zeros(len(extra), dtype=bool)])
         partials += [False] * len(extra)
         if own is not None:
-            own = np.concatenate([own, cpu_temporaries(ev, value_local, 0, masks)[0]])
+            own = np.concatenate([own, cpu_temporaries(ev, local, 0, masks)[0]])
+    whole_life = np.asarray(partials, dtype=bool) | read_last_by_matmul(ev)[end - 1]
     outputs_bytes, block = place_in_output_allocations(
-        size, start, end, is_out, ev.n_ops, own, np.asarray(partials, dtype=bool)
+        size, start, end, is_out, ev.n_ops, own, whole_life
     )
     return float(value_local[kept_inputs(ev)].sum()), outputs_bytes, block
+
+
+def read_last_by_matmul(ev) -> np.ndarray:
+    """Per op, whether it is a dot or a convolution that contracts (not an outer product, which
+    XLA rewrites as an elementwise multiply): such an op writes its result into a buffer of its
+    own, never over an operand it reads last (XLA shares an operand's buffer only with an
+    elementwise user's). Fuzz seed 15 #183: `broadcast(x[32]) -> [8, 32]` read by the dot that
+    makes the output `[32, 8]`: the broadcast's 1 KiB is a temporary beside the output's
+    allocation (XLA: 1,024 bytes of temporaries; the model had put it in the output's)."""
+    prog = ev.ana.program
+    return np.array(
+        [
+            op.primitive in ("dot_general", "conv_general_dilated") and not fusible(op, prog)
+            for op in prog.ops
+        ],
+        dtype=bool,
+    )
 
 
 def kept_inputs(ev) -> np.ndarray:

@@ -111,7 +111,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from toast_core.cost.fusion import FUSIBLE, fused_away
+from toast_core.cost.cpu_tree_reduce import CPU_REDUCE_WINDOW, CPU_TREE_MAX_ELEMENTS
+from toast_core.cost.fusion import FUSIBLE, fused_away, fusible
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
@@ -142,6 +143,8 @@ def cpu_buffers(
     rows += batched_index_buffers(prog)
     rows += hoisted_constant_buffers(prog, is_materialized)
     rows += library_reduction_inputs(prog, is_materialized, local_shape)
+    rows += tree_reduced_operands(prog, is_materialized, local_shape)
+    rows += broadcasts_per_layout(prog, is_materialized, local_shape)
     a = np.array(rows, dtype=np.float64).reshape(-1, 6)
     ints = a[:, [0, 1, 2, 4, 5]].astype(np.int64)
     return ints[:, 0], ints[:, 1], ints[:, 2], a[:, 3], ints[:, 3], ints[:, 4]
@@ -342,6 +345,60 @@ def _call_inputs(prog: Program, x: int, uses, producers) -> list[int]:
     return out
 
 
+def tree_reduced_operands(prog: Program, is_materialized: list[bool], local_shape=None) -> list:
+    """(operand, op, op, bytes per byte of the operand, 1, 0) per reduction whose operand a
+    fusion computes in registers (`fused_away`) and that XLA:CPU's tree reduction splits (a
+    reduced dim longer than 32 and under 4,096 elements on a device: `cpu_tree_reduce`): the
+    reduce-window it becomes takes no fused producer, so the operand is stored, then the
+    windows' partial results (module essay). Measured on `sum(tanh(x) * 2 + x)` (temporaries):
+    x[128, 4] 2,064 bytes, x[2000] 8,252, x[64, 63] over dim 0 16,632; x[32, 32] and x[64, 64]
+    (no dim over 32, or 4,096 elements: one fused reduce) none. Fuzz seed 15 #53: the outer
+    product `x[2, 64, 1] @ w[1, 4]` under a mean, 2 KiB XLA stores and the model fused away.
+    `local_shape(op, pos)`: an operand use's shape on one device (default: the global one)."""
+    fused = fused_away(prog, is_materialized)
+    producers = prog.producers()
+    rows = []
+    for op in prog.ops:
+        if op.primitive not in prim.FUSED_REDUCTIONS or not op.operands:
+            continue
+        x = op.operands[0]
+        if not fused[x]:
+            continue
+        shape = prog.values[x].shape if local_shape is None else local_shape(op.index, 0)
+        size = int(np.prod(shape, dtype=np.int64))
+        axes = tuple(op.param("axes") or ())
+        reduced = [shape[d] for d in axes]
+        if len(set(axes)) == len(shape):  # all of it: of the value a reshape made it from
+            reduced = _reshaped_from(prog, x, producers, fused) or reduced
+        if (
+            not size
+            or size >= CPU_TREE_MAX_ELEMENTS
+            or all(n <= CPU_REDUCE_WINDOW for n in reduced)
+        ):
+            continue
+        windows = size // max(1, int(np.prod(reduced, dtype=np.int64)))
+        for n in reduced:
+            windows *= -(-n // CPU_REDUCE_WINDOW)
+        windows = max(windows, 1)
+        rows.append((x, op.index, op.index, 1.0, 1, 0))
+        rows.append((x, op.index, op.index, windows / size, 1, 0))
+    return rows
+
+
+def _reshaped_from(prog: Program, x: int, producers, fused) -> list[int] | None:
+    """The dims of the value a fused chain of reshapes made `x` from (None: not a reshape): a
+    reduction over all of `x` reduces that value's dims instead (XLA's simplifier folds the
+    reshape into the reduce: fuzz seed 15 #17, the mean of `v.reshape(-1)` with v [12, 3, 8]
+    is one fused reduce, no dim over 32)."""
+    src = None
+    while fused[x] and producers[x] is not None:
+        op = prog.ops[producers[x]]
+        if op.primitive not in ("reshape", "squeeze", "expand_dims") or op.param("dimensions"):
+            break
+        x = src = op.operands[0]
+    return None if src is None else list(prog.values[src].shape)
+
+
 def _batching_dims(op) -> int:
     """How many batching dims a gather or scatter has (0 for any other op)."""
     if op.primitive != "gather" and not op.primitive.startswith("scatter"):
@@ -440,6 +497,7 @@ def dot_operand_copies(
     uses = prog.uses()
     producers = prog.producers()
     outputs = set(prog.outputs)
+    remade = set(dot_broadcasts(prog, is_materialized))  # `broadcasts_per_layout` has them
     wants: dict[tuple, list[int]] = {}
     for op in prog.ops:
         if op.primitive != "dot_general":
@@ -452,7 +510,7 @@ def dot_operand_copies(
             ((op.operands[0], shapes[0], lb, lc), (op.operands[1], shapes[1], rb, rc))
         ):
             g = _grouping(shape, batch, contracted, side)
-            if g is not None and is_materialized[x]:
+            if g is not None and is_materialized[x] and x not in remade:
                 wants.setdefault((x, g), []).append(op.index)
     rows = []
     for (x, _), ops in wants.items():
@@ -461,6 +519,72 @@ def dot_operand_copies(
         rows.append((x, min(ops), max(ops)))
     out = np.array(rows, dtype=np.int64).reshape(-1, 3)
     return out[:, 0], out[:, 1], out[:, 2]
+
+
+def dot_broadcasts(prog: Program, is_materialized: list[bool]) -> list[int]:
+    """The stored broadcasts (`broadcast_in_dim` results, not outputs) inside a loop body that
+    only contracting dots read: XLA:CPU makes one per layout its dots read it in
+    (`broadcasts_per_layout`), so the value's own buffer is not in the CPU view
+    (`buffers.allocated_memory`). Outside loops XLA's scheduler makes such broadcasts (a mean's
+    seed) at the step's start and holds them, as the value and its layout copy do (measured:
+    the gradients of `mean(x[2, 16, 8, 8] @ w[8, 32])`, two 32 KiB broadcasts held together,
+    84 KB in all; 51 KB counted per layout); inside one, the dot that reads the seed and the
+    weights alone is loop-invariant and hoisted out of it (fuzz seed 15 #86)."""
+    uses = prog.uses()
+    producers = prog.producers()
+    outputs = set(prog.outputs)
+    out = []
+    for v in prog.values:
+        p = producers[v.id]
+        if p is None or v.id in outputs or not is_materialized[v.id]:
+            continue
+        if prog.ops[p].primitive != "broadcast_in_dim" or not uses[v.id]:
+            continue
+        if prog.ops[p].region_depth == 0:
+            continue
+        if all(
+            prog.ops[o].primitive == "dot_general" and not fusible(prog.ops[o], prog)
+            for o, _ in uses[v.id]
+        ):
+            out.append(v.id)
+    return out
+
+
+def broadcasts_per_layout(prog: Program, is_materialized: list[bool], local_shape=None) -> list:
+    """(broadcast, first dot, last dot, 1, 1, 0) per layout in which dots read a broadcast of
+    `dot_broadcasts`: layout assignment gives a dot wanting another order a transposed copy of
+    the broadcast, which XLA's simplifier turns into a broadcast in that order, made right
+    before its dots; a dot that is an outer product on a device (nothing contracted there of
+    size > 1) is a multiply, which fuses the broadcast. Fuzz seed 15 #86: a mean's seed
+    broadcast to f32[2, 16, 8, 32] read by the weight-gradient dot as [32, 256] and by the
+    input-gradient dot as [256, 32]: two 32 KiB broadcasts in XLA's buffer assignment, at the
+    same offset (one after the other), where the model held the broadcast across both dots and
+    a 32 KiB copy beside it (1.63 of XLA's bytes; 0.98 so). Each lives from its first dot to its
+    last, as the program orders them; XLA's scheduler may move a dot that reads only inputs
+    and a constant broadcast to the step's start, and with it the broadcast (seed 14 #26: the
+    first layer's weight gradient; seed 15 #2 holds two such broadcasts from the start, 0.61
+    of XLA's bytes before this rule, 0.42 with it): the model keeps the program's order.
+    Holding constant broadcasts from the start fixed #2 (0.79) and broke #26 (2.13, 1.43
+    without), whose dot moved with its broadcast."""
+    if local_shape is None:
+
+        def local_shape(op: int, pos: int) -> tuple:
+            return prog.values[prog.ops[op].operands[pos]].shape
+
+    rows = []
+    uses = prog.uses()
+    for x in dot_broadcasts(prog, is_materialized):
+        layouts: dict[object, list[int]] = {}
+        for o, pos in uses[x]:
+            op = prog.ops[o]
+            (lc, rc), (lb, rb) = op.param("dimension_numbers")
+            shapes = (local_shape(o, 0), local_shape(o, 1))
+            if not lc or all(shapes[0][d] == 1 for d in lc):
+                continue  # a multiply on this device: the broadcast fuses into it
+            batch, contracted = (lb, lc) if pos == 0 else (rb, rc)
+            layouts.setdefault(_grouping(shapes[pos], batch, contracted, pos), []).append(o)
+        rows += [(x, min(ops), max(ops), 1.0, 1, 0) for ops in layouts.values()]
+    return rows
 
 
 def _written_in_place(prog: Program, x: int, ops: list[int], uses, producers, outputs) -> bool:

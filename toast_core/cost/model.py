@@ -59,7 +59,7 @@ from toast_core.cost.buffers import cpu_temporaries
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.concat_slice import CONCAT, SLICE, concat_slice_sites
-from toast_core.cost.cpu_buffers import cpu_buffers
+from toast_core.cost.cpu_buffers import cpu_buffers, dot_broadcasts
 from toast_core.cost.flops import FOLDING, local_fold_flops, op_counts
 from toast_core.cost.fusion import bitcasts, fused_away, materialized
 from toast_core.cost.halo import slice_halo_permutes
@@ -75,6 +75,7 @@ from toast_core.cost.remat import (
 )
 from toast_core.cost.scatter_chain import scatter_values
 from toast_core.cost.simplify import executions as simplified_executions
+from toast_core.cost.simplify import splits_as_slices, without_dead_ops
 from toast_core.errors import ToastError, bad_value
 from toast_core.ir.primitives import CUMULATIVE
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
@@ -539,8 +540,15 @@ class Evaluator:
         reader (outputs to the end of the step). A value fused away into its readers
         (`fusion.fused_away`: the causal mask broadcast to [B, H, S, S], a scaled or cast copy)
         takes none; its readers recompute it from its producer's operands, which therefore stay
-        live until the last of those readers, through chains of fused values."""
-        prog = self.ana.program
+        live until the last of those readers, through chains of fused values. Dead ops
+        (`simplify.without_dead_ops`) make no buffer and read none: XLA removes them; a `split`
+        fuses as the slices it lowers to (`simplify.splits_as_slices`)."""
+        prog, live = without_dead_ops(self.ana.program)
+        prog = splits_as_slices(prog)
+        self._mem_prog = prog  # the program whose buffers XLA allocates: dead ops read nothing
+        self._op_live = np.array(live, dtype=bool)
+        if prog is not self.ana.program:
+            is_mat = materialized(prog)
         n_ops = len(prog.ops)
         producers = prog.producers()
         self._fused = fused_away(prog, is_mat)
@@ -556,7 +564,7 @@ class Evaluator:
                 if v.role in ("input", "parameter", "state", "constant"):
                     persistent.append(v.id)
                 continue
-            if self._fused[v.id]:
+            if self._fused[v.id] or not live[producers[v.id]]:
                 continue
             last = int(self._last_reader[v.id])
             if v.is_output:
@@ -589,7 +597,7 @@ class Evaluator:
         (walking the ops backwards, a fused result hands its last reader to its producer's
         operands). A `dropped` residual is recomputed for the backward part under remat: its
         backward readers read the new copy, so only its forward readers count."""
-        prog = self.ana.program
+        prog = self._mem_prog
         # A Python list, not the array, in the loops: a NumPy scalar read and compare per
         # operand was most of this function's time (40k ops; again per remat choice).
         last = [-1 if p is None else p for p in prog.producers()]
@@ -924,7 +932,19 @@ class Evaluator:
     def _cpu_buffers(self) -> tuple[np.ndarray, ...]:
         """XLA:CPU's extra temporaries: dot and conv operand layout copies, threefry loops,
         select-and-scatter expansions (`cpu_buffers`)."""
-        return cpu_buffers(self.ana.program, self._is_mat.tolist())
+        return self.live_cpu_rows(cpu_buffers(self.ana.program, self._is_mat.tolist()))
+
+    @cached_property
+    def dot_broadcasts(self) -> np.ndarray:
+        """The broadcasts XLA:CPU remakes per layout its dots read them in
+        (`cpu_buffers.dot_broadcasts`): their own buffers are not in the CPU view."""
+        return np.array(dot_broadcasts(self.ana.program, self._is_mat.tolist()), dtype=np.int64)
+
+    def live_cpu_rows(self, rows: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        """`cpu_buffers` rows without those whose last op is dead (XLA removes it: a dot of the
+        discarded loss of a gradient-accumulation loop copies no operand)."""
+        keep = self._op_live[rows[2]]
+        return rows if keep.all() else tuple(a[keep] for a in rows)
 
     def _remat_pairs(self, strategy: Strategy) -> tuple:
         """(group index, policy index) pairs of a strategy's remat policies."""
