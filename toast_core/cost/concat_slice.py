@@ -44,7 +44,8 @@ class ConcatSliceSites:
     pieces_id: np.ndarray  # [rep row]
     # pieces[k]: ((result value, result fine, dim size, start, size), ...) of one sliced use
     pieces: tuple
-    # [row]: (op, result value, result fine of the concatenated dim, operand fine, room)
+    # [row]: (op, result value, result fine of the concatenated dim, operand fine (-1: the
+    # operands' dim has size 1, no factor), room)
     cat: np.ndarray
 
 
@@ -103,6 +104,18 @@ def concat_slice_sites(ana, lay, rep_rows: list[tuple[int, int, int, int, int]])
             continue
         style[k], pieces_id[k] = SLICE, len(pieces)
         pieces.append(got)
+    # A concatenate of size-1 dims, and a `stack` (XLA: a concatenate of reshaped operands),
+    # have no replicate row: their operands are whole there by construction; the result may
+    # still be sharded there (operand fine -1).
+    for opi, op in enumerate(prog.ops):
+        if op.primitive not in ("concatenate", "stack") or opi in cat:
+            continue
+        d, res = op.param("dimension", op.param("axis", 0)), op.results[0]
+        rf = _single_fine(lay.value_dim_fine[res], d)
+        if rf >= 0:
+            shape = prog.values[res].shape
+            others = [int(s) for e, s in enumerate(shape) if e != d]
+            cat[opi] = (opi, res, rf, -1, max(others, default=1))
     return ConcatSliceSites(
         style=style,
         room=room,

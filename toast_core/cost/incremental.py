@@ -148,9 +148,12 @@ class _SitesOf:
         rep, per = inc.rep_of.take(values), inc.per_of.take(values)
         self.rep, self._rep_site = ev.rep[rep], ev._rep_site[rep]
         self.rep_before = ev.rep_before[rep]
+        self.rep_piece_fines = ev.rep_piece_fines[rep]
+        self.rep_operand_fines = ev.rep_operand_fines[rep]
         self.per, self._per_site = ev.per[per], ev._per_site[per]
         cat = inc.cat_of.take(values)
         self.cat, self._cat_site = ev.cat[cat], ev._cat_site[cat]
+        self.cat_operands = ev.cat_operands[cat]
         # Everything `_collective_arrays` and `_reshards` read of a state, for these values, is
         # the masks of these fine classes (`_Tables._comm_fines`): their results are memoized
         # by those masks, per search (`Incremental._comm_of`).
@@ -165,6 +168,7 @@ class _SitesOf:
 
     _collective_arrays = Evaluator._collective_arrays
     _replicate_collectives = Evaluator._replicate_collectives
+    _whole_operand_halos = Evaluator._whole_operand_halos
     _concat_result_collectives = Evaluator._concat_result_collectives
     _reshards = Evaluator._reshards
     _compute_reshards = Evaluator._compute_reshards
@@ -261,7 +265,8 @@ class _Tables:
         rows.append(ev.per[:, 1]), cols.append(ev.per[:, 2])
         # A concatenate's result reshard follows its operand's mesh axes; a split / slice
         # piece's halos follow its result's (concat_slice.py).
-        rows.append(ev.cat[:, 1]), cols.append(ev.cat[:, 3])
+        cat = ev.cat[ev.cat[:, 3] >= 0]
+        rows.append(cat[:, 1]), cols.append(cat[:, 3])
         for value, pid in ev.rep[ev.rep[:, 5] >= 0][:, [1, 5]].tolist():
             for _, result_fine, *_ in ev.rep_pieces[pid]:
                 rows.append([value]), cols.append([result_fine])

@@ -479,6 +479,27 @@ class Evaluator:
             [np.array(rep, dtype=np.int64).reshape(-1, 3), cs.style, cs.room, cs.pieces_id]
         ).astype(np.int64)
         self.rep_pieces, self.cat = cs.pieces, cs.cat
+        # Per concatenate row: its operands (-1 padded), for a stack's operand all-to-alls.
+        width = max((len(prog.ops[o].operands) for o in self.cat[:, 0].tolist()), default=1)
+        self.cat_operands = np.full((len(self.cat), width), -1, dtype=np.int64)
+        for k, o in enumerate(self.cat[:, 0].tolist()):
+            self.cat_operands[k, : len(prog.ops[o].operands)] = prog.ops[o].operands
+        # Per replicate row of a split / slice: its pieces' result fine classes (-1 padded), and
+        # every fine class of its operand (-1 padded), for slicing a whole operand dim into
+        # sharded pieces (`_replicate_collectives`).
+        slice_rows = self.rep[:, 3] == SLICE
+        width = max((len(p) for p in cs.pieces), default=1)
+        self.rep_piece_fines = np.full((len(self.rep), width), -1, dtype=np.int64)
+        operand_fines = [()] * len(self.rep)
+        for k in np.flatnonzero(slice_rows).tolist():
+            got = [rf for _, rf, *_ in cs.pieces[int(self.rep[k, 5])]]
+            self.rep_piece_fines[k, : len(got)] = got
+            dims = self.lay.value_dim_fine[int(self.rep[k, 1])]
+            operand_fines[k] = tuple(sorted({f for fines in dims for f in fines}))
+        width = max((len(f) for f in operand_fines), default=1)
+        self.rep_operand_fines = np.full((len(self.rep), max(width, 1)), -1, dtype=np.int64)
+        for k, fines in enumerate(operand_fines):
+            self.rep_operand_fines[k, : len(fines)] = fines
         # XLA gathers a use's sharded dims one all-gather per dim, the last dim first (measured:
         # f32[8, 32, 8] sharded [a, -, b] on a {a: 4, b: 2} mesh, replicated for a top_k: an
         # all-gather on b to f32[2, 32, 8], then one on a to f32[8, 32, 8]); each gathers what
@@ -975,12 +996,19 @@ class Evaluator:
         kinds[(rep[:, 3] == CONCAT) & (rep[:, 4] % ways == 0)] = A2A
         keep = np.ones(len(m), dtype=bool)
         extra: list[tuple[int, int, float, int, int, int]] = []
-        slices = (rep[:, 3] == SLICE) & (((m & self.real_axes) != 0) | (rep[:, 6] >= 0))
+        piece_fines = self.rep_piece_fines
+        pieces_sharded = (
+            np.where(piece_fines >= 0, masks[np.maximum(piece_fines, 0)], 0) & self.real_axes
+        ).any(axis=1)
+        slices = (rep[:, 3] == SLICE) & (
+            ((m & self.real_axes) != 0) | (rep[:, 6] >= 0) | pieces_sharded
+        )
         for k in np.flatnonzero(slices).tolist():
             pieces = self.rep_pieces[int(rep[k, 5])]
             held = int(m[k]) & self.real_axes
             mk = held or self._partial_target(int(rep[k, 6]), pieces, masks)
             if not mk:
+                extra += self._whole_operand_halos(k, pieces, masks, value_local)
                 continue
             n = int(self.mask_ways[mk])
             local_len = pieces[0][2] / self.mask_ways[held]
@@ -1020,6 +1048,33 @@ class Evaluator:
             )
         return out
 
+    def _whole_operand_halos(
+        self, k: int, pieces: tuple, masks: np.ndarray, value_local: np.ndarray
+    ) -> list[tuple[int, int, float, int, int, int]]:
+        """Halos of slicing a dim the operand holds whole into pieces sharded on it (replicate
+        row k, neither sharded there nor a partial sum resharded so). XLA's partitioner first
+        slices the operand locally to the piece's sharding on that dim, then reads the piece's
+        window with the same halo exchange as for a sharded operand (`halo.py`); measured on
+        f32[6, 4] replicated, `[0:3]` into 3 shards: one permute of 2 rows, as for the operand
+        sharded 3 ways. Left to a local slice (nothing priced) when the operand holds the
+        piece's mesh axes on another dim or the halo form does not apply."""
+        rep = self.rep
+        operand = 0
+        for f in self.rep_operand_fines[k].tolist():
+            if f >= 0:
+                operand |= int(masks[f])
+        vid = int(rep[k, 1])
+        out = []
+        for _, rf, dim_size, start, size in pieces:
+            mk = int(masks[rf]) & self.real_axes
+            if not mk or mk & operand:
+                continue
+            sizes = slice_halo_permutes(dim_size, int(self.mask_ways[mk]), start, size)
+            for s in sizes or ():
+                v = float(value_local[vid]) * s / dim_size
+                out.append((CP, mk, v, int(rep[k, 0]), vid, int(self._rep_site[k])))
+        return out
+
     def _partial_target(self, pid: int, pieces: tuple, masks: np.ndarray) -> int:
         """Mesh axes XLA shards the sliced dim of a replicate row's operand on although the
         strategy leaves it whole: the operand is a partial sum (over those axes) read only by
@@ -1044,18 +1099,35 @@ class Evaluator:
         dim (concat_slice.py): an all-to-all back onto the concatenated dim when the result is
         sharded there on the same mesh axes, an all-gather of the whole result otherwise
         (replicated there, or sharded on other mesh axes: then sliced locally, priced
-        pessimistically); nothing when the operands were not sharded on that dim."""
+        pessimistically). Operands whole on that dim into a result sharded there on mesh axes R:
+        XLA concatenates locally, sharded on another dim by R (a free local slice), and moves R
+        back by one all-to-all of the local result (measured: f32[6, 8] ++ f32[6, 8] on dim 1
+        into [6, 16] sharded 2 ways: one all-to-all of 192 bytes; nothing when no other dim
+        divides by the ways, [5, 8] ++ [5, 8]: sliced locally). When the operands' dim has size
+        1 (`jnp.stack`), each operand takes an all-to-all of its local buffer first (measured:
+        stacking k whole f32[8] into [k, 8] sharded n ways: k all-to-alls of 32 bytes, then one
+        of the local result, for k, n = 2, 2; 4, 2; 4, 4)."""
         cat = self.cat
-        m = masks[cat[:, 3]] & self.real_axes
+        m = np.where(cat[:, 3] >= 0, masks[np.maximum(cat[:, 3], 0)], 0) & self.real_axes
         r = masks[cat[:, 2]] & self.real_axes
         ways = self.mask_ways[m]
         movable = (m != 0) & (cat[:, 4] % ways == 0)
         back = movable & (r == m)
-        sel = movable
-        kinds = np.where(back, A2A, AG)[sel]
+        whole = (m == 0) & (r != 0) & (cat[:, 4] % self.mask_ways[r] == 0)
+        sel = movable | whole
+        kinds = np.where(back | whole, A2A, AG)[sel]
         res = cat[:, 1]
         v = value_local[res] * np.where(back, ways, self.mask_ways[r])
-        return [(kinds, m[sel], v[sel], cat[sel, 0], res[sel], self._cat_site[sel])]
+        axes = np.where(whole, r, m)
+        out = [(kinds, axes[sel], v[sel], cat[sel, 0], res[sel], self._cat_site[sel])]
+        rows = np.flatnonzero(whole & (cat[:, 3] < 0))
+        if len(rows):
+            operands = self.cat_operands[rows]
+            row, col = np.nonzero(operands >= 0)
+            k = rows[row]
+            ov = value_local[operands[row, col]] * self.mask_ways[r[k]]
+            out.append((np.full(len(k), A2A), r[k], ov, cat[k, 0], res[k], self._cat_site[k]))
+        return out
 
     def _reshards(self, masks: np.ndarray):
         """Memoized for the last mask vector: communication and memory both need it. The memo is
