@@ -74,6 +74,7 @@ from toast_core.cost.remat import (
 )
 from toast_core.cost.scatter_chain import scatter_values
 from toast_core.cost.simplify import executions as simplified_executions
+from toast_core.cost.simplify import live_ops
 from toast_core.errors import ToastError, bad_value
 from toast_core.ir.primitives import CUMULATIVE
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
@@ -336,6 +337,9 @@ class Evaluator:
         self._is_mat = np.array(is_mat, dtype=bool)
         # loop fusion's duplicates and XLA's simplifier (CSE, identities, dead code, constants)
         flop_runs, trans_runs = simplified_executions(prog)
+        # Ops whose work reaches no output: XLA removes them with their collectives (a train
+        # step's loss, whose partial sums the gradient never reads).
+        self._op_live = np.array(live_ops(prog), dtype=bool)
         executions = self.trip * np.array(flop_runs, dtype=np.float64)
         trans_executions = self.trip * np.array(trans_runs, dtype=float)
         flops, trans = op_counts(prog)
@@ -977,7 +981,7 @@ class Evaluator:
             return empty, empty, np.zeros(0), empty, empty, empty
         kinds, ms, vs, ops, vals, sites = (np.concatenate(x) for x in zip(*parts))
         ms = ms & self.real_axes  # a collective over a size-1 mesh axis is no collective at all
-        keep = (ms != 0) & (vs > 0)
+        keep = (ms != 0) & (vs > 0) & self._op_live[ops]
         return kinds[keep], ms[keep], vs[keep], ops[keep], vals[keep], sites[keep]
 
     def _replicate_collectives(self, masks: np.ndarray, value_local: np.ndarray) -> list:
