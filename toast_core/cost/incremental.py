@@ -139,6 +139,7 @@ class _SitesOf:
         self.red_op, self.red_fine = ev.red_op[red], ev.red_fine[red]
         self.red_value, self.red_scan = ev.red_value[red], ev.red_scan[red]
         self.red_split = ev.red_split[red]
+        self.red_arg_operand, self.red_arg_ratio = ev.red_arg_operand[red], ev.red_arg_ratio[red]
         self._red_site = ev._red_site[red]
         sites = inc.sites_of.take(values)
         self.site_ids = sites  # the evaluator's index of each of these sites
@@ -168,6 +169,7 @@ class _SitesOf:
 
     _collective_arrays = Evaluator._collective_arrays
     _replicate_collectives = Evaluator._replicate_collectives
+    _arg_reduction_gathers = Evaluator._arg_reduction_gathers
     _whole_operand_halos = Evaluator._whole_operand_halos
     _concat_result_collectives = Evaluator._concat_result_collectives
     _reshards = Evaluator._reshards

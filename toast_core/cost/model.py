@@ -76,7 +76,8 @@ from toast_core.cost.scatter_chain import scatter_values
 from toast_core.cost.simplify import executions as simplified_executions
 from toast_core.cost.simplify import live_ops
 from toast_core.errors import ToastError, bad_value
-from toast_core.ir.primitives import CUMULATIVE
+from toast_core.ir.primitives import ARG_REDUCTIONS, CUMULATIVE
+from toast_core.ir.program import dtype_itemsize
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
 from toast_core.mesh.spec import XLA_CPU_COMBINE
 from toast_core.strategy import Strategy, mesh_axes
@@ -423,6 +424,19 @@ class Evaluator:
         self.red_op = np.array(red_op, dtype=np.int64)
         self.red_fine = np.array(red_fine, dtype=np.int64)
         self.red_value = np.array(red_value, dtype=np.int64)
+        # Per row of an argmax / argmin: its operand, and the operand's bytes per element over
+        # the result's (else -1 and 0): XLA gathers the shards' partial results instead of
+        # reducing them (`_arg_reduction_gathers`).
+        self.red_arg_operand = np.full(len(red_op), -1, dtype=np.int64)
+        self.red_arg_ratio = np.zeros(len(red_op))
+        for row, (opi, vid) in enumerate(zip(red_op, red_value)):
+            op = prog.ops[opi]
+            if op.primitive in ARG_REDUCTIONS:
+                x = op.operands[0]
+                self.red_arg_operand[row] = x
+                self.red_arg_ratio[row] = dtype_itemsize(prog.values[x].dtype) / dtype_itemsize(
+                    prog.values[vid].dtype
+                )
         # [row, k]: the values whose uses may reduce-scatter the row's partial sum, -1 padded.
         width = max((len(x) for x in red_scan), default=0)
         self.red_scan = np.full((len(red_scan), width), -1, dtype=np.int64)
@@ -946,8 +960,14 @@ class Evaluator:
                 ops, vals = self.red_op[act], self.red_value[act]
                 v = value_local[vals]
                 site = self._red_site[act]
-                parts.append((np.full(len(act), AR), m & ~scatter, v, ops, vals, site))
+                arg = self.red_arg_operand[act] >= 0
+                scatter[arg] = 0
+                parts.append(
+                    (np.full(len(act), AR), np.where(arg, 0, m & ~scatter), v, ops, vals, site)
+                )
                 parts.append((np.full(len(act), RS), scatter, v, ops, vals, site))
+                if arg.any():
+                    parts += self._arg_reduction_gathers(act[arg], m[arg], v[arg])
         # Cuts and reshape conflicts -> reshard at the use (see `_compute_reshards`).
         r = self._reshards(masks)
         if len(r.kind):
@@ -983,6 +1003,21 @@ class Evaluator:
         ms = ms & self.real_axes  # a collective over a size-1 mesh axis is no collective at all
         keep = (ms != 0) & (vs > 0) & self._op_live[ops]
         return kinds[keep], ms[keep], vs[keep], ops[keep], vals[keep], sites[keep]
+
+    def _arg_reduction_gathers(self, rows: np.ndarray, m: np.ndarray, v: np.ndarray) -> list:
+        """An argmax / argmin over a dim sharded on mesh axes M (reduction rows `rows`, local
+        result bytes `v`): XLA reduces each shard locally, all-gathers the shards' maxima (in the
+        operand's dtype) and their indices (s32) over M, and reduces those; no all-reduce
+        (measured: argmax of f32[4, 16] over dim 1 sharded 8 ways: all-gathers of f32[4, 8] and
+        s32[4, 8]; the same for argmin, for dim 0, for two mesh axes, bf16 gathered in f32 on
+        CPU). The maxima are attributed to the operand (its dtype), the indices to the result."""
+        full = v * self.mask_ways[m]
+        ops, site = self.red_op[rows], self._red_site[rows]
+        ag = np.full(len(rows), AG)
+        return [
+            (ag, m, full, ops, self.red_value[rows], site),
+            (ag, m, full * self.red_arg_ratio[rows], ops, self.red_arg_operand[rows], site),
+        ]
 
     def _replicate_collectives(self, masks: np.ndarray, value_local: np.ndarray) -> list:
         """Collectives of the replicate rows (kind, axes, V, op, value, site arrays): an
