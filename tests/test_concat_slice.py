@@ -400,3 +400,42 @@ def test_concatenating_whole_operands_into_a_sharded_dim_matches_xla():
     assert check.numerics_ok
     assert check.compiled_collective_bytes["all-to-all"] == (3 * 8 + 6 * 8) * F32
     assert check.predicted_collective_bytes == pytest.approx(check.compiled_collective_bytes)
+
+
+def evens_odds(x):
+    """`x[::2]` and `x[1::2]` of rows sharded 4 ways (the levels of `associative_scan`)."""
+    y = jnp.tanh(x)
+    return y[::2] * 2.0, y[1::2]
+
+
+def _evens_odds_program(results_sharded: bool):
+    x = jax.random.normal(jax.random.PRNGKey(6), (16, 4))
+    ana = tc.analyze(tc.trace(evens_odds, x))
+    prog = ana.program
+    (tanh,) = [op for op in prog.ops if op.primitive == "tanh"]
+    dims = {f"N{ana.value_named_dims(tanh.results[0])[0][0]}": "model"}
+    if results_sharded:
+        for op in prog.ops:
+            if op.primitive == "slice":
+                dims[f"N{ana.value_named_dims(op.results[0])[0][0]}"] = "model"
+    return ana, tc.Strategy.make(ana, dims), (x,)
+
+
+def test_a_strided_slice_of_sharded_rows_gathers_the_result_not_the_operand():
+    """Each shard of 4 rows takes its own even (odd) rows: a result left whole is gathered
+    (8 rows of 4 f32, not the operand's 16); a result sharded alike needs nothing."""
+    ana, s, _ = _evens_odds_program(results_sharded=False)
+    got = sorted((c.kind, c.bytes) for c in tc.estimate(ana, s, MESH, HW).collectives)
+    assert got == [("all-gather", 8 * 4 * F32)] * 2
+    ana, s, _ = _evens_odds_program(results_sharded=True)
+    assert not tc.estimate(ana, s, MESH, HW).collectives
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("results_sharded", [False, True])
+def test_strided_slice_collectives_match_xla(results_sharded):
+    ana, s, args = _evens_odds_program(results_sharded)
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+    check = tc.validate(evens_odds, args, ana, s, mesh, HW)
+    assert check.numerics_ok
+    assert check.predicted_collective_bytes == pytest.approx(check.compiled_collective_bytes)

@@ -58,7 +58,7 @@ from toast_core.analysis import Analysis
 from toast_core.cost.buffers import cpu_temporaries
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
-from toast_core.cost.concat_slice import CONCAT, SLICE, concat_slice_sites
+from toast_core.cost.concat_slice import CONCAT, SLICE, STRIDE, concat_slice_sites
 from toast_core.cost.cpu_buffers import cpu_buffers
 from toast_core.cost.flops import FOLDING, local_fold_flops, op_counts
 from toast_core.cost.fusion import bitcasts, fused_away, materialized
@@ -1023,7 +1023,8 @@ class Evaluator:
         """Collectives of the replicate rows (kind, axes, V, op, value, site arrays): an
         all-gather of the operand, except where XLA reshards otherwise (concat_slice.py): a
         concatenate's operand moves its shards to another dim (all-to-all, same V); a split /
-        slice piece whose result stays sharded alike takes halos (collective-permutes)."""
+        slice piece whose result stays sharded alike takes halos (collective-permutes); a strided
+        slice takes its own elements of each shard (nothing, or a gather of the result)."""
         rep = self.rep
         m = masks[rep[:, 2]]
         vals = rep[:, 1]
@@ -1039,6 +1040,18 @@ class Evaluator:
         pieces_sharded = (
             np.where(piece_fines >= 0, masks[np.maximum(piece_fines, 0)], 0) & self.real_axes
         ).any(axis=1)
+        strided = np.flatnonzero((rep[:, 3] == STRIDE) & ((m & self.real_axes) != 0))
+        scale = np.ones(len(m))
+        for k in strided.tolist():
+            ((_, rf, dim_size, _, _),) = self.rep_pieces[int(rep[k, 5])]
+            held = int(m[k]) & self.real_axes
+            n, stride = int(self.mask_ways[held]), int(rep[k, 4])
+            if dim_size % n or (dim_size // n) % stride:
+                continue  # shards out of step with the stride: the operand is gathered
+            if int(masks[rf]) & self.real_axes == held:
+                keep[k] = False  # each shard slices its own elements
+            else:
+                scale[k] = 1.0 / stride  # the result is gathered, not the operand
         slices = (rep[:, 3] == SLICE) & (
             ((m & self.real_axes) != 0) | (rep[:, 6] >= 0) | pieces_sharded
         )
@@ -1067,7 +1080,7 @@ class Evaluator:
             (
                 kinds[keep],
                 m[keep],
-                (value_local[vals] * ways * grown.prod(axis=1))[keep],
+                (value_local[vals] * ways * grown.prod(axis=1) * scale)[keep],
                 rep[keep, 0],
                 vals[keep],
                 self._rep_site[keep],
