@@ -14,6 +14,10 @@ the GNS message concatenates, xla/service/spmd/spmd_partitioner.cc):
 * **split** / **slice** along a dim sharded n ways on M, into results sharded n ways on M: a
   windowed read with collective-permutes of halos between shards (`halo.py`), far less than the
   operand.
+* **strided slice** `x[start::stride]` (start < stride) along a dim sharded n ways on M whose
+  shards hold a multiple of the stride: each shard takes its own elements, so a result sharded
+  on M needs nothing and a result whole there is an all-gather of the *result* (measured on
+  f32[dim, 4], dim 4..16, n 2..8, stride 2..4: all-gather bytes = result bytes, or none).
 
 This module finds those sites once per analysis (static facts: dims, offsets, fine classes); the
 evaluator picks the collectives per strategy from the mesh axes of the fine classes involved
@@ -27,10 +31,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["GATHER", "CONCAT", "SLICE", "ConcatSliceSites", "concat_slice_sites"]
+__all__ = ["GATHER", "CONCAT", "SLICE", "STRIDE", "ConcatSliceSites", "concat_slice_sites"]
 
 #: Styles of a replicate-factor site (a row of `Evaluator.rep`).
-GATHER, CONCAT, SLICE = 0, 1, 2
+GATHER, CONCAT, SLICE, STRIDE = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,8 @@ class ConcatSliceSites:
     pieces_id: np.ndarray  # [rep row]
     # pieces[k]: ((result value, result fine, dim size, start, size), ...) of one sliced use
     pieces: tuple
-    # [row]: (op, result value, result fine of the concatenated dim, operand fine, room)
+    # [row]: (op, result value, result fine of the concatenated dim, operand fine (-1: the
+    # operands' dim has size 1, no factor), room)
     cat: np.ndarray
 
 
@@ -79,6 +84,24 @@ def _sliced_pieces(op, pos: int, d: int, dim_size: int, lay) -> tuple | None:
     return None
 
 
+def _strided_piece(op, pos: int, d: int, dim_size: int, lay) -> tuple | None:
+    """((result value, result fine, dim size, start, size), stride) of a `x[start::stride]`
+    along dim d (stride > 1, start < stride, through the end of the dim, the dim a multiple of
+    the stride), else None."""
+    if pos != 0 or op.primitive != "slice":
+        return None
+    strides = op.param("strides", None)
+    if strides is None or d >= len(strides) or int(strides[d]) <= 1:
+        return None
+    stride = int(strides[d])
+    start, limit = int(op.param("start_indices")[d]), int(op.param("limit_indices")[d])
+    vid = op.results[0]
+    size = len(range(start, limit, stride))
+    if start >= stride or dim_size % stride or size * stride != dim_size:
+        return None
+    return (vid, _single_fine(lay.value_dim_fine[vid], d), dim_size, start, size), stride
+
+
 def concat_slice_sites(ana, lay, rep_rows: list[tuple[int, int, int, int, int]]):
     """Static facts for the replicate rows `rep_rows` (op, value, fine, position, dim)."""
     prog = ana.program
@@ -99,10 +122,28 @@ def concat_slice_sites(ana, lay, rep_rows: list[tuple[int, int, int, int, int]])
                 cat[opi] = (opi, res, rf, f, room[k])
             continue
         got = _sliced_pieces(op, pos, d, int(shape[d]), lay)
-        if got is None or any(p[1] < 0 for p in got):
+        if got is None:
+            got = _strided_piece(op, pos, d, int(shape[d]), lay)
+            if got is not None and got[0][1] >= 0:
+                style[k], room[k], pieces_id[k] = STRIDE, got[1], len(pieces)
+                pieces.append(got[0:1])
+            continue
+        if any(p[1] < 0 for p in got):
             continue
         style[k], pieces_id[k] = SLICE, len(pieces)
         pieces.append(got)
+    # A concatenate of size-1 dims, and a `stack` (XLA: a concatenate of reshaped operands),
+    # have no replicate row: their operands are whole there by construction; the result may
+    # still be sharded there (operand fine -1).
+    for opi, op in enumerate(prog.ops):
+        if op.primitive not in ("concatenate", "stack") or opi in cat:
+            continue
+        d, res = op.param("dimension", op.param("axis", 0)), op.results[0]
+        rf = _single_fine(lay.value_dim_fine[res], d)
+        if rf >= 0:
+            shape = prog.values[res].shape
+            others = [int(s) for e, s in enumerate(shape) if e != d]
+            cat[opi] = (opi, res, rf, -1, max(others, default=1))
     return ConcatSliceSites(
         style=style,
         room=room,

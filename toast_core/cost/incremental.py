@@ -145,6 +145,7 @@ class _SitesOf:
         self.red_op, self.red_fine = ev.red_op[red], ev.red_fine[red]
         self.red_value, self.red_scan = ev.red_value[red], ev.red_scan[red]
         self.red_split = ev.red_split[red]
+        self.red_arg_operand, self.red_arg_ratio = ev.red_arg_operand[red], ev.red_arg_ratio[red]
         self._red_site = ev._red_site[red]
         sites = inc.sites_of.take(values)
         self.site_ids = sites  # the evaluator's index of each of these sites
@@ -154,9 +155,12 @@ class _SitesOf:
         rep, per = inc.rep_of.take(values), inc.per_of.take(values)
         self.rep, self._rep_site = ev.rep[rep], ev._rep_site[rep]
         self.rep_before = ev.rep_before[rep]
+        self.rep_piece_fines = ev.rep_piece_fines[rep]
+        self.rep_operand_fines = ev.rep_operand_fines[rep]
         self.per, self._per_site = ev.per[per], ev._per_site[per]
         cat = inc.cat_of.take(values)
         self.cat, self._cat_site = ev.cat[cat], ev._cat_site[cat]
+        self.cat_operands = ev.cat_operands[cat]
         # Everything `_collective_arrays` and `_reshards` read of a state, for these values, is
         # the masks of these fine classes (`_Tables._comm_fines`): their results are memoized
         # by those masks, per search (`Incremental._comm_of`).
@@ -171,6 +175,8 @@ class _SitesOf:
 
     _collective_arrays = Evaluator._collective_arrays
     _replicate_collectives = Evaluator._replicate_collectives
+    _arg_reduction_gathers = Evaluator._arg_reduction_gathers
+    _whole_operand_halos = Evaluator._whole_operand_halos
     _concat_result_collectives = Evaluator._concat_result_collectives
     _reshards = Evaluator._reshards
     _compute_reshards = Evaluator._compute_reshards
@@ -270,7 +276,8 @@ class _Tables:
         rows.append(ev.per[:, 1]), cols.append(ev.per[:, 2])
         # A concatenate's result reshard follows its operand's mesh axes; a split / slice
         # piece's halos follow its result's (concat_slice.py).
-        rows.append(ev.cat[:, 1]), cols.append(ev.cat[:, 3])
+        cat = ev.cat[ev.cat[:, 3] >= 0]
+        rows.append(cat[:, 1]), cols.append(cat[:, 3])
         for value, pid in ev.rep[ev.rep[:, 5] >= 0][:, [1, 5]].tolist():
             for _, result_fine, *_ in ev.rep_pieces[pid]:
                 rows.append([value]), cols.append([result_fine])

@@ -58,7 +58,7 @@ from toast_core.analysis import Analysis
 from toast_core.cost.buffers import cpu_temporaries
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
-from toast_core.cost.concat_slice import CONCAT, SLICE, concat_slice_sites
+from toast_core.cost.concat_slice import CONCAT, SLICE, STRIDE, concat_slice_sites
 from toast_core.cost.cpu_buffers import cpu_buffers, dot_broadcasts
 from toast_core.cost.flops import FOLDING, local_fold_flops, op_counts
 from toast_core.cost.fusion import bitcasts, fused_away, materialized
@@ -75,9 +75,10 @@ from toast_core.cost.remat import (
 )
 from toast_core.cost.scatter_chain import scatter_values
 from toast_core.cost.simplify import executions as simplified_executions
-from toast_core.cost.simplify import splits_as_slices, without_dead_ops
+from toast_core.cost.simplify import live_ops, splits_as_slices, without_dead_ops
 from toast_core.errors import ToastError, bad_value
-from toast_core.ir.primitives import CUMULATIVE
+from toast_core.ir.primitives import ARG_REDUCTIONS, CUMULATIVE
+from toast_core.ir.program import dtype_itemsize
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
 from toast_core.mesh.spec import XLA_CPU_COMBINE
 from toast_core.strategy import Strategy, mesh_axes
@@ -351,6 +352,9 @@ class Evaluator:
         self._is_mat = np.array(is_mat, dtype=bool)
         # loop fusion's duplicates and XLA's simplifier (CSE, identities, dead code, constants)
         flop_runs, trans_runs = simplified_executions(prog)
+        # Ops whose work reaches no output: XLA removes them with their collectives (a train
+        # step's loss, whose partial sums the gradient never reads).
+        self._op_live = np.array(live_ops(prog), dtype=bool)
         executions = self.trip * np.array(flop_runs, dtype=np.float64)
         trans_executions = self.trip * np.array(trans_runs, dtype=float)
         flops, trans = op_counts(prog)
@@ -441,6 +445,19 @@ class Evaluator:
         self.red_op = np.array(red_op, dtype=np.int64)
         self.red_fine = np.array(red_fine, dtype=np.int64)
         self.red_value = np.array(red_value, dtype=np.int64)
+        # Per row of an argmax / argmin: its operand, and the operand's bytes per element over
+        # the result's (else -1 and 0): XLA gathers the shards' partial results instead of
+        # reducing them (`_arg_reduction_gathers`).
+        self.red_arg_operand = np.full(len(red_op), -1, dtype=np.int64)
+        self.red_arg_ratio = np.zeros(len(red_op))
+        for row, (opi, vid) in enumerate(zip(red_op, red_value)):
+            op = prog.ops[opi]
+            if op.primitive in ARG_REDUCTIONS:
+                x = op.operands[0]
+                self.red_arg_operand[row] = x
+                self.red_arg_ratio[row] = dtype_itemsize(prog.values[x].dtype) / dtype_itemsize(
+                    prog.values[vid].dtype
+                )
         # [row, k]: the values whose uses may reduce-scatter the row's partial sum, -1 padded.
         width = max((len(x) for x in red_scan), default=0)
         self.red_scan = np.full((len(red_scan), width), -1, dtype=np.int64)
@@ -501,6 +518,27 @@ class Evaluator:
             [np.array(rep, dtype=np.int64).reshape(-1, 3), cs.style, cs.room, cs.pieces_id]
         ).astype(np.int64)
         self.rep_pieces, self.cat = cs.pieces, cs.cat
+        # Per concatenate row: its operands (-1 padded), for a stack's operand all-to-alls.
+        width = max((len(prog.ops[o].operands) for o in self.cat[:, 0].tolist()), default=1)
+        self.cat_operands = np.full((len(self.cat), width), -1, dtype=np.int64)
+        for k, o in enumerate(self.cat[:, 0].tolist()):
+            self.cat_operands[k, : len(prog.ops[o].operands)] = prog.ops[o].operands
+        # Per replicate row of a split / slice: its pieces' result fine classes (-1 padded), and
+        # every fine class of its operand (-1 padded), for slicing a whole operand dim into
+        # sharded pieces (`_replicate_collectives`).
+        slice_rows = self.rep[:, 3] == SLICE
+        width = max((len(p) for p in cs.pieces), default=1)
+        self.rep_piece_fines = np.full((len(self.rep), width), -1, dtype=np.int64)
+        operand_fines = [()] * len(self.rep)
+        for k in np.flatnonzero(slice_rows).tolist():
+            got = [rf for _, rf, *_ in cs.pieces[int(self.rep[k, 5])]]
+            self.rep_piece_fines[k, : len(got)] = got
+            dims = self.lay.value_dim_fine[int(self.rep[k, 1])]
+            operand_fines[k] = tuple(sorted({f for fines in dims for f in fines}))
+        width = max((len(f) for f in operand_fines), default=1)
+        self.rep_operand_fines = np.full((len(self.rep), max(width, 1)), -1, dtype=np.int64)
+        for k, fines in enumerate(operand_fines):
+            self.rep_operand_fines[k, : len(fines)] = fines
         # XLA gathers a use's sharded dims one all-gather per dim, the last dim first (measured:
         # f32[8, 32, 8] sharded [a, -, b] on a {a: 4, b: 2} mesh, replicated for a top_k: an
         # all-gather on b to f32[2, 32, 8], then one on a to f32[8, 32, 8]); each gathers what
@@ -977,8 +1015,14 @@ class Evaluator:
                 ops, vals = self.red_op[act], self.red_value[act]
                 v = value_local[vals]
                 site = self._red_site[act]
-                parts.append((np.full(len(act), AR), m & ~scatter, v, ops, vals, site))
+                arg = self.red_arg_operand[act] >= 0
+                scatter[arg] = 0
+                parts.append(
+                    (np.full(len(act), AR), np.where(arg, 0, m & ~scatter), v, ops, vals, site)
+                )
                 parts.append((np.full(len(act), RS), scatter, v, ops, vals, site))
+                if arg.any():
+                    parts += self._arg_reduction_gathers(act[arg], m[arg], v[arg])
         # Cuts and reshape conflicts -> reshard at the use (see `_compute_reshards`).
         r = self._reshards(masks)
         if len(r.kind):
@@ -1012,14 +1056,30 @@ class Evaluator:
             return empty, empty, np.zeros(0), empty, empty, empty
         kinds, ms, vs, ops, vals, sites = (np.concatenate(x) for x in zip(*parts))
         ms = ms & self.real_axes  # a collective over a size-1 mesh axis is no collective at all
-        keep = (ms != 0) & (vs > 0)
+        keep = (ms != 0) & (vs > 0) & self._op_live[ops]
         return kinds[keep], ms[keep], vs[keep], ops[keep], vals[keep], sites[keep]
+
+    def _arg_reduction_gathers(self, rows: np.ndarray, m: np.ndarray, v: np.ndarray) -> list:
+        """An argmax / argmin over a dim sharded on mesh axes M (reduction rows `rows`, local
+        result bytes `v`): XLA reduces each shard locally, all-gathers the shards' maxima (in the
+        operand's dtype) and their indices (s32) over M, and reduces those; no all-reduce
+        (measured: argmax of f32[4, 16] over dim 1 sharded 8 ways: all-gathers of f32[4, 8] and
+        s32[4, 8]; the same for argmin, for dim 0, for two mesh axes, bf16 gathered in f32 on
+        CPU). The maxima are attributed to the operand (its dtype), the indices to the result."""
+        full = v * self.mask_ways[m]
+        ops, site = self.red_op[rows], self._red_site[rows]
+        ag = np.full(len(rows), AG)
+        return [
+            (ag, m, full, ops, self.red_value[rows], site),
+            (ag, m, full * self.red_arg_ratio[rows], ops, self.red_arg_operand[rows], site),
+        ]
 
     def _replicate_collectives(self, masks: np.ndarray, value_local: np.ndarray) -> list:
         """Collectives of the replicate rows (kind, axes, V, op, value, site arrays): an
         all-gather of the operand, except where XLA reshards otherwise (concat_slice.py): a
         concatenate's operand moves its shards to another dim (all-to-all, same V); a split /
-        slice piece whose result stays sharded alike takes halos (collective-permutes)."""
+        slice piece whose result stays sharded alike takes halos (collective-permutes); a strided
+        slice takes its own elements of each shard (nothing, or a gather of the result)."""
         rep = self.rep
         m = masks[rep[:, 2]]
         vals = rep[:, 1]
@@ -1031,12 +1091,31 @@ class Evaluator:
         kinds[(rep[:, 3] == CONCAT) & (rep[:, 4] % ways == 0)] = A2A
         keep = np.ones(len(m), dtype=bool)
         extra: list[tuple[int, int, float, int, int, int]] = []
-        slices = (rep[:, 3] == SLICE) & (((m & self.real_axes) != 0) | (rep[:, 6] >= 0))
+        piece_fines = self.rep_piece_fines
+        pieces_sharded = (
+            np.where(piece_fines >= 0, masks[np.maximum(piece_fines, 0)], 0) & self.real_axes
+        ).any(axis=1)
+        strided = np.flatnonzero((rep[:, 3] == STRIDE) & ((m & self.real_axes) != 0))
+        scale = np.ones(len(m))
+        for k in strided.tolist():
+            ((_, rf, dim_size, _, _),) = self.rep_pieces[int(rep[k, 5])]
+            held = int(m[k]) & self.real_axes
+            n, stride = int(self.mask_ways[held]), int(rep[k, 4])
+            if dim_size % n or (dim_size // n) % stride:
+                continue  # shards out of step with the stride: the operand is gathered
+            if int(masks[rf]) & self.real_axes == held:
+                keep[k] = False  # each shard slices its own elements
+            else:
+                scale[k] = 1.0 / stride  # the result is gathered, not the operand
+        slices = (rep[:, 3] == SLICE) & (
+            ((m & self.real_axes) != 0) | (rep[:, 6] >= 0) | pieces_sharded
+        )
         for k in np.flatnonzero(slices).tolist():
             pieces = self.rep_pieces[int(rep[k, 5])]
             held = int(m[k]) & self.real_axes
             mk = held or self._partial_target(int(rep[k, 6]), pieces, masks)
             if not mk:
+                extra += self._whole_operand_halos(k, pieces, masks, value_local)
                 continue
             n = int(self.mask_ways[mk])
             local_len = pieces[0][2] / self.mask_ways[held]
@@ -1056,7 +1135,7 @@ class Evaluator:
             (
                 kinds[keep],
                 m[keep],
-                (value_local[vals] * ways * grown.prod(axis=1))[keep],
+                (value_local[vals] * ways * grown.prod(axis=1) * scale)[keep],
                 rep[keep, 0],
                 vals[keep],
                 self._rep_site[keep],
@@ -1074,6 +1153,33 @@ class Evaluator:
                     np.array(cols[5], dtype=np.int64),
                 )
             )
+        return out
+
+    def _whole_operand_halos(
+        self, k: int, pieces: tuple, masks: np.ndarray, value_local: np.ndarray
+    ) -> list[tuple[int, int, float, int, int, int]]:
+        """Halos of slicing a dim the operand holds whole into pieces sharded on it (replicate
+        row k, neither sharded there nor a partial sum resharded so). XLA's partitioner first
+        slices the operand locally to the piece's sharding on that dim, then reads the piece's
+        window with the same halo exchange as for a sharded operand (`halo.py`); measured on
+        f32[6, 4] replicated, `[0:3]` into 3 shards: one permute of 2 rows, as for the operand
+        sharded 3 ways. Left to a local slice (nothing priced) when the operand holds the
+        piece's mesh axes on another dim or the halo form does not apply."""
+        rep = self.rep
+        operand = 0
+        for f in self.rep_operand_fines[k].tolist():
+            if f >= 0:
+                operand |= int(masks[f])
+        vid = int(rep[k, 1])
+        out = []
+        for _, rf, dim_size, start, size in pieces:
+            mk = int(masks[rf]) & self.real_axes
+            if not mk or mk & operand:
+                continue
+            sizes = slice_halo_permutes(dim_size, int(self.mask_ways[mk]), start, size)
+            for s in sizes or ():
+                v = float(value_local[vid]) * s / dim_size
+                out.append((CP, mk, v, int(rep[k, 0]), vid, int(self._rep_site[k])))
         return out
 
     def _partial_target(self, pid: int, pieces: tuple, masks: np.ndarray) -> int:
@@ -1100,18 +1206,35 @@ class Evaluator:
         dim (concat_slice.py): an all-to-all back onto the concatenated dim when the result is
         sharded there on the same mesh axes, an all-gather of the whole result otherwise
         (replicated there, or sharded on other mesh axes: then sliced locally, priced
-        pessimistically); nothing when the operands were not sharded on that dim."""
+        pessimistically). Operands whole on that dim into a result sharded there on mesh axes R:
+        XLA concatenates locally, sharded on another dim by R (a free local slice), and moves R
+        back by one all-to-all of the local result (measured: f32[6, 8] ++ f32[6, 8] on dim 1
+        into [6, 16] sharded 2 ways: one all-to-all of 192 bytes; nothing when no other dim
+        divides by the ways, [5, 8] ++ [5, 8]: sliced locally). When the operands' dim has size
+        1 (`jnp.stack`), each operand takes an all-to-all of its local buffer first (measured:
+        stacking k whole f32[8] into [k, 8] sharded n ways: k all-to-alls of 32 bytes, then one
+        of the local result, for k, n = 2, 2; 4, 2; 4, 4)."""
         cat = self.cat
-        m = masks[cat[:, 3]] & self.real_axes
+        m = np.where(cat[:, 3] >= 0, masks[np.maximum(cat[:, 3], 0)], 0) & self.real_axes
         r = masks[cat[:, 2]] & self.real_axes
         ways = self.mask_ways[m]
         movable = (m != 0) & (cat[:, 4] % ways == 0)
         back = movable & (r == m)
-        sel = movable
-        kinds = np.where(back, A2A, AG)[sel]
+        whole = (m == 0) & (r != 0) & (cat[:, 4] % self.mask_ways[r] == 0)
+        sel = movable | whole
+        kinds = np.where(back | whole, A2A, AG)[sel]
         res = cat[:, 1]
         v = value_local[res] * np.where(back, ways, self.mask_ways[r])
-        return [(kinds, m[sel], v[sel], cat[sel, 0], res[sel], self._cat_site[sel])]
+        axes = np.where(whole, r, m)
+        out = [(kinds, axes[sel], v[sel], cat[sel, 0], res[sel], self._cat_site[sel])]
+        rows = np.flatnonzero(whole & (cat[:, 3] < 0))
+        if len(rows):
+            operands = self.cat_operands[rows]
+            row, col = np.nonzero(operands >= 0)
+            k = rows[row]
+            ov = value_local[operands[row, col]] * self.mask_ways[r[k]]
+            out.append((np.full(len(k), A2A), r[k], ov, cat[k, 0], res[k], self._cat_site[k]))
+        return out
 
     def _reshards(self, masks: np.ndarray):
         """Memoized for the last mask vector: communication and memory both need it. The memo is
