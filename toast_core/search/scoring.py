@@ -41,6 +41,9 @@ class Scorer:
         self.best_score: Score | None = None
         self.keep = keep
         self._top: list[tuple[float, int, State]] = []  # max-heap by step time (negated)
+        # Keys of states whose every greedy candidate is scored and none is better (scores are
+        # memoized for good, so a descent from one ends there at once: `seeding.greedy`).
+        self.settled: set[tuple] = set()
 
     def score(self, state: State, parent: State | None = None) -> Score:
         """The score of `state`; `parent`, a state scored just before that differs from it in a

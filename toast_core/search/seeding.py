@@ -95,11 +95,13 @@ def greedy(
     the memory cap stops recomputing what it no longer needs to.
 
     The deadline is checked before every candidate: at the deadline the best step found so far
-    is taken and the descent ends.
+    is taken and the descent ends. A state from which a whole step found nothing better is
+    remembered (`Scorer.settled`): a later descent from it (the polish, from the best state,
+    often one a descent ended at) would score the same candidates from the memo and stop.
     """
     current, cur = state, scorer.score(state)
     for _ in range(max_steps):
-        if past(deadline):
+        if past(deadline) or current.key in scorer.settled:
             break
         best_next, best_s = None, cur
         for cand in _candidates(env, current):
@@ -108,6 +110,9 @@ def greedy(
             s = scorer.score(cand, current)
             if better(s, best_s):
                 best_next, best_s = cand, s
+        else:
+            if best_next is None:
+                scorer.settled.add(current.key)
         if best_next is None:
             break
         current, cur = best_next, best_s
