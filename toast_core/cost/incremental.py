@@ -175,6 +175,7 @@ class _SitesOf:
     _reshards = Evaluator._reshards
     _compute_reshards = Evaluator._compute_reshards
     _scalar_reshards = Evaluator._scalar_reshards
+    _numpy_reshards = Evaluator._numpy_reshards
     _site_lists = Evaluator._site_lists
     _scalar_memo = Evaluator._scalar_memo
     _scan_common = Evaluator._scan_common
