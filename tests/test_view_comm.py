@@ -98,26 +98,28 @@ def test_scalar_view_covers_gpt_steps_and_matches(monkeypatch):
     assert priced >= 20
 
 
-def _reshards_both_ways(ev, masks, monkeypatch):
-    import toast_core.cost.model as model
+def _candidates(ev, masks):
+    """`Evaluator._compute_reshards`' candidate sites and their layouts, computed here."""
+    ext = np.concatenate((masks, [0]))
+    vsub, usub = ext[ev.site_vf], ext[ev.site_uf]
+    vm, um = (np.bitwise_or.reduce(x, axis=-1) for x in (vsub, usub))
+    cand = np.bitwise_or.reduce((vm ^ um) & ev.real_axes, axis=-1).nonzero()[0]
+    return cand, vm[cand], um[cand], vsub[cand], usub[cand]
 
-    got = ev._compute_reshards(masks)
-    with monkeypatch.context() as m:
-        m.setattr(model, "SCALAR_SITES", 0)
-        want = ev._compute_reshards(masks)
+
+def _same_reshards(got, want) -> None:
     for name in want.__dataclass_fields__:
         a, b = getattr(got, name), getattr(want, name)
         assert a.dtype == b.dtype and a.shape == b.shape, name
         assert a.tobytes() == b.tobytes(), name
-    return len(want.value)
 
 
 @pytest.mark.parametrize("model", ["gpt", "llama", "moe", "unet"])
 @pytest.mark.parametrize("mesh", sorted(MESHES))
-def test_scalar_reshards_equal_numpy_reshards(model, mesh, monkeypatch):
-    """`Evaluator._compute_reshards` with its Python tail (few candidate sites) and without it:
-    the same `_Reshards` byte for byte (odd sites' permutes and layout ids included), on the
-    states of a seeded random walk."""
+def test_scalar_reshards_equal_numpy_reshards(model, mesh):
+    """`Evaluator._scalar_reshards` (Python) and `_numpy_reshards` on the same candidate sites,
+    and `_compute_reshards` (memoized) too: the same `_Reshards` byte for byte (odd sites'
+    permutes included), on the states of a seeded random walk."""
     env, ev = _env(model, mesh)
     rng = np.random.default_rng(0)
     state, resharded = env.root, 0
@@ -126,12 +128,19 @@ def test_scalar_reshards_equal_numpy_reshards(model, mesh, monkeypatch):
         if not actions:
             break
         state = env.apply(state, actions[int(rng.integers(len(actions)))])
-        resharded += _reshards_both_ways(ev, state.masks, monkeypatch)
-    assert resharded > 0  # reshards priced by the Python tail were compared
+        cand, vm, um, vsub, usub = _candidates(ev, state.masks)
+        if not len(cand):
+            continue
+        want = ev._numpy_reshards(cand, vm, um, vsub, usub)
+        _same_reshards(ev._scalar_reshards(cand, vm.tolist(), um.tolist(), vsub, usub), want)
+        _same_reshards(ev._compute_reshards(state.masks), want)
+        _same_reshards(ev._compute_reshards(state.masks), want)  # from the memo
+        resharded += len(want.value)
+    assert resharded > 0
 
 
 @pytest.mark.parametrize("model", ["gpt", "llama", "moe"])
-def test_scalar_reshards_give_layout_ids_in_the_numpy_order(model, monkeypatch):
+def test_scalar_reshards_give_layout_ids_in_the_numpy_order(model):
     """Odd sites' layout ids are handed out in order of first appearance, and they order the
     reshards: two fresh evaluators walked through the same states, one pricing reshards in
     Python and one in NumPy, end with the same ids, the same reshards at every step."""
@@ -148,12 +157,11 @@ def test_scalar_reshards_give_layout_ids_in_the_numpy_order(model, monkeypatch):
         if not actions:
             break
         state = env.apply(state, actions[int(rng.integers(len(actions)))])
-        got = fresh[0]._compute_reshards(state.masks)
-        with monkeypatch.context() as m:
-            m.setattr(cost_model, "SCALAR_SITES", 0)
-            want = fresh[1]._compute_reshards(state.masks)
-        for name in want.__dataclass_fields__:
-            assert getattr(got, name).tobytes() == getattr(want, name).tobytes(), name
+        cand, vm, um, vsub, usub = _candidates(cached, state.masks)
+        if not len(cand):
+            continue
+        got = fresh[0]._scalar_reshards(cand, vm.tolist(), um.tolist(), vsub, usub)
+        _same_reshards(got, fresh[1]._numpy_reshards(cand, vm, um, vsub, usub))
     assert list(fresh[0]._layout_ids.items()) == list(fresh[1]._layout_ids.items())
     assert fresh[1]._layout_ids  # odd sites were met
 

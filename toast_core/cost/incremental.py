@@ -13,7 +13,10 @@ the strategy as it was. Only what touches those fine classes can change price:
   communication time is a sum over values, and a value's share depends only on its own dims, the
   dims of its uses and the reduction factor that produces it (`_comm_fines`). A step re-prices the
   values whose share can move, by running the evaluator's own `_collective_arrays` on those
-  values' sites only (`_SitesOf`): one pricing code, so a change there reaches both paths.
+  values' sites only (`_SitesOf`), or, for the common small view, its transcription into
+  Python ints and floats (`view_comm.ScalarView`: NumPy's per-call overhead was most of a
+  step). tests/test_view_comm.py holds the two to the same bits: a change to the pricing of
+  reductions or reshards must reach both.
 * **Memory**: the live range of a value whose local size changed, and the resharded copies of the
   re-priced values, are taken out of the parent's timeline deltas and put back at their new size.
 
@@ -181,6 +184,7 @@ class _SitesOf:
     _reshards = Evaluator._reshards
     _compute_reshards = Evaluator._compute_reshards
     _scalar_reshards = Evaluator._scalar_reshards
+    _numpy_reshards = Evaluator._numpy_reshards
     _site_lists = Evaluator._site_lists
     _scalar_memo = Evaluator._scalar_memo
     _scan_common = Evaluator._scan_common

@@ -1264,21 +1264,26 @@ class Evaluator:
         cand = _or_last((vm ^ um) & self.real_axes).nonzero()[0]
         if not len(cand):
             return _Reshards.empty()
-        vm, um = vm[cand], um[cand]
-        if len(cand) <= SCALAR_SITES:
-            # A function of the candidates' layouts (and of the layout ids, which never change
-            # once given), which a search meets again and again.
-            memo = self._scalar_memo()
-            key = (cand.tobytes(), vsub[cand].tobytes(), usub[cand].tobytes())
-            r = memo.get(key)
-            if r is None:
+        vm, um, vsub, usub = vm[cand], um[cand], vsub[cand], usub[cand]
+        # A function of the candidates' layouts (and of the layout ids, which never change once
+        # given), which a search meets again and again.
+        memo = self._scalar_memo()
+        key = (cand.tobytes(), vsub.tobytes(), usub.tobytes())
+        r = memo.get(key)
+        if r is None:
+            if len(cand) <= SCALAR_SITES:
                 r = self._scalar_reshards(cand, vm.tolist(), um.tolist(), vsub, usub)
-                with self._layout_ids_lock:
-                    if len(memo) >= self._scalar_kept:
-                        memo.pop(next(iter(memo)))
-                    memo[key] = r
-            return r
-        vsub, usub = vsub[cand], usub[cand]
+            else:
+                r = self._numpy_reshards(cand, vm, um, vsub, usub)
+            with self._layout_ids_lock:
+                if len(memo) >= self._scalar_kept:
+                    memo.pop(next(iter(memo)))
+                memo[key] = r
+        return r
+
+    def _numpy_reshards(self, cand, vm, um, vsub, usub) -> _Reshards:
+        """`_compute_reshards`' result from its candidate sites `cand` and their layouts (per
+        dim `vm`, `um` [cand, dim]; per sub-factor `vsub`, `usub` [cand, dim, sub-factor])."""
         hv, hu = _or_last(vm), _or_last(um)
         same = _or_last(vm & um)
         gather = hv & ~hu & self.real_axes
@@ -1349,16 +1354,16 @@ class Evaluator:
         return self._site_lists()[-1]
 
     def _scalar_reshards(self, cand: np.ndarray, vms: list, ums: list, vsub, usub) -> _Reshards:
-        """`_compute_reshards`' result from its candidate sites `cand`, their per-dim mesh axes
-        (value side `vms`, use side `ums`) and every site's sub-factor masks (`vsub`, `usub`
-        [site, dim, sub-factor]), computed with Python ints and floats: the same
+        """`_numpy_reshards`' result from its candidate sites `cand`, their per-dim mesh axes
+        (value side `vms`, use side `ums`) and sub-factor masks (`vsub`, `usub` [cand, dim,
+        sub-factor]), computed with Python ints and floats: the same
         classification, keys, layout ids (given in the same order), order and products, so the
         same arrays bit for bit, without the forty NumPy calls that cost more than the
         arithmetic on a few dozen sites. An odd site's collectives are `_exact_reshard`'s."""
         site_value, site_op, site_hold, backward, ways, n_bits, _ = self._site_lists()
         real = int(self.real_axes)
-        active = []  # (key, site, gathered axes per dim or None when odd, moved axes)
-        for s, vm_d, um_d in zip(cand.tolist(), vms, ums):
+        active = []  # (key, site, gathered axes per dim or its position when odd, moved axes)
+        for i, (s, vm_d, um_d) in enumerate(zip(cand.tolist(), vms, ums)):
             hv = hu = same = 0
             odd = False
             for vm, um in zip(vm_d, um_d):
@@ -1372,8 +1377,8 @@ class Evaluator:
             if odd:
                 with self._layout_ids_lock:
                     ids = self._layout_ids
-                    layout = ids.setdefault(usub[s].tobytes(), len(ids))
-                active.append(((site_value[s] << 20) | (1 << 18) | layout, s, None, 0))
+                    layout = ids.setdefault(usub[i].tobytes(), len(ids))
+                active.append(((site_value[s] << 20) | (1 << 18) | layout, s, i, 0))
                 continue
             gather = hv & ~hu & real
             moved = hv & hu & ~same & real
@@ -1401,9 +1406,9 @@ class Evaluator:
         of_key = {key: j for j, key in enumerate(order)}
         kind, mask, factor, of, buffer = [], [], [], [], []
         for j, key in enumerate(order):
-            first, gathered, moved = groups[key][0], groups[key][5], groups[key][6]
-            if gathered is None:  # odd: XLA's permuting reshard
-                colls, grown = self._exact_reshard(vsub[first], usub[first])
+            gathered, moved = groups[key][5], groups[key][6]
+            if isinstance(gathered, int):  # odd (at this position in `cand`): XLA's permutes
+                colls, grown = self._exact_reshard(vsub[gathered], usub[gathered])
                 for c in colls:
                     kind.append(c[0])
                     mask.append(c[1])
