@@ -218,17 +218,21 @@ def place_in_output_allocations(
     return float(alloc_size.sum()), block
 
 
-def cpu_temporaries(ev, value_local, align_bytes: int, masks=None):
+def cpu_temporaries(ev, value_local, align_bytes: int, masks=None, remat: bool = False):
     """(bytes, first op, end op (exclusive)) of the temporaries only XLA:CPU makes (dot-operand
     and conv layout copies, threefry loops, select-and-scatter expansions:
     `cost/cpu_buffers.py`), as `Evaluator._memory(cpu_buffers=
     True)` counts them; with the strategy's `masks`, the dots' copies as its per-device dots
-    need them (`local_dot_shapes`)."""
+    need them (`local_dot_shapes`), and `remat` (the strategy recomputes: XLA:CPU's schedule
+    then makes a library reduction's broadcast inputs at the call, `cpu_buffers.
+    library_reduction_inputs`)."""
     if masks is None:
         vals, lo, hi, scale, count, small = ev._cpu_buffers
     else:
         is_mat = ev._is_mat.tolist()
-        rows = ev.live_cpu_rows(cpu_buffers(ev.ana.program, is_mat, local_dot_shapes(ev, masks)))
+        rows = ev.live_cpu_rows(
+            cpu_buffers(ev.ana.program, is_mat, local_dot_shapes(ev, masks), remat)
+        )
         vals, lo, hi, scale, count, small = rows
     size = value_local[vals] * scale
     if align_bytes:
@@ -285,12 +289,12 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         else None
     )
     if cpu:
-        extra, lo, hi = cpu_temporaries(ev, local, align_bytes, masks)
+        extra, lo, hi = cpu_temporaries(ev, local, align_bytes, masks, effect is not None)
         size, start, end = (np.concatenate(x) for x in ((size, extra), (start, lo), (end, hi)))
         is_out = np.concatenate([is_out, np.zeros(len(extra), dtype=bool)])
         partials += [False] * len(extra)
         if own is not None:
-            own = np.concatenate([own, cpu_temporaries(ev, local, 0, masks)[0]])
+            own = np.concatenate([own, cpu_temporaries(ev, local, 0, masks, effect is not None)[0]])
     whole_life = np.asarray(partials, dtype=bool) | read_last_by_matmul(ev)[end - 1]
     outputs_bytes, block = place_in_output_allocations(
         size, start, end, is_out, ev.n_ops, own, whole_life

@@ -127,7 +127,7 @@ _THREEFRY_KEY_OPS = frozenset({"random_split", "random_fold_in"})
 
 
 def cpu_buffers(
-    prog: Program, is_materialized: list[bool], local_shape=None
+    prog: Program, is_materialized: list[bool], local_shape=None, remat: bool = False
 ) -> tuple[np.ndarray, ...]:
     """Every extra temporary of the CPU view as (value, first op, last op, bytes per byte of the
     value's local size, count of such buffers, count of small state buffers): the layout copies
@@ -142,7 +142,7 @@ def cpu_buffers(
     rows += conv_operand_copies(prog, is_materialized)
     rows += batched_index_buffers(prog)
     rows += hoisted_constant_buffers(prog, is_materialized)
-    rows += library_reduction_inputs(prog, is_materialized, local_shape)
+    rows += library_reduction_inputs(prog, is_materialized, local_shape, hoisted=not remat)
     rows += tree_reduced_operands(prog, is_materialized, local_shape)
     rows += broadcasts_per_layout(prog, is_materialized, local_shape)
     a = np.array(rows, dtype=np.float64).reshape(-1, 6)
@@ -282,7 +282,7 @@ _LIBRARY_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
 
 
 def library_reduction_inputs(
-    prog: Program, is_materialized: list[bool], local_shape=None
+    prog: Program, is_materialized: list[bool], local_shape=None, hoisted: bool = True
 ) -> list[tuple]:
     """(value, producer, reduction, 1, 1, 0) per value XLA:CPU stores for a reduction it hands
     to its kernel library, where the cost model fuses it away (`fusion.fused_away`: a cheap
@@ -299,7 +299,9 @@ def library_reduction_inputs(
     scale's gradient, while the loop fusions reading them recompute them; 0.74 of XLA's bytes
     were predicted without these buffers. The BatchNorm MLP under megatron reduces [32, 64] per
     device: loop fusions, nothing stored (1.49 of XLA's bytes when it was counted).
-    `local_shape(op, pos)`: an operand use's shape on one device (default: global)."""
+    `local_shape(op, pos)`: an operand use's shape on one device (default: global). `hoisted`:
+    broadcasts made for a call live from their source's making (XLA:CPU's schedule without
+    remat), else at the call only (with remat's barriers)."""
     if local_shape is None:
 
         def local_shape(op: int, pos: int) -> tuple:
@@ -308,7 +310,7 @@ def library_reduction_inputs(
     fused = fused_away(prog, is_materialized)
     uses = prog.uses()
     producers = prog.producers()
-    last: dict[int, int] = {}
+    last: dict[tuple[int, int], int] = {}
     for op in prog.ops:
         if op.primitive not in _LIBRARY_REDUCTIONS or not op.operands:
             continue
@@ -317,15 +319,27 @@ def library_reduction_inputs(
             continue
         if int(np.prod(local_shape(op.index, 0))) < LIBRARY_REDUCE_MIN_ELEMENTS:
             continue
-        for v in _call_inputs(prog, op.operands[0], uses, producers):
-            if fused[v] and prog.values[v].size >= operand.size:
-                last[v] = max(last.get(v, -1), op.index)
-    return [(v, producers[v], t, 1.0, 1, 0) for v, t in last.items() if producers[v] is not None]
+        for v, sized in _call_inputs(prog, op.operands[0], uses, producers):
+            if v != sized or (fused[v] and prog.values[v].size >= operand.size):
+                last[v, sized] = max(last.get((v, sized), -1), op.index)
+    rows = []
+    for (v, sized), t in last.items():
+        first = producers[v]
+        if v != sized:  # a broadcast made for the call: hoisted to its source, or at the call
+            rows.append((sized, (0 if first is None else first) if hoisted else t, t, 1.0, 1, 0))
+        elif first is not None:  # an input or parameter is stored already
+            rows.append((v, first, t, 1.0, 1, 0))
+    return rows
 
 
-def _call_inputs(prog: Program, x: int, uses, producers) -> list[int]:
-    """The values a library reduction of `x` reads: `x` itself, or, through the elementwise ops
-    that make it and feed nothing else, their operands."""
+def _call_inputs(prog: Program, x: int, uses, producers) -> list[tuple[int, int]]:
+    """(value, value whose size its buffer has) per input a library reduction of `x` reads:
+    `x` itself, or, through the elementwise ops that make it and feed nothing else, their
+    operands; an operand smaller than its reader's result (a `[1, D]` scale read by `[N, D]`)
+    is broadcast into a buffer of the reader's size (measured: the Flax MLP's LayerNorm scale
+    and `rsqrt(var)` broadcast to [1024, 256] for its gradients' library reductions; XLA's
+    scheduler made them as soon as their sources exist, 8 MB of its peak, without remat, and
+    next to the recomputation under `dots`: `library_reduction_inputs`' `hoisted`)."""
     out, stack, seen = [], [x], set()
     while stack:
         v = stack.pop()
@@ -339,9 +353,13 @@ def _call_inputs(prog: Program, x: int, uses, producers) -> list[int]:
             and len(uses[v]) == 1
             and prog.values[v].size > 1
         ):
-            stack.extend(prog.ops[p].operands)
+            for o in prog.ops[p].operands:
+                if 1 < prog.values[o].size < prog.values[v].size:
+                    out.append((o, v))
+                else:
+                    stack.append(o)
         else:
-            out.append(v)
+            out.append((v, v))
     return out
 
 

@@ -379,7 +379,8 @@ def fused_away(prog: Program, is_materialized: list[bool]) -> list[bool]:
     A cheap value read by several fusions is fused away too when XLA duplicates it into each of
     them, as `fusion_copies` counts its flops: it reads one array (`_more_than_unary`), or no
     path to its readers leaves the fusions (`_unfused_path`), and it is not a softmax's scores
-    (`_feeds_max_and_exp_shift`). BatchNorm's `z - mean`, `* rsqrt(var)`, `* gamma + beta`,
+    (`_feeds_max_and_exp_shift`); an elementwise op, not a layout one (fuzz #623's stack
+    `[v3, tanh(v3)]` read by the loss and its gradient is one buffer in XLA). BatchNorm's `z - mean`, `* rsqrt(var)`, `* gamma + beta`,
     each [32, 64] per device under megatron on 2x4, are recomputed from the matmul's `z` inside
     the relu, the loss's and every gradient fusion (XLA's temporaries: one [32, 64] at a time
     beside z; counting them as buffers predicted 1.49 of XLA's bytes, 1.12 without); so is
@@ -463,6 +464,7 @@ def _fusion_roots(
                 and not expansion[op.index]
                 and (
                     op.primitive in NOT_DUPLICATED
+                    or op.primitive not in prim.ELEMENTWISE  # a stack read twice is stored
                     or _unfused_path(prog, op, roots)
                     or _feeds_max_and_exp_shift(prog, op)
                 )
