@@ -76,3 +76,47 @@ def test_dead_collectives_match_xla():
     check = tc.validate(accumulate, args, ana, s, mesh, HW)
     assert check.numerics_ok
     assert check.predicted_collective_bytes == pytest.approx(check.compiled_collective_bytes)
+
+
+def _linear_loss(w, x):
+    return jnp.mean(x @ w)  # the gradient, x.T @ 1/n, never reads x @ w
+
+
+def accumulate_linear(w, x):
+    """A linear forward in a gradient accumulation loop: the weight goes into the loop only for
+    the dead forward matmul."""
+
+    def body(carry):
+        i, acc = carry
+        return i + 1, acc + jax.grad(_linear_loss)(w, x[i])
+
+    g = jax.lax.while_loop(lambda c: c[0] < 2, body, (0, jnp.zeros_like(w)))[1]
+    return w - 0.1 * g
+
+
+def _fsdp(fn):
+    w = jax.random.normal(jax.random.PRNGKey(0), (16, 8))
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, 4, 16))
+    ana = tc.analyze(tc.trace(fn, w, x, param_argnums=(0,)))
+    strategy, why = tc.baselines.all(ana, MESH)["fsdp"]
+    assert strategy is not None, why
+    return ana, strategy, (w, x)
+
+
+def test_a_weight_passed_into_a_loop_only_for_dead_ops_is_not_gathered():
+    ana, s, _ = _fsdp(accumulate_linear)
+    report = tc.estimate(ana, s, MESH, HW)
+    assert not [c for c in report.collectives if c.kind == "all-gather"]
+    # The same weight gathered for the loss that `_loss` keeps alive through its tanh.
+    ana, s, _ = _fsdp(accumulate)
+    report = tc.estimate(ana, s, MESH, HW)
+    assert [c for c in report.collectives if c.kind == "all-gather"]
+
+
+@pytest.mark.slow
+def test_dead_loop_uses_match_xla():
+    ana, s, args = _fsdp(accumulate_linear)
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+    check = tc.validate(accumulate_linear, args, ana, s, mesh, HW)
+    assert check.numerics_ok
+    assert check.predicted_collective_bytes == pytest.approx(check.compiled_collective_bytes)

@@ -77,6 +77,7 @@ from toast_core.cost.scatter_chain import scatter_values
 from toast_core.cost.simplify import executions as simplified_executions
 from toast_core.cost.simplify import live_ops, splits_as_slices, without_dead_ops
 from toast_core.errors import ToastError, bad_value
+from toast_core.ir import primitives as prim
 from toast_core.ir.primitives import ARG_REDUCTIONS, CUMULATIVE
 from toast_core.ir.program import dtype_itemsize
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
@@ -313,6 +314,25 @@ def _reduction_atoms(ana: Analysis) -> list[tuple[int, int]]:
     return list(zip(ops.tolist(), nda.op_atom[rows].tolist()))
 
 
+def _dead_region_uses(prog, live: np.ndarray) -> np.ndarray:
+    """Codes (op * n_values + value) of the values a loop or cond start passes into its body
+    only to be read there by dead ops (an FSDP weight whose forward matmul only the dropped loss
+    reads, in a gradient accumulation loop): a collective priced on that use (the weight's
+    gather, hoisted before the loop) goes with them. Sorted, for `np.isin`."""
+    n_values = len(prog.values)
+    uses = prog.uses()
+    codes = []
+    for op in prog.ops:
+        if op.primitive not in (prim.SCAN_START, prim.WHILE_START, prim.COND_START):
+            continue
+        dead: dict[int, bool] = {}
+        for v, r in zip(op.operands, op.results):
+            unread = all(not live[o] for o, _ in uses[r])
+            dead[v] = dead.get(v, True) and unread
+        codes += [op.index * n_values + v for v, d in dead.items() if d]
+    return np.array(sorted(codes), dtype=np.int64)
+
+
 class Evaluator:
     """Compiled cost model for one (analysis, mesh, hardware); strategies as fine-class masks.
     Get one with `evaluator(...)`, which builds it once per key."""
@@ -355,6 +375,7 @@ class Evaluator:
         # Ops whose work reaches no output: XLA removes them with their collectives (a train
         # step's loss, whose partial sums the gradient never reads).
         self._op_live = np.array(live_ops(prog), dtype=bool)
+        self._dead_use_codes = _dead_region_uses(prog, self._op_live)
         executions = self.trip * np.array(flop_runs, dtype=np.float64)
         trans_executions = self.trip * np.array(trans_runs, dtype=float)
         flops, trans = op_counts(prog)
@@ -1057,6 +1078,8 @@ class Evaluator:
         kinds, ms, vs, ops, vals, sites = (np.concatenate(x) for x in zip(*parts))
         ms = ms & self.real_axes  # a collective over a size-1 mesh axis is no collective at all
         keep = (ms != 0) & (vs > 0) & self._op_live[ops]
+        if len(self._dead_use_codes):
+            keep &= ~np.isin(ops * len(self.ana.program.values) + vals, self._dead_use_codes)
         return kinds[keep], ms[keep], vs[keep], ops[keep], vals[keep], sites[keep]
 
     def _arg_reduction_gathers(self, rows: np.ndarray, m: np.ndarray, v: np.ndarray) -> list:
