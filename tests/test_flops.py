@@ -344,6 +344,38 @@ SIMPLIFIED = {
         lambda a: jnp.exp(jnp.tile(B(a, (12, 2), (1,)), (2, 1)) * a),
         (jnp.ones(2),),
     ),
+    # a special function read by several loops: its polynomial part is computed in each, its exp
+    # and divisions once (fuzz seed 15 #375, erfc read by a min and a tile: 0.50 of XLA's flops)
+    "erfc_read_by_two_loops": (lambda x: (lax.erfc(x) * 3 + x, lax.erfc(x) * 2 + x), (X,)),
+    "erfc_read_by_three_loops": (
+        lambda x: (lax.erfc(x) * 3 + x, lax.erfc(x) * 2 + x, jnp.min(lax.erfc(x), axis=0)),
+        (X[:, :16],),
+    ),
+    "digamma_read_by_two_loops": (lambda x: (lax.digamma(x) * 3, lax.digamma(x) + x), (X,)),
+    "gelu_exact_read_by_two_loops": (
+        lambda x: (lambda g: (g * 3 + x, jnp.abs(g)))(jax.nn.gelu(x, approximate=False)),
+        (X,),
+    ),
+    # ... but not when a dot (or the output) reads it: its final select reads several arrays
+    "erfc_read_by_a_dot_and_a_loop": (lambda x: (lax.erfc(x) @ x, lax.erfc(x) * 2 + x), (X,)),
+    # a division by a broadcast is a multiply by its reciprocal: duplicated into each loop,
+    # the reciprocal computed once (a softmax read by two loops: seed 15 #29)
+    "division_by_a_broadcast_read_by_two_loops": (
+        lambda x, y: (lambda s: (s * 2, s + x))(x / y[:, None]),
+        (X, X[0]),
+    ),
+    "softmax_read_by_two_loops": (
+        lambda x: (lambda s: (s * 2, s**2 + x))(jax.nn.softmax(x)),
+        (X[0],),
+    ),
+    "division_by_a_constant_read_by_two_loops": (
+        lambda x: (lambda s: (s + 1, s * x))(x / 3.0),
+        (X,),
+    ),
+    "division_by_an_array_read_by_two_loops": (
+        lambda x, y: (lambda s: (s * 2, s + x))(x / y),
+        (X, X + 1),
+    ),
 }
 
 
@@ -476,3 +508,24 @@ def test_gelu_exact_gradient_is_one_fusion():
     got, want = predicted_simplified(fn, jnp.ones(8)), xla_cost(fn, jnp.ones(8))
     assert want[0] == 544
     assert got[0] == pytest.approx(want[0], rel=0.03)
+
+
+def test_cpu_view_stores_what_a_tree_reduction_reads():
+    """XLA:CPU tree-reduces a sum over 64 elements: a reduce-window compiled apart, so `a * b`,
+    read by it and by a loop, is computed once and stored (`validate.cpu_flops`); the fusions
+    the model keeps for TPU and GPU, where the reduce fuses, compute it in both."""
+    from toast_core.apply.validate import cpu_flops
+
+    def fn(a, b):
+        s = a * b
+        return jnp.sum(s, axis=1), s + 1.0
+
+    args = (X.reshape(16, 64), X.reshape(16, 64) + 1.0)
+    ana = tc.analyze(tc.trace(fn, *args))
+    mesh, strategy = tc.MeshSpec({"data": 2}), tc.Strategy(name="replicated")
+    report = tc.estimate(
+        ana, strategy, mesh, tc.hardware("tpu-v5e"), tc.CostOptions(donate_outputs=False)
+    )
+    mul = next(op.index for op in ana.program.ops if op.primitive == "mul")
+    assert flop_executions(ana.program)[mul] == 2
+    assert cpu_flops(report, ana, strategy, mesh)[0] == pytest.approx(xla_cost(fn, *args)[0])

@@ -122,3 +122,17 @@ def test_three_way_cuts_survive_log2_round_off():
 
     args = ({"w": jax.ShapeDtypeStruct((3, 4), F32)}, batch((3,)))
     assert flops_ratio(fn, args, {"data": 3}) == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.slow
+def test_a_reduce_of_local_size_one_leaves_its_operand_stored():
+    """Fuzz seed 15 #466: the variance over a dim cut to one row per device is an all-reduce of
+    the operand, not a fusion: XLA computes the exact GELU it reads once and stores it, where the
+    unsharded fusion would compute its erfc in each of the three loops reading it (4.1x)."""
+
+    def fn(b):
+        g = jax.nn.gelu(b["x"], approximate=False)
+        return jnp.var(g, axis=0), jnp.abs(g) * 2.0, g + 1.0
+
+    ratio = flops_ratio(fn, (batch((8, 32, 8)),), {"data": 8})
+    assert ratio == pytest.approx(1.0, abs=0.05)
