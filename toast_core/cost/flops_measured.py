@@ -203,6 +203,25 @@ def cumulative_flops(op, program):
     return float(combines), 0.0
 
 
+def window_scan_factor(op, program) -> float:
+    """A prefix scan's combines when each output folds its whole window (n - 1 per output, the
+    reduce-window XLA's partitioner leaves) over `scan_combines`' blocked count: 1.0 for a row
+    of up to 16 elements."""
+    shape = program.values[op.operands[0]].shape
+    n = shape[op.param("axis", 0)] if shape else 1
+    blocked = scan_combines(n)
+    return n * (n - 1) / blocked if blocked else 1.0
+
+
+#: Primitives counted as a sort of their first operand's elements (`sort_flops_of`).
+SORTS = frozenset({"sort", "top_k"})
+
+
+def sort_flops_of(n: int) -> int:
+    """XLA's count for sorting n elements: N * ceil(log2 N)."""
+    return n * max(n - 1, 0).bit_length()
+
+
 @flop_rule("sort")
 def sort_flops(op, program):
     """N * ceil(log2 N) over all N elements of the first operand, rows or not, as XLA counts it
@@ -210,7 +229,7 @@ def sort_flops(op, program):
     n = _size(program, op.operands[0])
     if program.values[op.operands[0]].shape[op.param("dimension", 0)] == 1:
         return 0.0, 0.0  # sorting rows of one element: XLA removes the sort
-    return float(n * max(n - 1, 0).bit_length()), 0.0
+    return float(sort_flops_of(n)), 0.0
 
 
 @flop_rule("top_k")
@@ -224,5 +243,4 @@ def top_k_flops(op, program):
     axis = op.param("axis", len(shape) - 1)
     if not shape or op.param("k", 0) < shape[axis] or shape[axis] == 1:
         return 0.0, 0.0
-    n = _size(program, op.operands[0])
-    return float(n * max(n - 1, 0).bit_length()), 0.0
+    return float(sort_flops_of(_size(program, op.operands[0]))), 0.0
