@@ -257,14 +257,20 @@ def _is_reciprocal_multiply(op, prog: Program, spread: list[bool] | None = None)
     return spread_divisor_elements(op, prog) > 0
 
 
+#: Readers that compute a stored cheap result again in their own loop (`_recomputing_readers`).
+_RECOMPUTING = prim.ELEMENTWISE | _REDUCTIONS | prim.FUSIBLE_LAYOUT | STACKING | {"dot_general"}
+
+
 def _recomputing_readers(
     prog: Program, op, roots: list[frozenset[int]], costly: list[bool], spread=None, fuses=None
 ) -> frozenset[int]:
     """The fusions that recompute a stored cheap result rather than read it: none when the
     result's own fusion holds costly work (`gelu(x)` read by a dot and a max: the max reads
-    the stored result); else the fusions that read all of it element by element (elementwise
-    ops, reductions, outer products; slices, pads and other layout readers read the stored
-    buffer: an associative scan's slices of `1 + 0.1 * tanh(h)`), whether or not they hold
+    the stored result; an associative scan's slices of `1 + 0.1 * tanh(h)`); else the fusions
+    that read it: elementwise ops, reductions, outer products, and layout ops (XLA fuses the
+    producer into the copy a transpose, reshape or slice makes; measured: `v = x * 2 + 1` read
+    by a dot and, transposed, reshaped, expanded or sliced, by an output is computed twice:
+    fuzz seed 15 #46 and #58), whether or not they hold
     costly work themselves: XLA decides on the producer alone. None either when the op reads
     more than one array (`_more_than_unary`): XLA duplicates a producer that some consumer
     cannot fuse only when it is effectively unary, as a second input read again would raise
@@ -281,10 +287,21 @@ def _recomputing_readers(
             roots[o]
             for r in op.results
             for o, _ in uses[r]
-            if prog.ops[o].primitive in prim.ELEMENTWISE | _REDUCTIONS | {"dot_general"}
-            and fuses[o]
+            if prog.ops[o].primitive in _RECOMPUTING and fuses[o] and not _folded_transpose(prog, o)
         )
     )
+
+
+def _folded_transpose(prog: Program, i: int) -> bool:
+    """Whether op `i` is a transpose that only dots read: XLA folds it into their dimension
+    numbers (`TransposeFolding`), so nothing computes it (measured: `v = x * 2 + 1` read by a
+    dot and, transposed, by another is computed once)."""
+    op = prog.ops[i]
+    if op.primitive != "transpose":
+        return False
+    uses = prog.uses()
+    readers = [o for r in op.results for o, _ in uses[r]]
+    return bool(readers) and all(prog.ops[o].primitive == "dot_general" for o in readers)
 
 
 #: Beyond this many ops between a producer and its readers, `_unfused_path` gives up (and the
