@@ -528,18 +528,43 @@ def test_cpu_view_stores_what_a_tree_reduction_reads():
     """XLA:CPU tree-reduces a sum over 64 elements: a reduce-window compiled apart, so `a * b`,
     read by it and by a loop, is computed once and stored (`validate.cpu_flops`); the fusions
     the model keeps for TPU and GPU, where the reduce fuses, compute it in both."""
-    from toast_core.apply.validate import cpu_flops
 
     def fn(a, b):
         s = a * b
         return jnp.sum(s, axis=1), s + 1.0
 
     args = (X.reshape(16, 64), X.reshape(16, 64) + 1.0)
+    prog = tc.trace(fn, *args)
+    mul = next(op.index for op in prog.ops if op.primitive == "mul")
+    assert flop_executions(prog)[mul] == 2
+    assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
+
+
+def cpu_view_flops(fn, *args) -> float:
+    """The flops `validate` predicts for XLA:CPU (`cpu_flops`), unsharded."""
+    from toast_core.apply.validate import cpu_flops
+
     ana = tc.analyze(tc.trace(fn, *args))
     mesh, strategy = tc.MeshSpec({"data": 2}), tc.Strategy(name="replicated")
     report = tc.estimate(
         ana, strategy, mesh, tc.hardware("tpu-v5e"), tc.CostOptions(donate_outputs=False)
     )
-    mul = next(op.index for op in ana.program.ops if op.primitive == "mul")
-    assert flop_executions(ana.program)[mul] == 2
-    assert cpu_flops(report, ana, strategy, mesh)[0] == pytest.approx(xla_cost(fn, *args)[0])
+    return cpu_flops(report, ana, strategy, mesh)[0]
+
+
+def test_cpu_view_fuses_what_a_dot_reads_through_a_layout_copy():
+    """`einsum('abc,bz->acz')` reads its left side through a copy XLA:CPU makes
+    (`cpu_buffers.dot_operand_copies`), a loop fusion: `min(a, b)`, read by it and by a loop,
+    is computed in both, though it reads two arrays (fuzz seed 15 #855). The model, for TPU
+    and GPU, which read the operand in place, stores it once for the dot and the loop."""
+
+    def fn(a, b, v):
+        y = jnp.minimum(a, b)
+        return jnp.einsum("abc,bz->acz", y, v), y + 1.0
+
+    x = X[:15, :16].reshape(3, 5, 16)
+    args = (x, x + 1.0, X[:5, :8])
+    prog = tc.trace(fn, *args)
+    low = next(op.index for op in prog.ops if op.primitive == "min")
+    assert flop_executions(prog)[low] == 1
+    assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])

@@ -54,7 +54,9 @@ from toast_core.apply.shard import mesh_spec_of, shard
 from toast_core.cost import CostOptions, estimate
 from toast_core.cost.buffers import allocated_memory
 from toast_core.cost.collectives import COLLECTIVE_KINDS
+from toast_core.cost.cpu_buffers import conv_operand_copies, dot_operand_copies
 from toast_core.cost.cpu_tree_reduce import is_tree_reduced, tree_factor
+from toast_core.cost.fusion import materialized
 from toast_core.cost.model import evaluator, reduction_flops
 from toast_core.cost.simplify import (
     executions,
@@ -272,7 +274,7 @@ def cpu_flops(
     again = set(recomputed_ops(report.remat, ana))  # run twice under remat
     tree, unfused = _cpu_reduces(ana, strategy, mesh) if strategy is not None else ({}, ())
     tile = _cpu_tile_factors(ana, strategy, mesh) if strategy is not None else {}
-    fusion = _cpu_fusion_factors(program, frozenset(unfused))
+    fusion = _cpu_fusion_factors(program, frozenset(unfused), _cpu_copied_operands(program))
     flops = sum(
         c.flops
         / trips[c.op]
@@ -360,13 +362,25 @@ def _cpu_reduces(
     return out, unfused
 
 
-def _cpu_fusion_factors(program, unfused: frozenset[int]) -> dict[int, float]:
-    """Per op, XLA:CPU's flop executions with the `unfused` reductions compiled apart over the
-    model's (`simplify.executions`), where they differ."""
-    if not unfused:
+def _cpu_copied_operands(program) -> frozenset[int]:
+    """Values XLA:CPU copies into another layout for the dots and convolutions reading them
+    (`cost.cpu_buffers`): the copy is a loop fusion reading the value like any fusible reader."""
+    is_mat = materialized(program)
+    dots = dot_operand_copies(program, is_mat)[0].tolist()
+    convs = [row[0] for row in conv_operand_copies(program, is_mat)]
+    return frozenset(dots + convs)
+
+
+def _cpu_fusion_factors(
+    program, unfused: frozenset[int], copied: frozenset[int] = frozenset()
+) -> dict[int, float]:
+    """Per op, XLA:CPU's flop executions with the `unfused` reductions compiled apart and the
+    `copied` dot operands read through their copies, over the model's (`simplify.executions`),
+    where they differ."""
+    if not unfused and not copied:
         return {}
     base = executions(program)[0]
-    cpu = executions(program, unfused)[0]
+    cpu = executions(program, unfused, copied)[0]
     return {i: c / b for i, (b, c) in enumerate(zip(base, cpu)) if b > 0 and c != b}
 
 

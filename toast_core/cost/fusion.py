@@ -124,6 +124,7 @@ def fusion_work(
     is_materialized: list[bool],
     spread: list[bool] | None = None,
     unfused: frozenset[int] = frozenset(),
+    copied: frozenset[int] = frozenset(),
 ) -> tuple[list[int], dict[int, int]]:
     """(copies, expanded): how many times each op is computed, once per fusion that contains
     it; and, for each special function XLA expands into many HLO ops (erfc, digamma: `prim.
@@ -149,7 +150,11 @@ def fusion_work(
     readers' sets.
 
     `unfused`: ops (fusible ones, reductions) to take as not fused with what they read: those
-    the backend compiles apart (`simplify.executions`).
+    the backend compiles apart (`simplify.executions`). `copied`: values that the dots or
+    convolutions reading them read through a layout copy the backend makes (XLA:CPU), a loop
+    fusion like any other reader: a cheap op making one is computed in that copy and in each
+    fusion reading it, as when all its readers fuse (fuzz seed 15 #855: `min(a, b) * w` read by
+    `einsum('abc,bz->acz')` and a tile, computed in both).
     """
     uses = prog.uses()
     fuses = _fusible_ops(prog)
@@ -175,6 +180,9 @@ def fusion_work(
             # `_recomputing_readers` says where).
             if not readers:
                 roots[op.index] = self_only
+            elif mat and _read_through_copies(prog, op, copied, fuses):
+                unfused_path = len(readers) > 1 and _unfused_path(prog, op, roots)
+                roots[op.index] = self_only if unfused_path else self_only | readers
             elif mat:
                 roots[op.index] = self_only | _recomputing_readers(
                     prog, op, roots, costly, spread, fuses
@@ -230,6 +238,20 @@ EXPANDED_APART = {
     "sinh": 2,
     "zeta": 8,
 }
+
+
+def _read_through_copies(prog: Program, op, copied: frozenset[int], fuses) -> bool:
+    """Whether `op`'s result is stored only for readers that read it through a layout copy
+    (`copied`): not an output, and every reader that does not fuse is a dot or a convolution."""
+    if not copied or len(op.results) != 1 or op.results[0] not in copied:
+        return False
+    (r,) = op.results
+    if prog.values[r].is_output or r in prog.outputs:
+        return False
+    return all(
+        fuses[o] or prog.ops[o].primitive in ("dot_general", "conv_general_dilated")
+        for o, _ in prog.uses()[r]
+    )
 
 
 def _kept_once(op, prog: Program, spread: list[bool] | None = None) -> bool:

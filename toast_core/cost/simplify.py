@@ -467,7 +467,7 @@ def transcendental_executions(prog: Program) -> list[float]:
 
 
 def executions(
-    prog: Program, unfused: frozenset[int] = frozenset()
+    prog: Program, unfused: frozenset[int] = frozenset(), copied: frozenset[int] = frozenset()
 ) -> tuple[list[float], list[float]]:
     """(`flop_executions`, `transcendental_executions`) of `prog`, sharing the work they have
     in common (the rewiring, liveness and fusions: two seconds of the evaluator's set-up at
@@ -475,7 +475,9 @@ def executions(
 
     `unfused`: reductions the backend compiles apart from their operands' producers, which it
     then stores (XLA:CPU's tree reductions, a partitioned reduce of local size-1 dims that is
-    an all-reduce: `toast_core.apply.validate.cpu_flops`); none in the cost model itself."""
+    an all-reduce: `toast_core.apply.validate.cpu_flops`); none in the cost model itself.
+    `copied`: values the dots reading them read through a layout copy (XLA:CPU's;
+    `fusion.fusion_work`)."""
     from toast_core.cost.flops import op_flops, op_transcendentals
 
     simple = rewired(prog)
@@ -489,7 +491,7 @@ def executions(
     for i in unfused:
         for v in simple.ops[i].operands:
             is_mat[v] = True
-    copies, expanded = fusion_work(simple, is_mat, spread, frozenset(unfused))
+    copies, expanded = fusion_work(simple, is_mat, spread, frozenset(unfused), frozenset(copied))
     each = [c * w for c, w in zip(copies, factors)]
     each_flops = list(each)
     for i, readers in expanded.items():  # a special function's cheap part, in each reader
