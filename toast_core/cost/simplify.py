@@ -201,6 +201,8 @@ def _past_scalings(op: Op, operands: tuple[int, ...], ops: list[Op], prog: Progr
     `x * (c1 * c2)`, leaving `x * c1` to its other readers (measured: `(x / 2 * 0.1, x / 2)`
     computes each output from x in its own loop, 2 flops per element: the `x / 2` read by two
     loops is not computed in both). `ops` holds the ops before `op`, already rewired."""
+    if op.primitive not in ("mul", "div"):
+        return operands
     inner = _scaled_operand(_with_operands(op, operands), prog, const)
     if inner is None:
         return operands
