@@ -344,6 +344,52 @@ SIMPLIFIED = {
         lambda a: jnp.exp(jnp.tile(B(a, (12, 2), (1,)), (2, 1)) * a),
         (jnp.ones(2),),
     ),
+    # a special function read by several loops: its polynomial part is computed in each, its exp
+    # and divisions once (fuzz seed 15 #375, erfc read by a min and a tile: 0.50 of XLA's flops)
+    "erfc_read_by_two_loops": (lambda x: (lax.erfc(x) * 3 + x, lax.erfc(x) * 2 + x), (X,)),
+    "erfc_read_by_three_loops": (
+        lambda x: (lax.erfc(x) * 3 + x, lax.erfc(x) * 2 + x, jnp.min(lax.erfc(x), axis=0)),
+        (X[:, :16],),
+    ),
+    "digamma_read_by_two_loops": (lambda x: (lax.digamma(x) * 3, lax.digamma(x) + x), (X,)),
+    "gelu_exact_read_by_two_loops": (
+        lambda x: (lambda g: (g * 3 + x, jnp.abs(g)))(jax.nn.gelu(x, approximate=False)),
+        (X,),
+    ),
+    # ... but not when a dot (or the output) reads it: its final select reads several arrays
+    "erfc_read_by_a_dot_and_a_loop": (lambda x: (lax.erfc(x) @ x, lax.erfc(x) * 2 + x), (X,)),
+    # a division by a broadcast is a multiply by its reciprocal: duplicated into each loop,
+    # the reciprocal computed once (a softmax read by two loops: seed 15 #29)
+    "division_by_a_broadcast_read_by_two_loops": (
+        lambda x, y: (lambda s: (s * 2, s + x))(x / y[:, None]),
+        (X, X[0]),
+    ),
+    "softmax_read_by_two_loops": (
+        lambda x: (lambda s: (s * 2, s**2 + x))(jax.nn.softmax(x)),
+        (X[0],),
+    ),
+    "division_by_a_constant_read_by_two_loops": (
+        lambda x: (lambda s: (s + 1, s * x))(x / 3.0),
+        (X,),
+    ),
+    # a stored cheap result is computed again in the copy a layout reader makes (fuzz seed 15
+    # #46, #58), but not for a transpose that only dots read (XLA folds it into them)
+    "stored_result_transposed_to_an_output": (
+        lambda x, w: (lambda v: (v @ w, v.T))(x * 2 + 1),
+        (X[:8], X[:, :4]),
+    ),
+    "stored_result_sliced_to_an_output": (
+        lambda x, w: (lambda v: (v @ w, v[:4]))(x * 2 + 1),
+        (X[:8], X[:, :4]),
+    ),
+    "stored_result_transposed_into_a_dot": (
+        lambda x, w: (lambda v: (v @ w, jnp.transpose(v) @ x))(x * 2 + 1),
+        (X[:8], X[:, :4]),
+    ),
+    "division_by_an_array_read_by_two_loops": (
+        lambda x, y: (lambda s: (s * 2, s + x))(x / y),
+        (X, X + 1),
+    ),
 }
 
 
@@ -476,3 +522,49 @@ def test_gelu_exact_gradient_is_one_fusion():
     got, want = predicted_simplified(fn, jnp.ones(8)), xla_cost(fn, jnp.ones(8))
     assert want[0] == 544
     assert got[0] == pytest.approx(want[0], rel=0.03)
+
+
+def test_cpu_view_stores_what_a_tree_reduction_reads():
+    """XLA:CPU tree-reduces a sum over 64 elements: a reduce-window compiled apart, so `a * b`,
+    read by it and by a loop, is computed once and stored (`validate.cpu_flops`); the fusions
+    the model keeps for TPU and GPU, where the reduce fuses, compute it in both."""
+
+    def fn(a, b):
+        s = a * b
+        return jnp.sum(s, axis=1), s + 1.0
+
+    args = (X.reshape(16, 64), X.reshape(16, 64) + 1.0)
+    prog = tc.trace(fn, *args)
+    mul = next(op.index for op in prog.ops if op.primitive == "mul")
+    assert flop_executions(prog)[mul] == 2
+    assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
+
+
+def cpu_view_flops(fn, *args) -> float:
+    """The flops `validate` predicts for XLA:CPU (`cpu_flops`), unsharded."""
+    from toast_core.apply.validate import cpu_flops
+
+    ana = tc.analyze(tc.trace(fn, *args))
+    mesh, strategy = tc.MeshSpec({"data": 2}), tc.Strategy(name="replicated")
+    report = tc.estimate(
+        ana, strategy, mesh, tc.hardware("tpu-v5e"), tc.CostOptions(donate_outputs=False)
+    )
+    return cpu_flops(report, ana, strategy, mesh)[0]
+
+
+def test_cpu_view_fuses_what_a_dot_reads_through_a_layout_copy():
+    """`einsum('abc,bz->acz')` reads its left side through a copy XLA:CPU makes
+    (`cpu_buffers.dot_operand_copies`), a loop fusion: `min(a, b)`, read by it and by a loop,
+    is computed in both, though it reads two arrays (fuzz seed 15 #855). The model, for TPU
+    and GPU, which read the operand in place, stores it once for the dot and the loop."""
+
+    def fn(a, b, v):
+        y = jnp.minimum(a, b)
+        return jnp.einsum("abc,bz->acz", y, v), y + 1.0
+
+    x = X[:15, :16].reshape(3, 5, 16)
+    args = (x, x + 1.0, X[:5, :8])
+    prog = tc.trace(fn, *args)
+    low = next(op.index for op in prog.ops if op.primitive == "min")
+    assert flop_executions(prog)[low] == 1
+    assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])

@@ -122,3 +122,33 @@ def test_three_way_cuts_survive_log2_round_off():
 
     args = ({"w": jax.ShapeDtypeStruct((3, 4), F32)}, batch((3,)))
     assert flops_ratio(fn, args, {"data": 3}) == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.slow
+def test_a_reduce_of_local_size_one_leaves_its_operand_stored():
+    """Fuzz seed 15 #466: the variance over a dim cut to one row per device is an all-reduce of
+    the operand, not a fusion: XLA computes the exact GELU it reads once and stores it, where the
+    unsharded fusion would compute its erfc in each of the three loops reading it (4.1x)."""
+
+    def fn(b):
+        g = jax.nn.gelu(b["x"], approximate=False)
+        return jnp.var(g, axis=0), jnp.abs(g) * 2.0, g + 1.0
+
+    ratio = flops_ratio(fn, (batch((8, 32, 8)),), {"data": 8})
+    assert ratio == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.slow
+def test_a_sort_counts_its_local_elements():
+    """Fuzz seed 15 #59: XLA counts N log2 N over the N elements each device sorts, so half of
+    x[8, 64] is 256 x 8 flops, not half of 512 x 9."""
+    ratio = flops_ratio(lambda b: jnp.sort(b["x"], axis=1), (batch((8, 64)),), {"data": 2})
+    assert ratio == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.slow
+def test_a_long_scan_cut_along_its_dim_folds_the_whole_row_per_output():
+    """Fuzz seed 15 #111: a cumsum of 64 rows cut in two is a reduce-window of 63 combines per
+    output on each device, not the blocked scan's count of the unsharded row (0.008 of XLA)."""
+    ratio = flops_ratio(lambda b: jnp.cumsum(b["x"], axis=0), (batch((64, 4)),), {"data": 2})
+    assert ratio == pytest.approx(1.0, abs=0.05)

@@ -54,9 +54,17 @@ from toast_core.apply.shard import mesh_spec_of, shard
 from toast_core.cost import CostOptions, estimate
 from toast_core.cost.buffers import allocated_memory
 from toast_core.cost.collectives import COLLECTIVE_KINDS
-from toast_core.cost.cpu_tree_reduce import tree_factor
+from toast_core.cost.cpu_buffers import conv_operand_copies, dot_operand_copies
+from toast_core.cost.cpu_tree_reduce import is_tree_reduced, tree_factor
+from toast_core.cost.fusion import materialized
 from toast_core.cost.model import evaluator, reduction_flops
-from toast_core.cost.simplify import tiled_copies, tiled_operand, uniform_dims, work_factors
+from toast_core.cost.simplify import (
+    executions,
+    tiled_copies,
+    tiled_operand,
+    uniform_dims,
+    work_factors,
+)
 from toast_core.errors import ToastError, bad_value
 from toast_core.ir import primitives as prim
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
@@ -255,14 +263,25 @@ def cpu_flops(
     XLA:CPU's CSE sometimes merges it with the forward (`simplify.cpu_only_repeats`: a
     `tanh(x @ w)` body under `value_and_grad`) and sometimes not (fuzz seed 3 #9 and #60, a
     checkpointed `gelu(t @ w)`: counted merged they fell from 0.98 to 0.86-0.89 of XLA's
-    flops), so the CPU view does not guess."""
+    flops), so the CPU view does not guess.
+
+    A reduction the CPU compiles apart from its operand's producers (a tree reduction's
+    reduce-window; a reduce whose reduced dims are all of local size 1, which the partitioner
+    leaves to an all-reduce of the operand) makes that operand a stored buffer, so its
+    producers are fused as for any reader XLA does not fuse (`_cpu_fusion_factors`)."""
     program = ana.program
     trips = [op.trip_count for op in program.ops]
     again = set(recomputed_ops(report.remat, ana))  # run twice under remat
-    tree = _cpu_tree_factors(ana, strategy, mesh) if strategy is not None else {}
+    tree, unfused = _cpu_reduces(ana, strategy, mesh) if strategy is not None else ({}, ())
     tile = _cpu_tile_factors(ana, strategy, mesh) if strategy is not None else {}
+    fusion = _cpu_fusion_factors(program, frozenset(unfused), _cpu_copied_operands(program))
     flops = sum(
-        c.flops / trips[c.op] * (1 + (c.op in again)) * tree.get(c.op, 1.0) * tile.get(c.op, 1.0)
+        c.flops
+        / trips[c.op]
+        * (1 + (c.op in again))
+        * tree.get(c.op, 1.0)
+        * tile.get(c.op, 1.0)
+        * fusion.get(c.op, 1.0)
         for c in report.op_costs
     )
     transcendentals = sum(
@@ -301,22 +320,29 @@ def _cpu_tile_factors(ana: Analysis, strategy: Strategy, mesh: MeshSpec) -> dict
     return out
 
 
-def _cpu_tree_factors(ana: Analysis, strategy: Strategy, mesh: MeshSpec) -> dict[int, float]:
-    """Per reduction op that XLA:CPU tree-reduces, its flops over the folds the model counts, on
-    the local shape of its operand (each dim divided by the mesh axes of its use). A reduction
-    the simplifier shrinks (over a broadcast: `simplify.work_factors`) reduces another shape
-    in XLA, so it is left as the model counts it."""
+def _cpu_reduces(
+    ana: Analysis, strategy: Strategy, mesh: MeshSpec
+) -> tuple[dict[int, float], list[int]]:
+    """(tree factors, unfused) of the reductions, on the local shape of each one's operand (each
+    dim divided by the mesh axes of its use): per reduction op that XLA:CPU tree-reduces, its
+    flops over the folds the model counts; and the reductions XLA:CPU does not fuse with their
+    operand's producers: those it tree-reduces (a reduce-window, compiled apart), and those whose
+    reduced dims are all of local size 1 (a reshape, then the all-reduce reads the operand:
+    fuzz seed 15 #466, the variance of an exact GELU with its reduced dim on 8 devices: XLA
+    computes the GELU once and stores it). A reduction the simplifier shrinks (over a
+    broadcast: `simplify.work_factors`) reduces another shape in XLA, so it is left as the
+    model counts it."""
     prog = ana.program
     ops = [op for op in prog.ops if op.primitive in prim.REDUCTIONS and op.operands]
     if ops:
         whole = work_factors(prog)
         ops = [op for op in ops if whole[op.index] == 1.0]
     if not ops:
-        return {}
+        return {}, []
     space = space_of(ana, mesh)
     masks = strategy.fine_masks(ana, mesh)
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
-    out = {}
+    out, unfused = {}, []
     for op in ops:
         shape = prog.values[op.operands[0]].shape
         axes = space.use_axes(masks, op.index, 0)
@@ -324,10 +350,38 @@ def _cpu_tree_factors(ana: Analysis, strategy: Strategy, mesh: MeshSpec) -> dict
             -(-n // int(np.prod([sizes[a] for a in names], dtype=np.int64)))
             for n, names in zip(shape, axes)
         )
-        factor = tree_factor(local, tuple(op.param("axes", ())))
+        reduced = tuple(op.param("axes", ()))
+        factor = tree_factor(local, reduced)
         if factor != 1.0:
             out[op.index] = factor
-    return out
+        folds_local = any(local[d] > 1 for d in reduced)
+        if is_tree_reduced(local, reduced) or (
+            reduced and not folds_local and any(shape[d] > 1 for d in reduced)
+        ):
+            unfused.append(op.index)
+    return out, unfused
+
+
+def _cpu_copied_operands(program) -> frozenset[int]:
+    """Values XLA:CPU copies into another layout for the dots and convolutions reading them
+    (`cost.cpu_buffers`): the copy is a loop fusion reading the value like any fusible reader."""
+    is_mat = materialized(program)
+    dots = dot_operand_copies(program, is_mat)[0].tolist()
+    convs = [row[0] for row in conv_operand_copies(program, is_mat)]
+    return frozenset(dots + convs)
+
+
+def _cpu_fusion_factors(
+    program, unfused: frozenset[int], copied: frozenset[int] = frozenset()
+) -> dict[int, float]:
+    """Per op, XLA:CPU's flop executions with the `unfused` reductions compiled apart and the
+    `copied` dot operands read through their copies, over the model's (`simplify.executions`),
+    where they differ."""
+    if not unfused and not copied:
+        return {}
+    base = executions(program)[0]
+    cpu = executions(program, unfused, copied)[0]
+    return {i: c / b for i, (b, c) in enumerate(zip(base, cpu)) if b > 0 and c != b}
 
 
 def recomputed_ops(remat, ana: Analysis) -> list[int]:

@@ -34,6 +34,17 @@ def tree_folds(reduced: list[int]) -> int:
     return prod(counts) * (prod(windows) - 1) + tree_folds(counts)
 
 
+def is_tree_reduced(shape: tuple[int, ...], axes: tuple[int, ...]) -> bool:
+    """Whether XLA:CPU splits a reduce of a local operand of `shape` over `axes` into a
+    reduce-window and a reduce (even when that costs the same folds: x[64] is 2 windows of 32)."""
+    reduced = [shape[d] for d in axes]
+    return (
+        prod(shape) < CPU_TREE_MAX_ELEMENTS
+        and prod(reduced) > 1
+        and any(n > CPU_REDUCE_WINDOW for n in reduced)
+    )
+
+
 def tree_factor(shape: tuple[int, ...], axes: tuple[int, ...]) -> float:
     """XLA:CPU's flops for reducing a local operand of `shape` over `axes`, over the folds a
     reduce counts (operand elements - result elements): 1.0 when the CPU does not split it."""

@@ -191,10 +191,10 @@ def div_flops(op, program):
     s[8][:, None]` counts 136, `x[8, 16] / s[]` 129: softmax's normalization is one of these).
     A constant divisor's reciprocal is folded: nothing added."""
     n = float(_result_size(op, program))
-    return n + _spread_divisor_elements(op, program), 0.0
+    return n + spread_divisor_elements(op, program), 0.0
 
 
-def _spread_divisor_elements(op: Op, program: Program) -> int:
+def spread_divisor_elements(op: Op, program: Program) -> int:
     """Elements of what a divisor is spread from: the divisor itself when it is smaller than
     the result (a scalar, or size-1 dims the op broadcasts), or the operand of the broadcasts
     that made it; 0 when nothing is spread or it is spread from a literal."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import weakref
 
+from toast_core.cost.flops import spread_divisor_elements
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
@@ -114,7 +115,23 @@ def _fusible_ops(prog: Program) -> list[bool]:
 def fusion_copies(
     prog: Program, is_materialized: list[bool], spread: list[bool] | None = None
 ) -> list[int]:
-    """How many times each op is computed: once per fusion that contains it.
+    """How many times each op is computed: once per fusion that contains it (`fusion_work`)."""
+    return fusion_work(prog, is_materialized, spread)[0]
+
+
+def fusion_work(
+    prog: Program,
+    is_materialized: list[bool],
+    spread: list[bool] | None = None,
+    unfused: frozenset[int] = frozenset(),
+    copied: frozenset[int] = frozenset(),
+) -> tuple[list[int], dict[int, int]]:
+    """(copies, expanded): how many times each op is computed, once per fusion that contains
+    it; and, for each special function XLA expands into many HLO ops (erfc, digamma: `prim.
+    EXPANDED_TRANSCENDENTAL`) whose cheap part is fused into several readers, the number of
+    fusions reading it (its expensive part, the exp and divisions, is computed once: its
+    transcendentals count once; `flops_measured.expanded_extra_copies` says how much of its
+    flops each further reader recomputes).
 
     `spread` [values]: those XLA's simplifier leaves as a broadcast of a smaller array
     (`simplify.uniform_dims`), which an effectively-unary test does not count as an input.
@@ -127,14 +144,26 @@ def fusion_copies(
     both it and the exp twice. A reduction fuses into its one reader's loop too (logsumexp's
     `log(sum(exp(x - m))) + m` is one fusion: its `m` is computed once), unless that loop writes
     more elements than it makes (`_widens`) or already holds a reduction (XLA keeps a reduction
-    feeding another apart). Walking the (topologically ordered) ops backwards, each op's set of
-    fusion roots is the union of its readers' sets.
+    feeding another apart). A division by a spread divisor is a multiply once XLA's simplifier
+    has rewritten it (`_is_reciprocal_multiply`), duplicated like one. Walking the
+    (topologically ordered) ops backwards, each op's set of fusion roots is the union of its
+    readers' sets.
+
+    `unfused`: ops (fusible ones, reductions) to take as not fused with what they read: those
+    the backend compiles apart (`simplify.executions`). `copied`: values that the dots or
+    convolutions reading them read through a layout copy the backend makes (XLA:CPU), a loop
+    fusion like any other reader: a cheap op making one is computed in that copy and in each
+    fusion reading it, as when all its readers fuse (fuzz seed 15 #855: `min(a, b) * w` read by
+    `einsum('abc,bz->acz')` and a tile, computed in both).
     """
     uses = prog.uses()
     fuses = _fusible_ops(prog)
-    costly = _costly_cones(prog, is_materialized)
+    if unfused:
+        fuses = [f and i not in unfused for i, f in enumerate(fuses)]
+    costly = _costly_cones(prog, is_materialized, spread)
     roots: list[frozenset[int]] = [frozenset()] * len(prog.ops)
     holds_reduction = [False] * len(prog.ops)  # per fusion root
+    expanded: dict[int, int] = {}
     self_only = frozenset()
     for op in reversed(prog.ops):
         mat = any(is_materialized[r] for r in op.results)
@@ -144,15 +173,20 @@ def fusion_copies(
         reading = [roots[o] for r in op.results for o, _ in uses[r] if fuses[o]]
         readers = reading[0] if len(reading) == 1 else frozenset().union(*reading)
         self_only = frozenset((op.index,))
-        if op.primitive not in NOT_DUPLICATED:
+        if not _kept_once(op, prog, spread):
             # A cheap op is fused into every fusion reading it, and also computed in its own
             # when a non-fusible op or the output reads it (`x * 0.5 + 0.1` read by a dot and a
             # multiply: XLA computes it for the dot and again inside the multiply's loop;
             # `_recomputing_readers` says where).
             if not readers:
                 roots[op.index] = self_only
+            elif mat and _read_through_copies(prog, op, copied, fuses):
+                unfused_path = len(readers) > 1 and _unfused_path(prog, op, roots)
+                roots[op.index] = self_only if unfused_path else self_only | readers
             elif mat:
-                roots[op.index] = self_only | _recomputing_readers(prog, op, roots, costly, spread)
+                roots[op.index] = self_only | _recomputing_readers(
+                    prog, op, roots, costly, spread, fuses
+                )
             elif len(readers) > 1 and (
                 _unfused_path(prog, op, roots) or _feeds_max_and_exp_shift(prog, op)
             ):
@@ -161,6 +195,18 @@ def fusion_copies(
                 roots[op.index] = readers
             continue
         own = mat or len(readers) > 1
+        if (
+            op.primitive in prim.EXPANDED_TRANSCENDENTAL
+            and not mat
+            and len(readers) > 1
+            and not _path_blocked(prog, op, roots)
+        ):
+            # Its cheap producers go with its cheap part into every reader, and into each
+            # fusion of an expensive part (`EXPANDED_APART`): placeholder roots, below zero.
+            expanded[op.index] = len(readers)
+            apart = EXPANDED_APART.get(op.primitive, 0)
+            roots[op.index] = readers | frozenset(-(op.index * 64 + j + 1) for j in range(apart))
+            continue
         if not own and op.primitive in _REDUCTIONS and readers:
             (root,) = readers
             own = holds_reduction[root] or _widens(prog, op, readers)
@@ -168,17 +214,87 @@ def fusion_copies(
         roots[op.index] = self_only if own or not readers else readers
         if own and op.primitive in _REDUCTIONS:
             holds_reduction[op.index] = True
-    return [len(r) for r in roots]
+    return [1 if i in expanded else len(r) for i, r in enumerate(roots)], expanded
+
+
+#: Fusions of its own that each expensive part (exp, log, a division) of a special function
+#: gets when XLA duplicates its cheap part into several readers: each reads the function's
+#: operand, so the cheap ops making it are computed there again (measured: `f(x * 2 + 1)`
+#: read by two loops against `f(x)`; erfc computes `x * 2 + 1` five times: in the two
+#: readers, in its exp's and its two divisions' fusions).
+EXPANDED_APART = {
+    "asinh": 2,
+    "atanh": 2,
+    "bessel_i0e": 2,
+    "bessel_i1e": 2,
+    "digamma": 2,
+    "erf_inv": 1,
+    "erfc": 3,
+    "igamma": 14,
+    "igamma_grad_a": 19,
+    "igammac": 14,
+    "lgamma": 1,
+    "polygamma": 7,
+    "random_gamma_grad": 19,
+    "regularized_incomplete_beta": 12,
+    "sinh": 2,
+    "zeta": 8,
+}
+
+
+def _read_through_copies(prog: Program, op, copied: frozenset[int], fuses) -> bool:
+    """Whether `op`'s result is stored only for readers that read it through a layout copy
+    (`copied`): not an output, and every reader that does not fuse is a dot or a convolution."""
+    if not copied or len(op.results) != 1 or op.results[0] not in copied:
+        return False
+    (r,) = op.results
+    if prog.values[r].is_output or r in prog.outputs:
+        return False
+    return all(
+        fuses[o] or prog.ops[o].primitive in ("dot_general", "conv_general_dilated")
+        for o, _ in prog.uses()[r]
+    )
+
+
+def _kept_once(op, prog: Program, spread: list[bool] | None = None) -> bool:
+    """Whether XLA computes `op` once however many fusions read it (`NOT_DUPLICATED`), a
+    division by a spread divisor aside (`_is_reciprocal_multiply`)."""
+    return op.primitive in NOT_DUPLICATED and not _is_reciprocal_multiply(op, prog, spread)
+
+
+def _is_reciprocal_multiply(op, prog: Program, spread: list[bool] | None = None) -> bool:
+    """Whether `op` is a floating-point division XLA's simplifier rewrites as a multiply by a
+    reciprocal computed on the small side: `x / c` with `c` a constant, `x / broadcast(b)`
+    (softmax's normalization), `x / s` with `s` smaller than the result (`flops.div_flops`
+    counts the reciprocal). A multiply is cheap: XLA fuses it into every fusion that reads it
+    (measured: `s = x / y[:, None]` read by `s * 2` and `s + x` is computed in both loops,
+    260 flops on [4, 16], not 196; a softmax read by two loops, 111 on [16], not 95)."""
+    if op.primitive != "div" or len(op.operands) != 2 or not op.results:
+        return False
+    if not prog.values[op.results[0]].dtype.startswith(("float", "bfloat")):
+        return False
+    d = op.operands[1]
+    if prog.values[d].role in ("literal", "constant"):
+        return True
+    if spread is not None and spread[d]:
+        return True
+    return spread_divisor_elements(op, prog) > 0
+
+
+#: Readers that compute a stored cheap result again in their own loop (`_recomputing_readers`).
+_RECOMPUTING = prim.ELEMENTWISE | _REDUCTIONS | prim.FUSIBLE_LAYOUT | STACKING | {"dot_general"}
 
 
 def _recomputing_readers(
-    prog: Program, op, roots: list[frozenset[int]], costly: list[bool], spread=None
+    prog: Program, op, roots: list[frozenset[int]], costly: list[bool], spread=None, fuses=None
 ) -> frozenset[int]:
     """The fusions that recompute a stored cheap result rather than read it: none when the
     result's own fusion holds costly work (`gelu(x)` read by a dot and a max: the max reads
-    the stored result); else the fusions that read all of it element by element (elementwise
-    ops, reductions, outer products; slices, pads and other layout readers read the stored
-    buffer: an associative scan's slices of `1 + 0.1 * tanh(h)`), whether or not they hold
+    the stored result; an associative scan's slices of `1 + 0.1 * tanh(h)`); else the fusions
+    that read it: elementwise ops, reductions, outer products, and layout ops (XLA fuses the
+    producer into the copy a transpose, reshape or slice makes; measured: `v = x * 2 + 1` read
+    by a dot and, transposed, reshaped, expanded or sliced, by an output is computed twice:
+    fuzz seed 15 #46 and #58), whether or not they hold
     costly work themselves: XLA decides on the producer alone. None either when the op reads
     more than one array (`_more_than_unary`): XLA duplicates a producer that some consumer
     cannot fuse only when it is effectively unary, as a second input read again would raise
@@ -189,16 +305,27 @@ def _recomputing_readers(
     if costly[op.index] or _more_than_unary(prog, op, spread) or _feeds_max_and_exp_shift(prog, op):
         return frozenset()
     uses = prog.uses()
-    fuses = _fusible_ops(prog)
+    fuses = _fusible_ops(prog) if fuses is None else fuses
     return frozenset().union(
         *(
             roots[o]
             for r in op.results
             for o, _ in uses[r]
-            if prog.ops[o].primitive in prim.ELEMENTWISE | _REDUCTIONS | {"dot_general"}
-            and fuses[o]
+            if prog.ops[o].primitive in _RECOMPUTING and fuses[o] and not _folded_transpose(prog, o)
         )
     )
+
+
+def _folded_transpose(prog: Program, i: int) -> bool:
+    """Whether op `i` is a transpose that only dots read: XLA folds it into their dimension
+    numbers (`TransposeFolding`), so nothing computes it (measured: `v = x * 2 + 1` read by a
+    dot and, transposed, by another is computed once)."""
+    op = prog.ops[i]
+    if op.primitive != "transpose":
+        return False
+    uses = prog.uses()
+    readers = [o for r in op.results for o, _ in uses[r]]
+    return bool(readers) and all(prog.ops[o].primitive == "dot_general" for o in readers)
 
 
 #: Beyond this many ops between a producer and its readers, `_unfused_path` gives up (and the
@@ -226,6 +353,15 @@ def _unfused_path(prog: Program, op, roots: list[frozenset[int]]) -> bool:
         return False
     sizes = {v: prog.values[v].size for v in op.operands}
     if sum(sizes.values()) <= sum(prog.values[r].size for r in op.results):
+        return False
+    return _path_blocked(prog, op, roots)
+
+
+def _path_blocked(prog: Program, op, roots: list[frozenset[int]]) -> bool:
+    """Whether some path of fusible ops from `op` to one of its readers runs through an op that
+    is not fused into the next one (`_unfused_path`, without its tests on `op` itself: a special
+    function's expansion ends in a select of several arrays whatever `op` reads)."""
+    if not op.results:
         return False
     uses = prog.uses()
     direct = sorted({o for r in op.results for o, _ in uses[r]})
@@ -337,7 +473,9 @@ def _more_than_unary(prog: Program, op, spread: list[bool] | None = None) -> boo
     return arrays > 1
 
 
-def _costly_cones(prog: Program, is_materialized: list[bool]) -> list[bool]:
+def _costly_cones(
+    prog: Program, is_materialized: list[bool], spread: list[bool] | None = None
+) -> list[bool]:
     """Per op: whether it, or a fusible producer feeding it through values that stay in
     registers, is work XLA does not duplicate (`NOT_DUPLICATED`); work on constants alone (a
     mean's `1 / N`) is folded, not costly."""
@@ -352,7 +490,7 @@ def _costly_cones(prog: Program, is_materialized: list[bool]) -> list[bool]:
             continue
         if not fuses[op.index]:
             continue
-        out[op.index] = op.primitive in NOT_DUPLICATED or any(
+        out[op.index] = _kept_once(op, prog, spread) or any(
             out[p]
             for x in op.operands
             if not is_materialized[x] and (p := producers[x]) is not None

@@ -61,6 +61,7 @@ from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_o
 from toast_core.cost.concat_slice import CONCAT, SLICE, STRIDE, concat_slice_sites
 from toast_core.cost.cpu_buffers import cpu_buffers, dot_broadcasts
 from toast_core.cost.flops import FOLDING, local_fold_flops, op_counts
+from toast_core.cost.flops_measured import SORTS, sort_flops_of, window_scan_factor
 from toast_core.cost.fusion import bitcasts, fused_away, materialized
 from toast_core.cost.halo import slice_halo_permutes
 from toast_core.cost.hoist import use_counts
@@ -390,6 +391,15 @@ class Evaluator:
         self._fold_runs = np.array([self.op_flops[i] / base[i] for i in self._fold_ops.tolist()])
         self._scan_ops = np.array(
             [i for i, op in enumerate(prog.ops) if op.primitive in CUMULATIVE and op.results],
+            dtype=np.int64,
+        )
+        # A windowed scan's combines per output: the whole row's (`_windowed_scans`).
+        self._scan_window = np.array(
+            [window_scan_factor(prog.ops[i], prog) for i in self._scan_ops.tolist()]
+        )
+        # Sorts, with the elements of their first operand: `_local_sorts`.
+        self._sort_ops = np.array(
+            [i for i, (op, f) in enumerate(zip(prog.ops, flops)) if op.primitive in SORTS and f],
             dtype=np.int64,
         )
         self.nbytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
@@ -772,6 +782,7 @@ class Evaluator:
         elements, noise beside the op's time), so `score`, the incremental evaluator and the
         report's times stay one model."""
         flops_local = self._windowed_scans(flops_local, value_local, op_logdeg)
+        flops_local = self._local_sorts(flops_local, op_logdeg)
         if not len(self._fold_ops):
             return flops_local
         prog = self.ana.program
@@ -793,7 +804,10 @@ class Evaluator:
         counted on its result shard: the model gathers the operand along that dim (each device
         reads the whole row), but XLA's partitioned reduce-window computes only the device's own
         outputs, each from its window of the gathered row (fuzz seed 14 #554, `cummin(x[6, 8,
-        16], axis=0)` with dim 0 on 6 devices: 640 flops per device, not 3840; #635)."""
+        16], axis=0)` with dim 0 on 6 devices: 640 flops per device, not 3840; #635): a whole
+        row's `n - 1` combines per output, also for a row longer than 16, which the unsharded
+        scan reduces in blocks (`window_scan_factor`; fuzz seed 15 #111, `cumsum` of 2304
+        elements on 4 devices: 1.33 M flops per device)."""
         if not len(self._scan_ops):
             return flops_local
         result = [self.ana.program.ops[i].results[0] for i in self._scan_ops.tolist()]
@@ -804,7 +818,26 @@ class Evaluator:
             return flops_local
         out = flops_local.copy()
         ops = self._scan_ops[more]
-        out[ops] = self.op_flops[ops] / result_ways[more]
+        out[ops] = self.op_flops[ops] * self._scan_window[more] / result_ways[more]
+        return out
+
+    def _local_sorts(self, flops_local, op_logdeg) -> np.ndarray:
+        """`flops_local` with each sort counted on its local operand: XLA counts N log2 N over
+        the N elements it sorts, so a device sorting N / k of them counts (N / k) log2(N / k),
+        not the global count's share (fuzz seed 15 #59, a sort of 1,920 elements on 6 devices:
+        2,880 flops per device, not 3,520)."""
+        if not len(self._sort_ops):
+            return flops_local
+        ways = np.exp2(op_logdeg[self._sort_ops])
+        if not (ways > 1 + 1e-9).any():
+            return flops_local
+        out = flops_local.copy()
+        prog = self.ana.program
+        for j, i in enumerate(self._sort_ops.tolist()):
+            op = prog.ops[i]
+            n = prog.values[op.operands[0]].size
+            local = max(int(round(n / ways[j])), 1)
+            out[i] = self.op_flops[i] * sort_flops_of(local) / sort_flops_of(n)
         return out
 
     def _roofline(self, flops_local, trans_local, bytes_local) -> np.ndarray:

@@ -48,7 +48,9 @@ from dataclasses import replace
 from math import prod
 
 from toast_core.analysis.factors import mixed_radix_groups
-from toast_core.cost.fusion import fusion_copies, materialized
+from toast_core.cost.flops import spread_divisor_elements
+from toast_core.cost.flops_measured import expanded_extra_copies
+from toast_core.cost.fusion import fusion_work, materialized
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Op, Program
 
@@ -183,6 +185,8 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
       Nor does an op of a `jax.checkpoint` body (its recomputation, behind an optimization
       barrier), unless `merge_remat`: XLA:CPU expands the barriers before CSE and merges the
       recomputation with the forward (docs: ENVIRONMENT.md; `cpu_only_repeats`).
+    * **Scalings in a row** (`_past_scalings`): `(x * c1) * c2` reads `x` (XLA's simplifier
+      folds the constants), whether or not `x * c1` has other readers.
     """
     canon = list(range(len(prog.values)))
     literal_key: dict = {}
@@ -193,8 +197,9 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
     first: dict = {}
     ops = []
     boundaries = prim.REGION_BOUNDARIES
+    const = constant_values(prog)
     for op in prog.ops:
-        operands = tuple(map(canon.__getitem__, op.operands))
+        operands = _past_scalings(op, tuple(map(canon.__getitem__, op.operands)), ops, prog, const)
         ops.append(_with_operands(op, operands) if operands != op.operands else op)
         if not op.results or op.primitive in boundaries:
             continue
@@ -214,6 +219,29 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
                 canon[r] = canon[r0]
     outputs = tuple(canon[v] for v in prog.outputs)
     return replace(prog, ops=tuple(ops), outputs=outputs)
+
+
+def _past_scalings(op: Op, operands: tuple[int, ...], ops: list[Op], prog: Program, const):
+    """`operands` of `op` with a scaling's scaled operand read past the scalings by constant
+    scalars that made it: XLA's simplifier rewrites `(x * c1) * c2` and `(x / c1) * c2` as
+    `x * (c1 * c2)`, leaving `x * c1` to its other readers (measured: `(x / 2 * 0.1, x / 2)`
+    computes each output from x in its own loop, 2 flops per element: the `x / 2` read by two
+    loops is not computed in both). `ops` holds the ops before `op`, already rewired."""
+    if op.primitive not in ("mul", "div"):
+        return operands
+    inner = _scaled_operand(_with_operands(op, operands), prog, const)
+    if inner is None:
+        return operands
+    producers = prog.producers()
+    source = inner
+    while (p := producers[source]) is not None:
+        nxt = _scaled_operand(ops[p], prog, const)
+        if nxt is None:
+            break
+        source = nxt
+    if source == inner:
+        return operands
+    return tuple(source if v == inner else v for v in operands)
 
 
 def cpu_only_repeats(prog: Program) -> list[int]:
@@ -466,10 +494,18 @@ def transcendental_executions(prog: Program) -> list[float]:
     return executions(prog)[1]
 
 
-def executions(prog: Program) -> tuple[list[float], list[float]]:
+def executions(
+    prog: Program, unfused: frozenset[int] = frozenset(), copied: frozenset[int] = frozenset()
+) -> tuple[list[float], list[float]]:
     """(`flop_executions`, `transcendental_executions`) of `prog`, sharing the work they have
     in common (the rewiring, liveness and fusions: two seconds of the evaluator's set-up at
-    GPT-3 175B when done twice)."""
+    GPT-3 175B when done twice).
+
+    `unfused`: reductions the backend compiles apart from their operands' producers, which it
+    then stores (XLA:CPU's tree reductions, a partitioned reduce of local size-1 dims that is
+    an all-reduce: `toast_core.apply.validate.cpu_flops`); none in the cost model itself.
+    `copied`: values the dots reading them read through a layout copy (XLA:CPU's;
+    `fusion.fusion_work`)."""
     from toast_core.cost.flops import op_flops, op_transcendentals
 
     simple = rewired(prog)
@@ -479,10 +515,24 @@ def executions(prog: Program) -> tuple[list[float], list[float]]:
     factors = _rewired_work_factors(simple, live, pruned, uni)
     spread = [bool(u) for u in uni]
     simple = pruned
-    copies = fusion_copies(simple, materialized(simple), spread)
+    is_mat = materialized(simple)
+    for i in unfused:
+        for v in simple.ops[i].operands:
+            is_mat[v] = True
+    copies, expanded = fusion_work(simple, is_mat, spread, frozenset(unfused), frozenset(copied))
     each = [c * w for c, w in zip(copies, factors)]
+    each_flops = list(each)
+    for i, readers in expanded.items():  # a special function's cheap part, in each reader
+        each_flops[i] += expanded_extra_copies(simple.ops[i].primitive, readers) * factors[i]
+    for op in simple.ops:  # a divisor's reciprocal is computed once, its multiply per copy
+        if op.primitive == "div" and copies[op.index] > 1 and op.results:
+            reciprocal = spread_divisor_elements(op, simple)
+            n = simple.values[op.results[0]].size
+            if reciprocal:
+                c = copies[op.index]
+                each_flops[op.index] = (c * n + reciprocal) / (n + reciprocal) * factors[op.index]
     return (
-        _costliest_branches(prog, each, op_flops),
+        _costliest_branches(prog, each_flops, op_flops),
         _costliest_branches(prog, each, op_transcendentals),
     )
 
