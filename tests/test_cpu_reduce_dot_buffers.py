@@ -73,6 +73,23 @@ def test_a_full_reduction_of_a_reshape_reduces_the_reshaped_value():
     assert _rows((288,)) == [1.0, 9 / 288]  # the same elements, flat from the start
 
 
+def _self_outer(params, batch):
+    """Fuzz #72: `v @ v.T` with v a broadcast of x[8] to [8, 64]."""
+    v = jnp.broadcast_to(batch["x1"][None], (8, 64))
+    return (jnp.einsum("ab,cb->ac", v, v),)
+
+
+def test_a_dot_writing_a_partial_leaves_the_output_allocation_to_its_operands():
+    # data parallel on 2x2x2 cuts the contracted dim: the dot writes a partial temporary and
+    # the all-reduce the output, so the broadcast it reads last may sit in the output's
+    # allocation until then (measured: 32 + 256 + 256 = 544 bytes)
+    args = ({}, {"x1": jax.ShapeDtypeStruct((64,), jnp.float32)})
+    ana = tc.analyze(tc.trace(_self_outer, *args))
+    mesh = tc.MeshSpec({"a": 2, "b": 2, "c": 2})
+    strategy = tc.baselines.all(ana, mesh)["data_parallel"][0]
+    assert predicted_cpu_memory_bytes(ana, strategy, mesh, HW) == 544
+
+
 def _seed_loss(p, x):
     return jnp.mean(jnp.einsum("abcd,de->abce", x, p["w"]))
 

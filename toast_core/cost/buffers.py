@@ -295,7 +295,10 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         partials += [False] * len(extra)
         if own is not None:
             own = np.concatenate([own, cpu_temporaries(ev, local, 0, masks, effect is not None)[0]])
-    whole_life = np.asarray(partials, dtype=bool) | read_last_by_matmul(ev)[end - 1]
+    matmul = read_last_by_matmul(ev)
+    for v in reduced or {}:  # its result is a partial, all-reduced into the output later
+        matmul[ev._producer[v]] = False
+    whole_life = np.asarray(partials, dtype=bool) | matmul[end - 1]
     outputs_bytes, block = place_in_output_allocations(
         size, start, end, is_out, ev.n_ops, own, whole_life
     )
@@ -308,7 +311,10 @@ def read_last_by_matmul(ev) -> np.ndarray:
     own, never over an operand it reads last (XLA shares an operand's buffer only with an
     elementwise user's). Fuzz seed 15 #183: `broadcast(x[32]) -> [8, 32]` read by the dot that
     makes the output `[32, 8]`: the broadcast's 1 KiB is a temporary beside the output's
-    allocation (XLA: 1,024 bytes of temporaries; the model had put it in the output's)."""
+    allocation (XLA: 1,024 bytes of temporaries; the model had put it in the output's). A dot
+    whose result is a partial that an all-reduce then writes into the output is not one there
+    (`allocated_memory`): it writes a temporary, and its operands may take the output's
+    allocation (seed 15 #72, data parallel: `v @ v.T` with v a broadcast, XLA puts v there)."""
     prog = ev.ana.program
     return np.array(
         [
