@@ -1677,6 +1677,7 @@ class Evaluator:
         self._result_div = {False: divisor, True: np.ones_like(divisor)}
         self._key_stride = len(self.mask_ways) << 3
         self._group_memo: dict[tuple, np.ndarray] = {}
+        self._latency_memo: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # `latency_s`
 
     def _use_site(self, ops: np.ndarray, vals: np.ndarray) -> np.ndarray:
         """Combiner sites of collectives on the use of value `vals` by op `ops`."""
@@ -1707,12 +1708,33 @@ class Evaluator:
         return group
 
     def latency_s(self, kinds, ms, vs, ops, sites) -> float:
-        """The latency part of communication: once per combined op (its first member's)."""
-        if not len(kinds):
-            return 0.0
-        group = self._groups(kinds, ms, vs, ops, sites)
-        first = group == np.arange(len(group))
-        return float((self.c0[kinds, ms] * self.site_trip[sites])[first].sum())
+        """The latency part of communication: once per combined op (its first member's).
+
+        `_groups`' work, kept leaner for the search's hot path (every evaluation pays it): the
+        memo, keyed like `_groups`' by the collectives in canonical order, holds the canonical
+        positions of the combined ops' first members and their latencies, which the listing
+        order then sums (the same products added in the same order as summing the latencies
+        of the listed collectives that lead a combined op, so the same float)."""
+        n = len(kinds)
+        if n < 2:
+            return float((self.c0[kinds, ms] * self.site_trip[sites]).sum()) if n else 0.0
+        order = np.lexsort((vs, ms, kinds, ops, sites))
+        k, m, s, v = kinds[order], ms[order], sites[order], vs[order]
+        memo_key = (False, k.tobytes(), m.tobytes(), s.tobytes(), v.tobytes())
+        hit = self._latency_memo.get(memo_key)
+        if hit is None:
+            group = self._group_memo.get(memo_key)
+            if group is None:
+                group = self._combine_groups(k, m, v, ops[order], s, False)
+            firsts = np.flatnonzero(group == np.arange(n))
+            if len(self._latency_memo) >= 4096:
+                self._latency_memo.clear()
+            hit = self._latency_memo[memo_key] = (
+                firsts,
+                self.c0[k[firsts], m[firsts]] * self.site_trip[s[firsts]],
+            )
+        firsts, latencies = hit
+        return float(latencies[np.argsort(order[firsts])].sum())
 
     def _combine_groups(self, kinds, ms, vs, ops, sites, cpu: bool) -> np.ndarray:
         group = np.arange(len(kinds))
