@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from toast_core.cost.model import SCALAR_KEPT_PER_VIEW, Evaluator, Score
+from toast_core.cost.model import SCALAR_KEPT_PER_VIEW, Evaluator, Score, _added
 from toast_core.cost.remat import hold_barrier_inputs, shorten_lifetimes
 from toast_core.cost.view_comm import scalar_view
 from toast_core.strategy.remat import remat_effect
@@ -452,13 +452,11 @@ class Incremental:
         read_extra = np.bincount(read_op, weights=read_bytes, minlength=self.tab.n_ops)
         _, _, _, t = ev._compute(value_local, op_logdeg, read_extra)
         comm_v, (coll_i, coll_v) = self._comm_per_value(ev, masks, value_local)
-        delta = np.zeros(self.tab.n_ops + 2)
         b = value_local[ev.live_ids]
-        np.add.at(delta, ev.born, b)
-        np.add.at(delta, ev.dies, -b)
         res_bytes = value_local[r.value] * r.buffer
-        np.add.at(delta, r.lo, res_bytes)
-        np.add.at(delta, r.hi + 1, -res_bytes)
+        delta = _added(
+            self.tab.n_ops + 2, [ev.born, ev.dies, r.lo, r.hi + 1], [b, -b, res_bytes, -res_bytes]
+        )
         res_i = np.array([r.value, r.lo, r.hi, r.fwd_hi, r.bwd_lo])
         persistent = float(value_local[ev.persistent_ids].sum())
         return self._finish(

@@ -830,28 +830,29 @@ class Evaluator:
         backend that places temporaries at aligned offsets of one block does.
         `cpu_buffers` adds the temporaries only XLA:CPU makes (`cpu_buffers`: layout copies of
         dot operands, threefry loops)."""
-        delta = np.zeros(self.n_ops + 2)
+        # The timeline's changes, added to zeros in the order listed: one `np.bincount`, which
+        # adds them one by one as `np.add.at` would, in one call.
         b = value_local[self.live_ids]
         if align_bytes:
             b = np.where(self._live_is_output, b, _round_up(b, align_bytes))
-        np.add.at(delta, self.born, b)
-        np.add.at(delta, self.dies, -b)
+        at, add = [self.born, self.dies], [b, -b]
         r = self._reshards(masks)
         if len(r.value):
             extra = value_local[r.value] * r.buffer
             if align_bytes:
                 extra = _round_up(extra, align_bytes)
-            np.add.at(delta, r.lo, extra)
-            np.add.at(delta, r.hi + 1, -extra)
+            at += [r.lo, r.hi + 1]
+            add += [extra, -extra]
             if pairs:
                 split = self._remat_block_ops(pairs)[r.lo] & (r.fwd_hi >= 0)
                 split &= r.bwd_lo > r.fwd_hi + 1
-                np.add.at(delta, r.fwd_hi[split] + 1, -extra[split])
-                np.add.at(delta, r.bwd_lo[split], extra[split])
+                at += [r.fwd_hi[split] + 1, r.bwd_lo[split]]
+                add += [-extra[split], extra[split]]
         if cpu_buffers:
             extra, lo, end = cpu_temporaries(self, value_local, align_bytes)
-            np.add.at(delta, lo, extra)
-            np.add.at(delta, end, -extra)
+            at += [lo, end]
+            add += [extra, -extra]
+        delta = _added(self.n_ops + 2, at, add)
         if remat is not None:
             whole = _round_up(value_local, align_bytes) if align_bytes else value_local
             held = whole * self._in_memory
@@ -1912,6 +1913,18 @@ class Evaluator:
 _ZERO = np.zeros(1, dtype=np.int64)
 #: Appended to the masks by `_scan_common`: a fine class holding no mesh axis, one holding all.
 _SCAN_SENTINELS = np.array([0, -1], dtype=np.int64)
+
+
+def _added(n: int, at: list, add: list) -> np.ndarray:
+    """[n] zeros with `add[k][j]` added at `at[k][j]` in the order listed: the floats of
+    `np.add.at` on zeros, one call after another (`np.bincount` adds its weights one by one
+    in input order), in one NumPy call instead of one per list."""
+    idx = np.concatenate([np.asarray(a, dtype=np.int64) for a in at])
+    weights = np.concatenate([np.asarray(w, dtype=np.float64) for w in add])
+    out = np.bincount(idx, weights=weights, minlength=n)
+    if len(out) != n:
+        raise ValueError(f"index {int(idx.max())} beyond the timeline of {n} entries")
+    return out
 
 
 def _or_last(a: np.ndarray) -> np.ndarray:
