@@ -517,8 +517,7 @@ class Incremental:
                 plan.view, masks, value_local
             )
             comm_v = comm_v.copy()
-            comm_v[comm_vals] = 0.0
-            comm_v[comm_vals] += moved
+            comm_v[comm_vals] = moved + 0.0  # as `= 0.0` then `+= moved` (distinct values)
             stay = ~plan.touched[coll_i[3]]
             coll_i = np.concatenate([coll_i[:, stay], new_i], axis=1)
             coll_v = np.concatenate([coll_v[stay], new_v])
