@@ -375,7 +375,7 @@ class Incremental:
             vals, new, old = ev._remat_liveness(eff)
             np.add.at(delta, new + 1, -held[vals])
             np.add.at(delta, old + 1, held[vals])
-        timeline = np.cumsum(delta)[: self.tab.n_ops]
+        timeline = np.add.accumulate(delta[: self.tab.n_ops])  # `np.cumsum`, minus its wrapper
         peak = entry.persistent + (float(timeline.max()) if len(timeline) else 0.0)
         step = compute_s + (1.0 - ev.overlap) * comm_s
         return Score(step, compute_s, comm_s, peak, peak <= ev.capacity_bytes)
@@ -754,7 +754,7 @@ class Incremental:
         compute_s = float(t.sum())
         kinds, ms, ops, _, sites = coll_i
         comm_s = float(comm_v.sum()) + ev.latency_s(kinds, ms, coll_v, ops, sites)
-        timeline = np.cumsum(delta)[: self.tab.n_ops]
+        timeline = np.add.accumulate(delta[: self.tab.n_ops])  # `np.cumsum`, minus its wrapper
         peak = persistent + (float(timeline.max()) if len(timeline) else 0.0)
         step = compute_s + (1.0 - ev.overlap) * comm_s
         score = Score(step, compute_s, comm_s, peak, peak <= ev.capacity_bytes)
