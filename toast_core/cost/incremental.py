@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from toast_core.cost.model import SCALAR_KEPT_PER_VIEW, Evaluator, Score
+from toast_core.cost.model import SCALAR_KEPT_PER_VIEW, Evaluator, Score, _added
 from toast_core.cost.remat import hold_barrier_inputs, shorten_lifetimes
 from toast_core.cost.view_comm import scalar_view
 from toast_core.strategy.remat import remat_effect
@@ -375,7 +375,7 @@ class Incremental:
             vals, new, old = ev._remat_liveness(eff)
             np.add.at(delta, new + 1, -held[vals])
             np.add.at(delta, old + 1, held[vals])
-        timeline = np.cumsum(delta)[: self.tab.n_ops]
+        timeline = np.add.accumulate(delta[: self.tab.n_ops])  # `np.cumsum`, minus its wrapper
         peak = entry.persistent + (float(timeline.max()) if len(timeline) else 0.0)
         step = compute_s + (1.0 - ev.overlap) * comm_s
         return Score(step, compute_s, comm_s, peak, peak <= ev.capacity_bytes)
@@ -452,13 +452,11 @@ class Incremental:
         read_extra = np.bincount(read_op, weights=read_bytes, minlength=self.tab.n_ops)
         _, _, _, t = ev._compute(value_local, op_logdeg, read_extra)
         comm_v, (coll_i, coll_v) = self._comm_per_value(ev, masks, value_local)
-        delta = np.zeros(self.tab.n_ops + 2)
         b = value_local[ev.live_ids]
-        np.add.at(delta, ev.born, b)
-        np.add.at(delta, ev.dies, -b)
         res_bytes = value_local[r.value] * r.buffer
-        np.add.at(delta, r.lo, res_bytes)
-        np.add.at(delta, r.hi + 1, -res_bytes)
+        delta = _added(
+            self.tab.n_ops + 2, [ev.born, ev.dies, r.lo, r.hi + 1], [b, -b, res_bytes, -res_bytes]
+        )
         res_i = np.array([r.value, r.lo, r.hi, r.fwd_hi, r.bwd_lo])
         persistent = float(value_local[ev.persistent_ids].sum())
         return self._finish(
@@ -519,8 +517,7 @@ class Incremental:
                 plan.view, masks, value_local
             )
             comm_v = comm_v.copy()
-            comm_v[comm_vals] = 0.0
-            comm_v[comm_vals] += moved
+            comm_v[comm_vals] = moved + 0.0  # as `= 0.0` then `+= moved` (distinct values)
             stay = ~plan.touched[coll_i[3]]
             coll_i = np.concatenate([coll_i[:, stay], new_i], axis=1)
             coll_v = np.concatenate([coll_v[stay], new_v])
@@ -757,7 +754,7 @@ class Incremental:
         compute_s = float(t.sum())
         kinds, ms, ops, _, sites = coll_i
         comm_s = float(comm_v.sum()) + ev.latency_s(kinds, ms, coll_v, ops, sites)
-        timeline = np.cumsum(delta)[: self.tab.n_ops]
+        timeline = np.add.accumulate(delta[: self.tab.n_ops])  # `np.cumsum`, minus its wrapper
         peak = persistent + (float(timeline.max()) if len(timeline) else 0.0)
         step = compute_s + (1.0 - ev.overlap) * comm_s
         score = Score(step, compute_s, comm_s, peak, peak <= ev.capacity_bytes)

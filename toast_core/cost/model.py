@@ -884,28 +884,29 @@ class Evaluator:
         backend that places temporaries at aligned offsets of one block does.
         `cpu_buffers` adds the temporaries only XLA:CPU makes (`cpu_buffers`: layout copies of
         dot operands, threefry loops)."""
-        delta = np.zeros(self.n_ops + 2)
+        # The timeline's changes, added to zeros in the order listed: one `np.bincount`, which
+        # adds them one by one as `np.add.at` would, in one call.
         b = value_local[self.live_ids]
         if align_bytes:
             b = np.where(self._live_is_output, b, _round_up(b, align_bytes))
-        np.add.at(delta, self.born, b)
-        np.add.at(delta, self.dies, -b)
+        at, add = [self.born, self.dies], [b, -b]
         r = self._reshards(masks)
         if len(r.value):
             extra = value_local[r.value] * r.buffer
             if align_bytes:
                 extra = _round_up(extra, align_bytes)
-            np.add.at(delta, r.lo, extra)
-            np.add.at(delta, r.hi + 1, -extra)
+            at += [r.lo, r.hi + 1]
+            add += [extra, -extra]
             if pairs:
                 split = self._remat_block_ops(pairs)[r.lo] & (r.fwd_hi >= 0)
                 split &= r.bwd_lo > r.fwd_hi + 1
-                np.add.at(delta, r.fwd_hi[split] + 1, -extra[split])
-                np.add.at(delta, r.bwd_lo[split], extra[split])
+                at += [r.fwd_hi[split] + 1, r.bwd_lo[split]]
+                add += [-extra[split], extra[split]]
         if cpu_buffers:
             extra, lo, end = cpu_temporaries(self, value_local, align_bytes)
-            np.add.at(delta, lo, extra)
-            np.add.at(delta, end, -extra)
+            at += [lo, end]
+            add += [extra, -extra]
+        delta = _added(self.n_ops + 2, at, add)
         if remat is not None:
             whole = _round_up(value_local, align_bytes) if align_bytes else value_local
             held = whole * self._in_memory
@@ -915,7 +916,7 @@ class Evaluator:
                 vals, new, old = self._remat_liveness(remat)
                 np.add.at(delta, new + 1, -held[vals])
                 np.add.at(delta, old + 1, held[vals])
-        timeline = np.cumsum(delta)[: self.n_ops]
+        timeline = np.add.accumulate(delta[: self.n_ops])  # `np.cumsum`, minus its wrapper
         persistent = float(value_local[self.persistent_ids].sum())
         return persistent, timeline
 
@@ -1733,6 +1734,7 @@ class Evaluator:
         self._result_div = {False: divisor, True: np.ones_like(divisor)}
         self._key_stride = len(self.mask_ways) << 3
         self._group_memo: dict[tuple, np.ndarray] = {}
+        self._latency_memo: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}  # `latency_s`
 
     def _use_site(self, ops: np.ndarray, vals: np.ndarray) -> np.ndarray:
         """Combiner sites of collectives on the use of value `vals` by op `ops`."""
@@ -1763,12 +1765,33 @@ class Evaluator:
         return group
 
     def latency_s(self, kinds, ms, vs, ops, sites) -> float:
-        """The latency part of communication: once per combined op (its first member's)."""
-        if not len(kinds):
-            return 0.0
-        group = self._groups(kinds, ms, vs, ops, sites)
-        first = group == np.arange(len(group))
-        return float((self.c0[kinds, ms] * self.site_trip[sites])[first].sum())
+        """The latency part of communication: once per combined op (its first member's).
+
+        `_groups`' work, kept leaner for the search's hot path (every evaluation pays it): the
+        memo, keyed like `_groups`' by the collectives in canonical order, holds the canonical
+        positions of the combined ops' first members and their latencies, which the listing
+        order then sums (the same products added in the same order as summing the latencies
+        of the listed collectives that lead a combined op, so the same float)."""
+        n = len(kinds)
+        if n < 2:
+            return float((self.c0[kinds, ms] * self.site_trip[sites]).sum()) if n else 0.0
+        order = np.lexsort((vs, ms, kinds, ops, sites))
+        k, m, s, v = kinds[order], ms[order], sites[order], vs[order]
+        memo_key = (False, k.tobytes(), m.tobytes(), s.tobytes(), v.tobytes())
+        hit = self._latency_memo.get(memo_key)
+        if hit is None:
+            group = self._group_memo.get(memo_key)
+            if group is None:
+                group = self._combine_groups(k, m, v, ops[order], s, False)
+            firsts = np.flatnonzero(group == np.arange(n))
+            if len(self._latency_memo) >= 4096:
+                self._latency_memo.clear()
+            hit = self._latency_memo[memo_key] = (
+                firsts,
+                self.c0[k[firsts], m[firsts]] * self.site_trip[s[firsts]],
+            )
+        firsts, latencies = hit
+        return float(latencies[np.argsort(order[firsts])].sum())
 
     def _combine_groups(self, kinds, ms, vs, ops, sites, cpu: bool) -> np.ndarray:
         group = np.arange(len(kinds))
@@ -1946,6 +1969,18 @@ class Evaluator:
 _ZERO = np.zeros(1, dtype=np.int64)
 #: Appended to the masks by `_scan_common`: a fine class holding no mesh axis, one holding all.
 _SCAN_SENTINELS = np.array([0, -1], dtype=np.int64)
+
+
+def _added(n: int, at: list, add: list) -> np.ndarray:
+    """[n] zeros with `add[k][j]` added at `at[k][j]` in the order listed: the floats of
+    `np.add.at` on zeros, one call after another (`np.bincount` adds its weights one by one
+    in input order), in one NumPy call instead of one per list."""
+    idx = np.concatenate([np.asarray(a, dtype=np.int64) for a in at])
+    weights = np.concatenate([np.asarray(w, dtype=np.float64) for w in add])
+    out = np.bincount(idx, weights=weights, minlength=n)
+    if len(out) != n:
+        raise ValueError(f"index {int(idx.max())} beyond the timeline of {n} entries")
+    return out
 
 
 def _or_last(a: np.ndarray) -> np.ndarray:

@@ -75,6 +75,7 @@ class ScalarView:
         self.values = np.array(values, dtype=np.int64)
         vpos = {v: i for i, v in enumerate(values)}
         self.view_values = view.values.tolist()
+        self._view_pos = {v: i for i, v in enumerate(self.view_values)}
         trip = [float(t) for t in ev.site_trip.tolist()]
         # Reduction rows: (fine position, op, value, value position, combiner site, trips,
         # scatter chain as [value][use][fine positions]).
@@ -199,8 +200,15 @@ class ScalarView:
         for k, m, v, value, trip in zip(kinds, ms, vs, vals, trips):
             per_value[value] = per_value.get(value, 0.0) + c1[k][m] * v * trip
         n = len(kinds)
+        # A few values owe bandwidth among the view's many: placed, not listed one by one.
+        per_view = np.zeros(len(self.view_values))
+        pos = self._view_pos
+        for value, x in per_value.items():
+            i = pos.get(value)
+            if i is not None:
+                per_view[i] = x
         return (
-            np.array([per_value.get(v, 0.0) for v in self.view_values], dtype=np.float64),
+            per_view,
             np.array([kinds, ms, ops, vals, sites], dtype=np.int64).reshape(5, n),
             np.array(vs, dtype=np.float64),
             r_i,
