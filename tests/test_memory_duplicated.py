@@ -122,3 +122,16 @@ def test_cpu_memory_matches_xla(name, plan, fn, shapes, tolerance):
         check.predicted_memory_bytes,
         check.compiled_memory_bytes,
     )
+
+
+def test_a_library_reduction_broadcasts_its_small_operands_into_buffers():
+    """`sum(y * scale)` with scale [1, 256] over y [1024, 256]: the library call reads the scale
+    broadcast to [1024, 256] (the Flax MLP's LayerNorm scale gradient), made as soon as the scale
+    exists without remat, at the call with remat."""
+    ana, _ = _analysis(lambda y, s: jnp.sum(jnp.tanh(y) * s), (1024, 256), (1, 256))
+    prog = ana.program
+    (reduce_op,) = [op.index for op in prog.ops if op.primitive == "reduce_sum"]
+    for hoisted in (True, False):
+        rows = library_reduction_inputs(prog, materialized(prog), hoisted=hoisted)
+        broadcast = [(lo, hi) for v, lo, hi, *_ in rows if prog.values[v].shape == (1024, 256)]
+        assert broadcast == [(0 if hoisted else reduce_op, reduce_op)], hoisted
