@@ -74,6 +74,7 @@ from toast_core.cost.remat import (
     recomputed_collectives,
     shorten_lifetimes,
 )
+from toast_core.cost.reshard_keys import classify, group_by_key
 from toast_core.cost.scatter_chain import scatter_values
 from toast_core.cost.simplify import executions as simplified_executions
 from toast_core.cost.simplify import live_ops, splits_as_slices, without_dead_ops
@@ -1421,44 +1422,19 @@ class Evaluator:
         real = int(self.real_axes)
         active = []  # (key, site, gathered axes per dim or its position when odd, moved axes)
         for i, (s, vm_d, um_d) in enumerate(zip(cand.tolist(), vms, ums)):
-            hv = hu = same = 0
-            odd = False
-            for vm, um in zip(vm_d, um_d):
-                hv |= vm
-                hu |= um
-                same |= vm & um
-                if (vm & ~um & real) and (um & ~vm & real):
-                    odd = True
-                elif (vm ^ um) & real and (n_bits[vm & real] > 1 or n_bits[um & real] > 1):
-                    odd = True
-            if odd:
+            kinds = classify(vm_d, um_d, real, n_bits)
+            if kinds is None:  # odd
                 with self._layout_ids_lock:
                     ids = self._layout_ids
                     layout = ids.setdefault(usub[i].tobytes(), len(ids))
                 active.append(((site_value[s] << 20) | (1 << 18) | layout, s, i, 0))
                 continue
-            gather = hv & ~hu & real
-            moved = hv & hu & ~same & real
+            gather, moved, gathered = kinds
             if gather | moved:
-                key = (site_value[s] << 20) | (gather << 8) | moved
-                gathered = [vm & ~um & real & ~hu for vm, um in zip(vm_d, um_d)]
-                active.append((key, s, gathered, moved))
+                active.append(((site_value[s] << 20) | (gather << 8) | moved, s, gathered, moved))
         if not active:
             return _Reshards.empty()
-        groups: dict[int, list] = {}  # key -> [first site, lo, hi, fwd_hi, bwd_lo, gathered, moved]
-        for key, s, gathered, moved in active:
-            op = site_op[s]
-            g = groups.get(key)
-            if g is None:
-                g = groups[key] = [s, op, op, -1, self.n_ops, gathered, moved]
-            else:
-                g[1] = min(g[1], op)
-                g[2] = max(g[2], op)
-            g[2] = max(g[2], site_hold[s])
-            if backward[s]:
-                g[4] = min(g[4], op)
-            else:
-                g[3] = max(g[3], op)
+        groups = group_by_key(active, lambda s: (site_op[s], site_hold[s], backward[s]), self.n_ops)
         order = sorted(groups)
         of_key = {key: j for j, key in enumerate(order)}
         kind, mask, factor, of, buffer = [], [], [], [], []

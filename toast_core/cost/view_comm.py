@@ -30,6 +30,7 @@ from operator import itemgetter
 import numpy as np
 
 from toast_core.cost.model import A2A, AG, AR, RS
+from toast_core.cost.reshard_keys import classify, group_by_key
 
 #: Reshard keys as `Evaluator._compute_reshards` builds them: value, gathered axes, moved axes.
 _VALUE_SHIFT, _GATHER_SHIFT = 20, 8
@@ -273,38 +274,17 @@ class ScalarView:
                 diff |= (vm ^ um) & real
             if not diff:
                 continue
-            hv = hu = same = 0
-            for vm, um in zip(vms, ums):
-                hv |= vm
-                hu |= um
-                same |= vm & um
-                if (vm & ~um & real) and (um & ~vm & real):
-                    return False
-                if (vm ^ um) & real and (n_bits[vm & real] > 1 or n_bits[um & real] > 1):
-                    return False
-            gather = hv & ~hu & real
-            moved = hv & hu & ~same & real
+            kinds = classify(vms, ums, real, n_bits)
+            if kinds is None:  # odd: the NumPy path prices it
+                return False
+            gather, moved, gathered = kinds
             if not (gather | moved):
                 continue
             key = (site[1] << _VALUE_SHIFT) | (gather << _GATHER_SHIFT) | moved
-            active.append((key, s, [vm & ~um & real & ~hu for vm, um in zip(vms, ums)], moved))
+            active.append((key, s, gathered, moved))
         # Distinct reshards in key order, each with its readers' span.
-        groups: dict[int, list] = {}
-        for key, s, gathered, moved in active:
-            site = self.sites[s]
-            op, hold = site[3], site[4]
-            g = groups.get(key)
-            if g is None:
-                # first site, lo, hi, last forward reader, first backward reader
-                g = groups[key] = [s, op, op, -1, self.n_ops, gathered, moved]
-            else:
-                g[1] = min(g[1], op)
-                g[2] = max(g[2], op)
-            g[2] = max(g[2], hold)
-            if site[5]:
-                g[4] = min(g[4], op)
-            else:
-                g[3] = max(g[3], op)
+        sites = self.sites
+        groups = group_by_key(active, lambda s: itemgetter(3, 4, 5)(sites[s]), self.n_ops)
         order = sorted(groups)
         reshards, spans, buffers = [], [], {}
         for key in order:
