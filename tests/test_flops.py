@@ -540,6 +540,26 @@ def test_cpu_view_stores_what_a_tree_reduction_reads():
     assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
 
 
+@pytest.mark.parametrize("rows", [8, 16])
+def test_cpu_view_stores_what_a_library_reduction_reads(rows):
+    """XLA:CPU hands a float sum of 4,096 or more elements to its kernel library, a call that
+    takes in no loop producer: `a * b`, read by it and by two loops, is computed once and stored
+    (`validate._library_reduced`; the BatchNorm MLP's ReLU-gradient select, 1.057 of XLA's
+    flops before). With 2,048 elements the sum is a loop fusion and `a * b` is computed in all
+    three, as the model counts it."""
+
+    def fn(a, b):
+        s = a * b
+        return jnp.sum(s, axis=0), s + 1.0, jnp.exp(s)
+
+    a = jnp.linspace(-1.0, 1.0, rows * 256, dtype=jnp.float32).reshape(rows, 256)
+    args = (a, a + 2.0)
+    prog = tc.trace(fn, *args)
+    mul = next(op.index for op in prog.ops if op.primitive == "mul")
+    assert flop_executions(prog)[mul] == 3
+    assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
+
+
 def cpu_view_flops(fn, *args) -> float:
     """The flops `validate` predicts for XLA:CPU (`cpu_flops`), unsharded."""
     from toast_core.apply.validate import cpu_flops

@@ -40,11 +40,7 @@ def jax_mesh():
 
 #: Known gaps of the cost model on zoo programs, each a failing assertion we keep visible: strict
 #: xfail, so the test fails (XPASS) the day the gap closes.
-KNOWN_GAPS = {
-    # XLA fuses BatchNorm's gradient so that its elementwise producers are not recomputed as the
-    # loop-fusion model predicts (flops 1.07x compiled on 2x4).
-    "batchnorm": "BatchNorm gradient flops over-predicted (fusion duplication)",
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 @pytest.mark.slow

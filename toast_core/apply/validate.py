@@ -54,7 +54,12 @@ from toast_core.apply.shard import mesh_spec_of, shard
 from toast_core.cost import CostOptions, estimate
 from toast_core.cost.buffers import allocated_memory
 from toast_core.cost.collectives import COLLECTIVE_KINDS
-from toast_core.cost.cpu_buffers import conv_operand_copies, dot_operand_copies
+from toast_core.cost.cpu_buffers import (
+    LIBRARY_REDUCE_MIN_ELEMENTS,
+    LIBRARY_REDUCTIONS,
+    conv_operand_copies,
+    dot_operand_copies,
+)
 from toast_core.cost.cpu_tree_reduce import is_tree_reduced, tree_factor
 from toast_core.cost.fusion import materialized
 from toast_core.cost.model import evaluator, reduction_flops
@@ -343,6 +348,7 @@ def _cpu_reduces(
     masks = strategy.fine_masks(ana, mesh)
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
     out, unfused = {}, []
+    uses = prog.uses()
     for op in ops:
         shape = prog.values[op.operands[0]].shape
         axes = space.use_axes(masks, op.index, 0)
@@ -355,11 +361,63 @@ def _cpu_reduces(
         if factor != 1.0:
             out[op.index] = factor
         folds_local = any(local[d] > 1 for d in reduced)
-        if is_tree_reduced(local, reduced) or (
-            reduced and not folds_local and any(shape[d] > 1 for d in reduced)
+        if (
+            is_tree_reduced(local, reduced)
+            or (reduced and not folds_local and any(shape[d] > 1 for d in reduced))
+            or _library_reduced(op, prog, local, uses)
         ):
             unfused.append(op.index)
     return out, unfused
+
+
+def _library_reduced(op, prog, local: tuple, uses) -> bool:
+    """Whether XLA:CPU hands reduction `op` to its kernel library (`cpu_buffers.
+    library_reduction_inputs`: a float sum, max or min of at least `LIBRARY_REDUCE_MIN_ELEMENTS`
+    local elements, a `__ynn_fusion` call) with an operand it stores: the elementwise op making
+    it, read by the call and by loops, is computed once, not in each fusion reading it
+    (measured: the BatchNorm MLP replicated on 2x4, its ReLU-gradient select counted in five
+    fusions, 1.057 of XLA's flops; 1.003 with this rule). Not so for an operand read by the
+    reduction alone (the call takes in its producer), one a dot also reads (stored for the dot
+    already, and XLA:CPU's layout copies for weight-gradient dots recompute it: the zoo GPT's
+    GELU gradient, 0.943 of XLA's flops under megatron when counted once), nor one the
+    reduction normalizes (`_normalizes`). The CPU comparison only: the search never sees it."""
+    if op.primitive not in LIBRARY_REDUCTIONS:
+        return False
+    if not prog.values[op.operands[0]].dtype.startswith(("float", "bfloat")):
+        return False
+    x = op.operands[0]
+    if len(uses[x]) < 2 or int(np.prod(local, dtype=np.int64)) < LIBRARY_REDUCE_MIN_ELEMENTS:
+        return False
+    if any(prog.ops[o].primitive in _MATMULS for o, _k in uses[x]):
+        return False  # stored for the dot already; its layout copies recompute it (measured)
+    return not _normalizes(op, prog, uses)
+
+
+_MATMULS = frozenset({"dot_general", "conv_general_dilated"})
+
+
+def _normalizes(op, prog, uses, depth: int = 4) -> bool:
+    """Whether the result of reduction `op` comes back, through at most `depth` elementwise or
+    broadcast ops, to an op reading the reduction's own operand (`x - mean(x)`, `exp(x) /
+    sum(exp(x))`): measured on the zoo GPT and ViT under megatron, XLA:CPU still recomputes the
+    producers of such an operand in each fusion (0.943 and 0.933 of XLA's flops when counted
+    once)."""
+    x = op.operands[0]
+    frontier, seen = list(op.results), set()
+    for _ in range(depth):
+        nxt = []
+        for v in frontier:
+            for o, _k in uses[v]:
+                reader = prog.ops[o]
+                if x in reader.operands:
+                    return True
+                if o not in seen and (
+                    reader.primitive in prim.ELEMENTWISE or reader.primitive == "broadcast_in_dim"
+                ):
+                    seen.add(o)
+                    nxt += reader.results
+        frontier = nxt
+    return False
 
 
 def _cpu_copied_operands(program) -> frozenset[int]:

@@ -278,7 +278,7 @@ def hoisted_constant_buffers(prog: Program, is_materialized: list[bool]) -> list
 #: Float reductions XLA:CPU hands to its kernel library (a `__ynn_fusion` custom fusion) once
 #: their operand holds this many elements on a device; smaller ones stay loop fusions.
 LIBRARY_REDUCE_MIN_ELEMENTS = 4096
-_LIBRARY_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
+LIBRARY_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
 
 
 def library_reduction_inputs(
@@ -312,7 +312,7 @@ def library_reduction_inputs(
     producers = prog.producers()
     last: dict[tuple[int, int], int] = {}
     for op in prog.ops:
-        if op.primitive not in _LIBRARY_REDUCTIONS or not op.operands:
+        if op.primitive not in LIBRARY_REDUCTIONS or not op.operands:
             continue
         operand = prog.values[op.operands[0]]
         if not operand.dtype.startswith(("float", "bfloat")):
