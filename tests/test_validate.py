@@ -184,3 +184,14 @@ def test_numerics_run_at_a_smaller_size_given_by_the_caller(mesh_2x4):
     # A smaller size whose sharded dim does not divide by the mesh axis is refused clearly.
     with pytest.raises(tc.ToastError, match="numerics_args"):
         tc.validate(mlp, full, ana, megatron(ana), mesh_2x4, HW, numerics_args=mlp_args(f=6))
+
+
+def test_equal_infinities_are_not_a_numerics_mismatch():
+    """`-inf - -inf` is NaN: an output that is -inf in both runs (a logsumexp of an empty or
+    filled gather) must compare equal, while -inf against a finite value is still caught."""
+    from toast_core.apply.validate import compare_outputs
+
+    inf = np.array([[-np.inf, 1.0]])
+    assert compare_outputs((inf,), (inf.copy(),)) == (0.0, ())
+    err, mismatches = compare_outputs((inf,), (np.array([[-15.9, 1.0]]),))
+    assert err == np.inf and mismatches
