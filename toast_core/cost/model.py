@@ -613,10 +613,10 @@ class Evaluator:
         live until the last of those readers, through chains of fused values. Dead ops
         (`simplify.without_dead_ops`) make no buffer and read none: XLA removes them; a `split`
         fuses as the slices it lowers to (`simplify.splits_as_slices`)."""
-        prog, live = without_dead_ops(self.ana.program)
+        live = self._op_live.tolist()
+        prog, _ = without_dead_ops(self.ana.program, live)
         prog = splits_as_slices(prog)
         self._mem_prog = prog  # the program whose buffers XLA allocates: dead ops read nothing
-        self._op_live = np.array(live, dtype=bool)
         if prog is not self.ana.program:
             is_mat = materialized(prog)
         n_ops = len(prog.ops)

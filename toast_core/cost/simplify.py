@@ -76,13 +76,14 @@ def live_ops(prog: Program) -> list[bool]:
     return live
 
 
-def without_dead_ops(prog: Program) -> tuple[Program, list[bool]]:
-    """(`prog` with its dead ops reading nothing, `live_ops(prog)`): the program as XLA's DCE
+def without_dead_ops(prog: Program, live: list[bool] | None = None) -> tuple[Program, list[bool]]:
+    """(`prog` with its dead ops reading nothing, `live_ops(prog)`, or `live` when the caller
+    has it): the program as XLA's DCE
     leaves it, same ops, values and ids. A dead op makes no buffer and keeps none alive: the
     loss that `jax.grad` computes inside a gradient-accumulation loop and discards holds its
     forward values there in the jaxpr only (fuzz seed 15 #114: a GELU's erfc, its clipped copy
     and their minimum, 7 KiB of a 5.7 KiB compiled block)."""
-    live = live_ops(prog)
+    live = live_ops(prog) if live is None else live
     return (prog if all(live) else _pruned(prog, live)), live
 
 
