@@ -37,6 +37,8 @@ _VALUE_SHIFT, _GATHER_SHIFT = 20, 8
 #: Views with more reshard sites and reduction rows than this keep the NumPy path, whose
 #: per-call overhead no longer dominates (GPT-2 small's views: about 20).
 SCALAR_ROWS = 64
+#: A site's (op, op holding it, backward?), as `reshard_keys.group_by_key` reads them.
+_SPAN_FIELDS = itemgetter(3, 4, 5)
 #: Reshard and reduction-row results kept per view, by the masks they read.
 MEMO_KEPT = 32
 
@@ -284,7 +286,7 @@ class ScalarView:
             active.append((key, s, gathered, moved))
         # Distinct reshards in key order, each with its readers' span.
         sites = self.sites
-        groups = group_by_key(active, lambda s: itemgetter(3, 4, 5)(sites[s]), self.n_ops)
+        groups = group_by_key(active, lambda s: _SPAN_FIELDS(sites[s]), self.n_ops)
         order = sorted(groups)
         reshards, spans, buffers = [], [], {}
         for key in order:
