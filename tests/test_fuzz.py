@@ -143,3 +143,59 @@ def test_flops_xla_cannot_count_are_left_out_not_missed():
     fid = fidelity(rep)
     assert fid["flops"] is None and fid["flops_unmeasured"]
     assert fid["memory"] is not None  # the other ratios are still judged
+
+
+def test_index_inputs_are_kept_inside_the_indexed_dim():
+    """Validation feeds integer inputs values in [0, 2), past the end of a dim of size 1: every
+    statement that indexes with an int input takes it modulo the indexed size (`_in_bounds`), so
+    no out-of-bounds fill (NaN) reaches the comparison. `one_hot` is exempt: an index past its
+    depth gives a zero row, a defined value."""
+    checked = 0
+    for i in range(80):
+        prog = generate(5, i)
+        ints = {x.name for x in prog.inputs if x.dtype == "int32"}
+        for stmt in prog.stmts:
+            used = ints.intersection(stmt.args)
+            if not used or stmt.op == "one_hot":
+                continue
+            text = "\n".join(stmt.render())
+            for name in used:
+                bare = text.replace(f"({name} % ", "")
+                assert name not in bare, (stmt.op, text)
+            checked += 1
+    assert checked >= 20  # take, index, take_along, scatter and segment_sum all drawn
+
+
+@pytest.mark.slow
+def test_an_index_past_a_size_one_dim_validates():
+    """Regression, fuzz seed 16 program 1305 (issue 14): `jnp.take(x3, i5, axis=0)` with x3
+    f32[1, 1, 2] and i5 = [1] filled NaN, which XLA:CPU turned into garbage in a fused
+    `logsumexp`; the searched plan (every value replicated) then 'differed' from the reference."""
+    import jax
+    import numpy as np
+
+    prog = generate(16, 1305)
+    assert "x3.shape[0]" in prog.source()
+    fn, args = prog.step_and_args()
+    out = jax.jit(fn)(*prog.load()["_concrete"](args))
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(out))
+    outcomes = list(run_program(prog, ["8"], ["8"], num_simulations=24))
+    checks = [o for o in outcomes if o.stage == "validate"]
+    assert checks and all(o.kind == "ok" for o in outcomes), [o for o in outcomes if o.kind != "ok"]
+
+
+@pytest.mark.slow
+def test_xla_cpu_still_miscomputes_exp_of_a_selected_nan():
+    """Why `_in_bounds` exists: jax 0.10.2's XLA:CPU computes `exp(where(False, x, nan))` in one
+    fused loop as arbitrary finite values that change between runs of the same executable
+    (7.8e12, 1e-37, -1.7e-10, 0.0 seen) where NaN is right (eager JAX gives NaN). When this test
+    fails, XLA propagates the NaN: out-of-bounds fills would then compare as NaN against NaN."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    x = jnp.linspace(-1.0, 1.0, 8, dtype=jnp.float32)
+    f = jax.jit(lambda x, keep: jnp.exp(jnp.where(keep, x, jnp.nan)))
+    runs = np.array([np.asarray(f(x, jnp.asarray(False))) for _ in range(5)])
+    assert np.isnan(np.asarray(jnp.exp(jnp.where(False, x, jnp.nan)))).all()  # eager: NaN
+    assert not np.isnan(runs).all()
