@@ -395,6 +395,26 @@ SIMPLIFIED = {
         lambda x, w: (lambda v: (v @ w, jnp.transpose(v) @ x))(x * 2 + 1),
         (X[:8], X[:, :4]),
     ),
+    # a fill-mode gather's mask and index arithmetic are fused into every loop reading it, the
+    # raw gather's fusion, and the scatter of its gradient (toast_core/cost/gather_fusion.py;
+    # fuzz seed 16 #304, 0.62 of XLA's flops; #160, 0.92); a stored `x * w` that a gather and
+    # a sort read is computed again in the gather's fusion
+    "take_along_axis_read_by_two_loops": (
+        lambda x, i: (lambda g: (jnp.tanh(g) * g, jnp.sort(g * 3.0, axis=1)))(
+            jnp.take_along_axis(x, i, axis=1)
+        ),
+        (jnp.ones((8, 16, 4)), jnp.ones((8, 4, 4), jnp.int32)),
+    ),
+    "take_along_axis_sgd": (
+        lambda w, x, i: (
+            w - 0.1 * jax.grad(lambda w: jnp.mean(jnp.take_along_axis(x * w, i, axis=0)))(w)
+        ),
+        (jnp.ones((16, 8)), jnp.ones((6, 16, 8)), jnp.ones((2, 16, 8), jnp.int32)),
+    ),
+    "product_read_by_a_gather_and_a_sort": (
+        lambda x, i, w: (jnp.take(x * w, i, axis=0, mode="clip"), jnp.sort(x * w, axis=0)),
+        (jnp.ones((16, 8)), jnp.ones(4, jnp.int32), jnp.float32(2.0)),
+    ),
     "division_by_an_array_read_by_two_loops": (
         lambda x, y: (lambda s: (s * 2, s + x))(x / y),
         (X, X + 1),

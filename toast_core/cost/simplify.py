@@ -50,7 +50,8 @@ from math import prod
 from toast_core.analysis.factors import mixed_radix_groups
 from toast_core.cost.flops import spread_divisor_elements
 from toast_core.cost.flops_measured import expanded_extra_copies
-from toast_core.cost.fusion import fusion_work, materialized
+from toast_core.cost.fusion import _kept_once, _more_than_unary, fusible, fusion_work, materialized
+from toast_core.cost.gather_fusion import gather_copies
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Op, Program
 
@@ -520,7 +521,15 @@ def executions(
     for i in unfused:
         for v in simple.ops[i].operands:
             is_mat[v] = True
-    copies, expanded = fusion_work(simple, is_mat, spread, frozenset(unfused), frozenset(copied))
+    roots: list = []
+    copies, expanded = fusion_work(
+        simple, is_mat, spread, frozenset(unfused), frozenset(copied), roots_out=roots
+    )
+    fuses = [fusible(op, simple) and op.index not in unfused for op in simple.ops]
+    kept = lambda op: _kept_once(op, simple, spread)  # noqa: E731
+    more = lambda op: _more_than_unary(simple, op, spread)  # noqa: E731
+    for i, c in gather_copies(simple, roots, fuses, kept, more).items():  # masks, indices
+        copies[i] = c
     each = [c * w for c, w in zip(copies, factors)]
     each_flops = list(each)
     for i, readers in expanded.items():  # a special function's cheap part, in each reader
