@@ -406,8 +406,8 @@ SIMPLIFIED = {
         (jnp.ones((8, 16, 4)), jnp.ones((8, 4, 4), jnp.int32)),
     ),
     "take_along_axis_sgd": (
-        lambda w, x, i: (
-            w - 0.1 * jax.grad(lambda w: jnp.mean(jnp.take_along_axis(x * w, i, axis=0)))(w)
+        lambda w, x, i: (lambda lg: (w - 0.1 * lg[1], lg[0]))(
+            jax.value_and_grad(lambda w: jnp.mean(jnp.take_along_axis(x * w, i, axis=0)))(w)
         ),
         (jnp.ones((16, 8)), jnp.ones((6, 16, 8)), jnp.ones((2, 16, 8), jnp.int32)),
     ),
