@@ -405,6 +405,14 @@ SIMPLIFIED = {
         ),
         (jnp.ones((8, 16, 4)), jnp.ones((8, 4, 4), jnp.int32)),
     ),
+    # ...but computed once, stored with the gathered value, when a reader cannot take it (a
+    # sort; seed 16 #315, a convolution)
+    "take_along_axis_read_by_a_sort_and_a_loop": (
+        lambda x, i: (lambda g: (jnp.exp(g) * g, jnp.sort(g, axis=1)))(
+            jnp.take_along_axis(x, i, axis=1)
+        ),
+        (jnp.ones((8, 16, 4)), jnp.ones((8, 4, 4), jnp.int32)),
+    ),
     "take_along_axis_sgd": (
         lambda w, x, i: (lambda lg: (w - 0.1 * lg[1], lg[0]))(
             jax.value_and_grad(lambda w: jnp.mean(jnp.take_along_axis(x * w, i, axis=0)))(w)

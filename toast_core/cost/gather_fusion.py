@@ -26,6 +26,8 @@ from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
 _INDEXED = prim.SCATTERS | {"gather"}
+#: Readers that read a value through XLA:CPU's layout copy when it is `copied`.
+_COPYING = frozenset({"dot_general", "conv_general_dilated"})
 
 
 def _batched(op) -> bool:
@@ -37,7 +39,12 @@ def _batched(op) -> bool:
 
 
 def gather_copies(
-    prog: Program, roots: list[frozenset[int]], fuses: list[bool], kept_once, unary=None
+    prog: Program,
+    roots: list[frozenset[int]],
+    fuses: list[bool],
+    kept_once,
+    unary=None,
+    copied: frozenset[int] = frozenset(),
 ) -> dict[int, int]:
     """Per op whose count differs from `fusion_work`'s: a fill-mode gather's copies (its mask's
     flops, `flops.gather_flops`: one per loop fusion reading its result, one for all readers
@@ -46,7 +53,13 @@ def gather_copies(
     gather's mask copies, plus one for the raw gather when it stands apart, plus one per
     scatter). `kept_once(op)`: ops XLA never duplicates (`fusion._kept_once`); `unary(op)`:
     whether `op` reads more than one array (`fusion._more_than_unary`), which XLA does not
-    duplicate into a gather."""
+    duplicate into a gather. `copied`: values that dots and convolutions read through a layout
+    copy (XLA:CPU's, `fusion.fusion_work`), a loop fusion like any other reader.
+
+    The mask is fused into the readers only when all of them can take it: when one does not
+    (a convolution or a sort reading the gathered value itself, or the output), XLA stores the
+    gathered value with its mask applied, computed once (fuzz seed 16 #315: `take_along_axis`
+    read by a min's loops, a max and a convolution, one fusion computes the mask)."""
     uses = prog.uses()
     outputs = set(prog.outputs)
     out: dict[int, int] = {}
@@ -75,11 +88,27 @@ def gather_copies(
         readers = uses[r]
         if not readers and r not in outputs:
             continue
-        ctx = frozenset().union(
-            *(roots[o] | into.get(o, frozenset()) for o, _ in readers if fuses[o])
+        through_copy = [
+            o
+            for o, _ in readers
+            if not fuses[o] and r in copied and prog.ops[o].primitive in _COPYING
+        ]
+        blocked = (
+            r in outputs
+            or prog.values[r].is_output
+            or any(not fuses[o] for o, _ in readers if o not in through_copy)
         )
-        apart = any(not fuses[o] for o, _ in readers) or r in outputs or prog.values[r].is_output
-        mask = max(1, len(ctx) + int(apart))
+        if blocked:  # stored with its mask, which the reader that does not fuse reads
+            mask = 1
+        else:
+            ctx = frozenset().union(
+                *(roots[o] | into.get(o, frozenset()) for o, _ in readers if fuses[o])
+            )
+            # Reductions to a scalar (a loss's `mean(a) + mean(b)`) are one fusion in XLA, which
+            # computes the mask once for all of them (fuzz seed 16 #207: a gathered value read
+            # by a concatenate, an add and a transpose, each then averaged into the loss).
+            ctx = frozenset(-1 if _to_scalar(prog, c) else c for c in ctx)
+            mask = max(1, len(ctx) + len(set(through_copy)))
         out[op.index] = mask
         idx = op.operands[1]
         shared = (
@@ -114,3 +143,12 @@ def gather_copies(
             terminals[op.index] = frozenset(ts)
             out[op.index] = sum(reach[t] for t in ts)
     return out
+
+
+def _to_scalar(prog: Program, i: int) -> bool:
+    """Whether op `i` (a fusion root; a placeholder below zero is none) makes scalars only: a
+    reduction to a scalar, or the scalar arithmetic a reduction fused into (`mean(a) + ...`)."""
+    if i < 0:
+        return False
+    op = prog.ops[i]
+    return bool(op.results) and all(prog.values[r].rank == 0 for r in op.results)

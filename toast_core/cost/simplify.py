@@ -528,7 +528,9 @@ def executions(
     fuses = [fusible(op, simple) and op.index not in unfused for op in simple.ops]
     kept = lambda op: _kept_once(op, simple, spread)  # noqa: E731
     more = lambda op: _more_than_unary(simple, op, spread)  # noqa: E731
-    for i, c in gather_copies(simple, roots, fuses, kept, more).items():  # masks, indices
+    for i, c in gather_copies(
+        simple, roots, fuses, kept, more, frozenset(copied)
+    ).items():  # masks, indices
         copies[i] = c
     each = [c * w for c, w in zip(copies, factors)]
     each_flops = list(each)
