@@ -43,7 +43,7 @@ def gather_copies(
     roots: list[frozenset[int]],
     fuses: list[bool],
     kept_once,
-    unary=None,
+    more_than_unary=None,
     copied: frozenset[int] = frozenset(),
 ) -> dict[int, int]:
     """Per op whose count differs from `fusion_work`'s: a fill-mode gather's copies (its mask's
@@ -51,7 +51,7 @@ def gather_copies(
     that do not fuse and the output), and those of the cheap ops that compute only the indices
     of gathers and scatters (the sum, over those, of the fusions computing each index: a
     gather's mask copies, plus one for the raw gather when it stands apart, plus one per
-    scatter). `kept_once(op)`: ops XLA never duplicates (`fusion._kept_once`); `unary(op)`:
+    scatter). `kept_once(op)`: ops XLA never duplicates (`fusion._kept_once`); `more_than_unary(op)`:
     whether `op` reads more than one array (`fusion._more_than_unary`), which XLA does not
     duplicate into a gather. `copied`: values that dots and convolutions read through a layout
     copy (XLA:CPU's, `fusion.fusion_work`), a loop fusion like any other reader.
@@ -68,11 +68,11 @@ def gather_copies(
     # counts 2 x 128 flops on [16, 8]; read by the take alone, 128).
     into: dict[int, frozenset[int]] = {}
     for op in prog.ops:
-        if len(op.results) != 1 or not fuses[op.index] or kept_once(op) or unary is None:
+        if len(op.results) != 1 or not fuses[op.index] or kept_once(op) or more_than_unary is None:
             continue
         readers = uses[op.results[0]]
         gathers = frozenset(o for o, k in readers if prog.ops[o].primitive == "gather" and k == 0)
-        if gathers and len(readers) > len(gathers) and not unary(op):
+        if gathers and len(readers) > len(gathers) and not more_than_unary(op):
             into[op.index] = gathers
             out[op.index] = len(roots[op.index]) + len(gathers)
     reach: dict[int, int] = {}  # per terminal gather or scatter: the fusions computing its index
