@@ -255,6 +255,15 @@ SIMPLIFIED = {
         lambda a, b: B(a, (4, 32), (0,)) + B(b, (4, 32), (1,)),
         (jnp.ones(4), jnp.ones(32)),
     ),
+    # ...but not along different dims, even when they share some (fuzz seed 16 #285: the
+    # log-softmax of a broadcast over a core dim, 0.53 of XLA's flops): computed in full
+    "broadcasts_along_different_dims_sharing_one": (
+        lambda a: (
+            B(a, (8, 2, 16, 4), (1, 2, 3)) - B(a[:, :1], (8, 2, 16, 4), (1, 2, 3)),
+            jax.nn.log_softmax(B(a, (8, 2, 16, 4), (1, 2, 3)), axis=2),
+        ),
+        (jnp.ones((2, 16, 4)),),
+    ),
     # jax's elementwise ops broadcast size-1 dims themselves: the cotangent of mean(a[.., None]
     # * b) wrt b multiplies a broadcast scalar by b[1, 1, 12]: 12 multiplies, 11 adds
     "size_one_dims_broadcast_in_the_op": (
@@ -385,6 +394,34 @@ SIMPLIFIED = {
     "stored_result_transposed_into_a_dot": (
         lambda x, w: (lambda v: (v @ w, jnp.transpose(v) @ x))(x * 2 + 1),
         (X[:8], X[:, :4]),
+    ),
+    # a fill-mode gather's mask and index arithmetic are fused into every loop reading it, the
+    # raw gather's fusion, and the scatter of its gradient (toast_core/cost/gather_fusion.py;
+    # fuzz seed 16 #304, 0.62 of XLA's flops; #160, 0.92); a stored `x * w` that a gather and
+    # a sort read is computed again in the gather's fusion
+    "take_along_axis_read_by_two_loops": (
+        lambda x, i: (lambda g: (jnp.tanh(g) * g, jnp.sort(g * 3.0, axis=1)))(
+            jnp.take_along_axis(x, i, axis=1)
+        ),
+        (jnp.ones((8, 16, 4)), jnp.ones((8, 4, 4), jnp.int32)),
+    ),
+    # ...but computed once, stored with the gathered value, when a reader cannot take it (a
+    # sort; seed 16 #315, a convolution)
+    "take_along_axis_read_by_a_sort_and_a_loop": (
+        lambda x, i: (lambda g: (jnp.exp(g) * g, jnp.sort(g, axis=1)))(
+            jnp.take_along_axis(x, i, axis=1)
+        ),
+        (jnp.ones((8, 16, 4)), jnp.ones((8, 4, 4), jnp.int32)),
+    ),
+    "take_along_axis_sgd": (
+        lambda w, x, i: (lambda lg: (w - 0.1 * lg[1], lg[0]))(
+            jax.value_and_grad(lambda w: jnp.mean(jnp.take_along_axis(x * w, i, axis=0)))(w)
+        ),
+        (jnp.ones((16, 8)), jnp.ones((6, 16, 8)), jnp.ones((2, 16, 8), jnp.int32)),
+    ),
+    "product_read_by_a_gather_and_a_sort": (
+        lambda x, i, w: (jnp.take(x * w, i, axis=0, mode="clip"), jnp.sort(x * w, axis=0)),
+        (jnp.ones((16, 8)), jnp.ones(4, jnp.int32), jnp.float32(2.0)),
     ),
     "division_by_an_array_read_by_two_loops": (
         lambda x, y: (lambda s: (s * 2, s + x))(x / y),

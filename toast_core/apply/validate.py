@@ -60,7 +60,7 @@ from toast_core.cost.cpu_buffers import (
     conv_operand_copies,
     dot_operand_copies,
 )
-from toast_core.cost.cpu_tree_reduce import is_tree_reduced, tree_factor
+from toast_core.cost.cpu_tree_reduce import dot_matrix_operand, is_tree_reduced, tree_factor
 from toast_core.cost.fusion import materialized
 from toast_core.cost.model import evaluator, reduction_flops
 from toast_core.cost.simplify import (
@@ -361,6 +361,9 @@ def _cpu_reduces(
             for n, names in zip(shape, axes)
         )
         reduced = tuple(op.param("axes", ()))
+        matrix = dot_matrix_operand(prog, op, local)
+        if matrix is not None:
+            local, reduced = matrix
         factor = tree_factor(local, reduced)
         if factor != 1.0:
             out[op.index] = factor

@@ -125,6 +125,7 @@ def fusion_work(
     spread: list[bool] | None = None,
     unfused: frozenset[int] = frozenset(),
     copied: frozenset[int] = frozenset(),
+    roots_out: list | None = None,
 ) -> tuple[list[int], dict[int, int]]:
     """(copies, expanded): how many times each op is computed, once per fusion that contains
     it; and, for each special function XLA expands into many HLO ops (erfc, digamma: `prim.
@@ -155,6 +156,9 @@ def fusion_work(
     fusion like any other reader: a cheap op making one is computed in that copy and in each
     fusion reading it, as when all its readers fuse (fuzz seed 15 #855: `min(a, b) * w` read by
     `einsum('abc,bz->acz')` and a tile, computed in both).
+
+    `roots_out`: a list that receives, per op, the fusions computing it (for
+    `gather_fusion.gather_copies`).
     """
     uses = prog.uses()
     fuses = _fusible_ops(prog)
@@ -214,6 +218,8 @@ def fusion_work(
         roots[op.index] = self_only if own or not readers else readers
         if own and op.primitive in _REDUCTIONS:
             holds_reduction[op.index] = True
+    if roots_out is not None:
+        roots_out[:] = roots
     return [1 if i in expanded else len(r) for i, r in enumerate(roots)], expanded
 
 

@@ -1,0 +1,154 @@
+"""How many times XLA computes a gather's fill mask and its index arithmetic.
+
+A gather in fill mode (`jnp.take`, `take_along_axis`: `mode=FILL_OR_DROP`) is, in XLA, a raw
+gather followed by cheap elementwise work: the index normalization jax emits before it
+(`where(i < 0, i + n, i)`), a bounds test of each index and a select of each gathered element.
+That work is fused into every loop that reads the gathered value, like any cheap producer, and
+the index normalization also into the fusion of the raw gather itself when that stands apart
+(read by several loops), and into each scatter reading the same index (the gather's gradient).
+The cost model's fusion pass (`fusion.fusion_work`) sees a gather as a non-fusible op computed
+once, and its index arithmetic as a stored value computed once; this module counts the copies.
+
+Measured on XLA:CPU (jaxlib 0.10.2), fuzz seed 16 #304: `v4 = take_along_axis(x, i, axis=1)`
+read by a silu loop and by `v4 * w` (itself read by a sort and by a second gather), and
+`v9 = take_along_axis(v4 * w, argsort(v4 * w))` read by a min and a convolution: the first mask
+is computed in 3 loop fusions and its index normalization in 4 (those and the raw gather's),
+the second's in 2 and 3; the model counted one of each (0.62 of XLA's flops). An SGD step on
+`mean(take_along_axis(x * w, i, axis=0))`: the index normalization in 3 fusions (the loss's
+mask, and the index, with the iotas XLA concatenates for the batching dims, once for the
+gather and once for the scatter-add of its gradient).
+"""
+
+from __future__ import annotations
+
+from toast_core.cost.flops import op_flops
+from toast_core.ir import primitives as prim
+from toast_core.ir.program import Program
+
+_INDEXED = prim.SCATTERS | {"gather"}
+#: Readers that read a value through XLA:CPU's layout copy when it is `copied`.
+_COPYING = frozenset({"dot_general", "conv_general_dilated"})
+
+
+def _batched(op) -> bool:
+    """Whether a gather or scatter has batching dims (`take_along_axis`): XLA rewrites them as
+    iotas concatenated to the index, a value of its own that gathers and scatters on the same
+    index share (CSE), so the raw gather's index is computed apart from its mask."""
+    dn = op.param("dimension_numbers")
+    return bool(dict(dn).get("operand_batching_dims")) if isinstance(dn, tuple) else False
+
+
+def gather_copies(
+    prog: Program,
+    roots: list[frozenset[int]],
+    fuses: list[bool],
+    kept_once,
+    more_than_unary=None,
+    copied: frozenset[int] = frozenset(),
+) -> dict[int, int]:
+    """Per op whose count differs from `fusion_work`'s: a fill-mode gather's copies (its mask's
+    flops, `flops.gather_flops`: one per loop fusion reading its result, one for all readers
+    that do not fuse and the output), and those of the cheap ops that compute only the indices
+    of gathers and scatters (the sum, over those, of the fusions computing each index: a
+    gather's mask copies, plus one for the raw gather when it stands apart, plus one per
+    scatter). `kept_once(op)`: ops XLA never duplicates (`fusion._kept_once`); `more_than_unary(op)`:
+    whether `op` reads more than one array (`fusion._more_than_unary`), which XLA does not
+    duplicate into a gather. `copied`: values that dots and convolutions read through a layout
+    copy (XLA:CPU's, `fusion.fusion_work`), a loop fusion like any other reader.
+
+    The mask is fused into the readers only when all of them can take it: when one does not
+    (a convolution or a sort reading the gathered value itself, or the output), XLA stores the
+    gathered value with its mask applied, computed once (fuzz seed 16 #315: `take_along_axis`
+    read by a min's loops, a max and a convolution, one fusion computes the mask)."""
+    uses = prog.uses()
+    outputs = set(prog.outputs)
+    out: dict[int, int] = {}
+    # A stored cheap result that gathers read as their operand, and something else reads too:
+    # each gather's fusion computes it again (measured: `x * w` read by a sort and a `jnp.take`
+    # counts 2 x 128 flops on [16, 8]; read by the take alone, 128).
+    into: dict[int, frozenset[int]] = {}
+    for op in prog.ops:
+        if len(op.results) != 1 or not fuses[op.index] or kept_once(op) or more_than_unary is None:
+            continue
+        readers = uses[op.results[0]]
+        gathers = frozenset(o for o, k in readers if prog.ops[o].primitive == "gather" and k == 0)
+        if gathers and len(readers) > len(gathers) and not more_than_unary(op):
+            into[op.index] = gathers
+            out[op.index] = len(roots[op.index]) + len(gathers)
+    reach: dict[int, int] = {}  # per terminal gather or scatter: the fusions computing its index
+    for op in prog.ops:
+        if op.primitive not in _INDEXED or len(op.operands) < 2:
+            continue
+        if op.primitive in prim.SCATTERS:
+            reach[op.index] = 1
+            continue
+        if not op.results or op_flops(op, prog) == 0:
+            continue
+        (r,) = op.results[:1]
+        readers = uses[r]
+        if not readers and r not in outputs:
+            continue
+        through_copy = [
+            o
+            for o, _ in readers
+            if not fuses[o] and r in copied and prog.ops[o].primitive in _COPYING
+        ]
+        blocked = (
+            r in outputs
+            or prog.values[r].is_output
+            or any(not fuses[o] for o, _ in readers if o not in through_copy)
+        )
+        if blocked:  # stored with its mask, which the reader that does not fuse reads
+            mask = 1
+        else:
+            ctx = frozenset().union(
+                *(roots[o] | into.get(o, frozenset()) for o, _ in readers if fuses[o])
+            )
+            # Reductions to a scalar (a loss's `mean(a) + mean(b)`) are one fusion in XLA, which
+            # computes the mask once for all of them (fuzz seed 16 #207: a gathered value read
+            # by a concatenate, an add and a transpose, each then averaged into the loss).
+            ctx = frozenset(-1 if _to_scalar(prog, c) else c for c in ctx)
+            mask = max(1, len(ctx) + len(set(through_copy)))
+        out[op.index] = mask
+        idx = op.operands[1]
+        shared = (
+            _batched(op)
+            and sum(1 for o, k in uses[idx] if prog.ops[o].primitive in _INDEXED and k == 1) > 1
+        )
+        reach[op.index] = mask + int(mask > 1 or shared)
+    if not reach:
+        return out
+    # The cheap ops whose results only gathers and scatters read as indices (through one another).
+    terminals: list[frozenset[int] | None] = [None] * len(prog.ops)
+    for op in reversed(prog.ops):
+        if op.primitive in _INDEXED or not fuses[op.index] or kept_once(op):
+            continue
+        ts: set[int] = set()
+        ok = bool(op.results)
+        for r in op.results:
+            if r in outputs or prog.values[r].is_output or not uses[r]:
+                ok = False
+                break
+            for o, k in uses[r]:
+                if o in reach and k == 1:
+                    ts.add(o)
+                elif terminals[o] is not None:
+                    ts |= terminals[o]
+                else:
+                    ok = False
+                    break
+            if not ok:
+                break
+        if ok and ts:
+            terminals[op.index] = frozenset(ts)
+            out[op.index] = sum(reach[t] for t in ts)
+    return out
+
+
+def _to_scalar(prog: Program, i: int) -> bool:
+    """Whether op `i` (a fusion root; a placeholder below zero is none) makes scalars only: a
+    reduction to a scalar, or the scalar arithmetic a reduction fused into (`mean(a) + ...`)."""
+    if i < 0:
+        return False
+    op = prog.ops[i]
+    return bool(op.results) and all(prog.values[r].rank == 0 for r in op.results)
