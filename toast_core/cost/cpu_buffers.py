@@ -116,6 +116,19 @@ read by three fusions) keeps the model's view.
 As for other fused reductions, a contracted length over 32 elements (and under 4,096 on a
 device) is a tree reduction whose product XLA stores (`tree_reduced_operands`).
 
+**Reciprocals.** XLA's simplifier turns a division by a divisor spread over the result (`m /
+c1` with c1 a scalar, Adam's bias correction) into a multiply by `1 / c1`, and its loop fusion
+never fuses an expensive producer (a division, a power) into a consumer that reads each of its
+elements many times, as the broadcast of `1 / c1` does: the reciprocal is a fusion of its own,
+`subtract_divide_fusion = f32[]` computing `1 / (1 - 0.9 ** count)`, stored until the
+multiply. The model fuses the divisor into the update; the CPU view adds a buffer of the
+divisor's (spread source's) size from its producer to the last division by it, when the model
+stores none (`reciprocal_buffers`; the divisor stored already, a softmax's sums, holds its
+place). Fuzz seed 16 #679 (Adam, data parallel on 2x3): two such scalars in XLA's buffer
+assignment, one in the temporary block (its 68 bytes: the all-reduced partial and the
+reciprocal), one in an output's allocation; the model counted no temporary (0.69 of XLA's
+bytes). The target view leaves them out: 4 bytes per divisor on a device.
+
 **Constant arrays.** XLA:CPU's scheduler puts the fusions that read no input (a broadcast of a
 constant, an iota) at the start of the step, so a stored one lives from there to its last
 reader, not from where the program makes it: the zeros a gradient's scatter-add starts from
@@ -131,7 +144,9 @@ import dataclasses
 import numpy as np
 
 from toast_core.cost.cpu_tree_reduce import CPU_REDUCE_WINDOW, CPU_TREE_MAX_ELEMENTS
+from toast_core.cost.flops import spread_divisor_elements
 from toast_core.cost.fusion import FUSIBLE, fused_away, fusible, materialized
+from toast_core.cost.simplify import constant_values
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
@@ -164,6 +179,7 @@ def cpu_buffers(
     rows += library_reduction_inputs(prog, is_materialized, local_shape, hoisted=not remat)
     rows += tree_reduced_operands(prog, is_materialized, local_shape)
     rows += broadcasts_per_layout(prog, is_materialized, local_shape)
+    rows += reciprocal_buffers(prog, is_materialized)
     a = np.array(rows, dtype=np.float64).reshape(-1, 6)
     ints = a[:, [0, 1, 2, 4, 5]].astype(np.int64)
     return ints[:, 0], ints[:, 1], ints[:, 2], a[:, 3], ints[:, 3], ints[:, 4]
@@ -434,6 +450,29 @@ def _reshaped_from(prog: Program, x: int, producers, fused) -> list[int] | None:
             break
         x = src = op.operands[0]
     return None if src is None else list(prog.values[src].shape)
+
+
+def reciprocal_buffers(prog: Program, is_materialized: list[bool]) -> list[tuple]:
+    """(divisor, its producer, last division, 1, 1, 0) per value that divisions spread over
+    their results (`flops.spread_divisor_elements`) divide by, when the model fuses it away and
+    it is no constant: XLA stores its reciprocal (module essay)."""
+    fused = fused_away(prog, is_materialized)
+    const = constant_values(prog)
+    producers = prog.producers()
+    last: dict[int, int] = {}
+    for op in prog.ops:
+        if op.primitive != "div" or len(op.operands) != 2 or not op.results:
+            continue
+        if not prog.values[op.results[0]].dtype.startswith(("float", "bfloat")):
+            continue
+        if not spread_divisor_elements(op, prog):
+            continue
+        d = op.operands[1]
+        while producers[d] is not None and prog.ops[producers[d]].primitive == "broadcast_in_dim":
+            d = prog.ops[producers[d]].operands[0]
+        if fused[d] and not const[d] and producers[d] is not None:
+            last[d] = op.index
+    return [(d, producers[d], hi, 1.0, 1, 0) for d, hi in last.items()]
 
 
 def is_dot_product(op, local_shape) -> bool:
