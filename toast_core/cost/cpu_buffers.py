@@ -129,6 +129,13 @@ assignment, one in the temporary block (its 68 bytes: the all-reduced partial an
 reciprocal), one in an output's allocation; the model counted no temporary (0.69 of XLA's
 bytes). The target view leaves them out: 4 bytes per divisor on a device.
 
+**Loop state.** XLA:CPU runs a `while` (a scan, a `fori_loop`) on a state tuple in the
+temporary block: the tuple's pointer table and the trip counter, each a buffer of up to 64
+bytes at an aligned offset, and the loop condition's one-byte predicate, live while the loop
+runs (`loop_state_buffers`; fuzz seed 16 #856, `fori_loop(0, 3, f, x)`: 129 bytes of
+temporaries, the 16-byte table and the counter at offsets 0 and 64, the predicate at 128; the
+predicate's byte is left out).
+
 **Constant arrays.** XLA:CPU's scheduler puts the fusions that read no input (a broadcast of a
 constant, an iota) at the start of the step, so a stored one lives from there to its last
 reader, not from where the program makes it: the zeros a gradient's scatter-add starts from
@@ -180,6 +187,7 @@ def cpu_buffers(
     rows += tree_reduced_operands(prog, is_materialized, local_shape)
     rows += broadcasts_per_layout(prog, is_materialized, local_shape)
     rows += reciprocal_buffers(prog, is_materialized)
+    rows += loop_state_buffers(prog)
     a = np.array(rows, dtype=np.float64).reshape(-1, 6)
     ints = a[:, [0, 1, 2, 4, 5]].astype(np.int64)
     return ints[:, 0], ints[:, 1], ints[:, 2], a[:, 3], ints[:, 3], ints[:, 4]
@@ -473,6 +481,26 @@ def reciprocal_buffers(prog: Program, is_materialized: list[bool]) -> list[tuple
         if fused[d] and not const[d] and producers[d] is not None:
             last[d] = op.index
     return [(d, producers[d], hi, 1.0, 1, 0) for d, hi in last.items()]
+
+
+#: Buffers of up to 64 bytes a loop's state holds on XLA:CPU: the tuple's table, the counter.
+LOOP_STATE_BUFFERS = 2
+_LOOP_STARTS = {prim.SCAN_START: prim.SCAN_END, prim.WHILE_START: prim.WHILE_END}
+
+
+def loop_state_buffers(prog: Program) -> list[tuple]:
+    """(value, loop start, loop end, 0, 0, LOOP_STATE_BUFFERS) per scan or while loop: its state
+    tuple's small buffers (module essay), live from the loop's start to its end."""
+    rows, open_at = [], []
+    for op in prog.ops:
+        if op.primitive in _LOOP_STARTS:
+            open_at.append(op)
+        elif open_at and op.primitive == _LOOP_STARTS[open_at[-1].primitive]:
+            start = open_at.pop()
+            v = (start.operands or start.results or op.results or (None,))[0]
+            if v is not None:
+                rows.append((v, start.index, op.index, 0.0, 0, LOOP_STATE_BUFFERS))
+    return rows
 
 
 def is_dot_product(op, local_shape) -> bool:
