@@ -136,6 +136,13 @@ runs (`loop_state_buffers`; fuzz seed 16 #856, `fori_loop(0, 3, f, x)`: 129 byte
 temporaries, the 16-byte table and the counter at offsets 0 and 64, the predicate at 128; the
 predicate's byte is left out).
 
+**Top-k.** XLA:CPU runs `lax.top_k` as its `TopK` custom call, which writes the values and
+the indices, each into a buffer of its own, and a tuple of the two (a pointer table, a small
+buffer): a result the program never reads is written all the same (`top_k_buffers`; fuzz seed
+16 #656, a routing that reads only the indices of `top_k(softmax(x), 2)`: `custom-call{0}`
+f32[2], `{1}` s32[2] and the 16-byte tuple in XLA's 272-byte temporary block, where the model
+had the indices alone; 0.55 of XLA's bytes).
+
 **Constant arrays.** XLA:CPU's scheduler puts the fusions that read no input (a broadcast of a
 constant, an iota) at the start of the step, so a stored one lives from there to its last
 reader, not from where the program makes it: the zeros a gradient's scatter-add starts from
@@ -188,6 +195,7 @@ def cpu_buffers(
     rows += broadcasts_per_layout(prog, is_materialized, local_shape)
     rows += reciprocal_buffers(prog, is_materialized)
     rows += loop_state_buffers(prog)
+    rows += top_k_buffers(prog)
     a = np.array(rows, dtype=np.float64).reshape(-1, 6)
     ints = a[:, [0, 1, 2, 4, 5]].astype(np.int64)
     return ints[:, 0], ints[:, 1], ints[:, 2], a[:, 3], ints[:, 3], ints[:, 4]
@@ -500,6 +508,19 @@ def loop_state_buffers(prog: Program) -> list[tuple]:
             v = (start.operands or start.results or op.results or (None,))[0]
             if v is not None:
                 rows.append((v, start.index, op.index, 0.0, 0, LOOP_STATE_BUFFERS))
+    return rows
+
+
+def top_k_buffers(prog: Program) -> list[tuple]:
+    """(result, op, op, 1, 1, 0) per result of a `top_k` that nothing reads, and (first result,
+    op, op, 0, 0, 1) per `top_k` for its tuple's table (module essay)."""
+    uses = prog.uses()
+    rows = []
+    for op in prog.ops:
+        if op.primitive != "top_k" or not op.results:
+            continue
+        rows += [(r, op.index, op.index, 1.0, 1, 0) for r in op.results if not uses[r]]
+        rows.append((op.results[0], op.index, op.index, 0.0, 0, 1))
     return rows
 
 
