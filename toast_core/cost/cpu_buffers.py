@@ -4,8 +4,10 @@
 exist there and not on TPU/GPU, and are added to that view only (`cpu_buffers`): layout copies of
 dot and convolution operands, the rolled threefry loop's state, the blocked scans of cumulative
 ops, the expansion of max-pool gradients (`select_and_scatter_add`), the explicit indices of
-batched gathers and scatters, constant arrays made at the step's start, and the inputs of the
-reductions XLA:CPU runs as library calls.
+batched gathers and scatters, constant arrays made at the step's start, the inputs of the
+reductions XLA:CPU runs as library calls, the reciprocals of spread divisors, loops' state
+tuples and `TopK`'s outputs; and the values its dot products (a multiply and a fused reduce)
+never store, which the CPU view takes out (`dot_product_fused`).
 
 **Dot operands.** XLA:CPU runs every dot as a 2-D (or batched 2-D) matrix product: its dot decomposer turns
 `dot_general` into `[batch, rows, contracted] x [batch, contracted, cols]` by transposing and
@@ -179,8 +181,9 @@ def cpu_buffers(
 ) -> tuple[np.ndarray, ...]:
     """Every extra temporary of the CPU view as (value, first op, last op, bytes per byte of the
     value's local size, count of such buffers, count of small state buffers): the layout copies
-    (`dot_operand_copies`, `conv_operand_copies`), the threefry loops (`threefry_buffers`) and
-    the select-and-scatter expansions (`select_and_scatter_buffers`). `local_shape(op, pos)`:
+    (`dot_operand_copies`, `conv_operand_copies`), the threefry loops (`threefry_buffers`),
+    the select-and-scatter expansions (`select_and_scatter_buffers`) and the other rules of the
+    module essay, one function each. `local_shape(op, pos)`:
     an operand use's shape on one device, for the dots (their copies depend on it)."""
     copies = dot_operand_copies(prog, is_materialized, local_shape)
     rows = [(v, lo, hi, 1.0, 1, 0) for v, lo, hi in zip(*copies)]
