@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from toast_core.cost.collectives import COLLECTIVE_KINDS
-from toast_core.cost.cpu_buffers import cpu_buffers
+from toast_core.cost.cpu_buffers import cpu_buffers, dot_product_fused
 from toast_core.cost.fusion import fusible
 from toast_core.strategy.remat import RematEffect, remat_effect
 from toast_core.strategy.space import space_of
@@ -276,9 +276,13 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
     pairs = ev._remat_pairs(strategy)
     effect = remat_effect(ev.remat, pairs) if pairs else None
     reduced = all_reduce_issue_ops(ev, masks, value_local) if cpu else None
-    if cpu:  # the broadcasts remade per layout (`cpu_buffers.broadcasts_per_layout`)
+    if cpu:  # the broadcasts remade per layout (`cpu_buffers.broadcasts_per_layout`), and the
+        # values dot products fuse (`cpu_buffers.dot_product_fused`)
         value_local = value_local.copy()
         value_local[ev.dot_broadcasts] = 0.0
+        stored = (~ev._is_fused).tolist()
+        fused = dot_product_fused(ev._mem_prog, stored, local_dot_shapes(ev, masks))
+        value_local[np.asarray(fused, dtype=np.int64)] = 0.0
     partials: list[bool] = []
     size, start, end, is_out = buffer_intervals(
         ev, value_local, masks, effect, pairs, align_bytes, reduced, partials

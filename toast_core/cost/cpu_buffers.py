@@ -4,8 +4,10 @@
 exist there and not on TPU/GPU, and are added to that view only (`cpu_buffers`): layout copies of
 dot and convolution operands, the rolled threefry loop's state, the blocked scans of cumulative
 ops, the expansion of max-pool gradients (`select_and_scatter_add`), the explicit indices of
-batched gathers and scatters, constant arrays made at the step's start, and the inputs of the
-reductions XLA:CPU runs as library calls.
+batched gathers and scatters, constant arrays made at the step's start, the inputs of the
+reductions XLA:CPU runs as library calls, the reciprocals of spread divisors, loops' state
+tuples and `TopK`'s outputs; and the values its dot products (a multiply and a fused reduce)
+never store, which the CPU view takes out (`dot_product_fused`).
 
 **Dot operands.** XLA:CPU runs every dot as a 2-D (or batched 2-D) matrix product: its dot decomposer turns
 `dot_general` into `[batch, rows, contracted] x [batch, contracted, cols]` by transposing and
@@ -99,6 +101,50 @@ the elementwise ops feeding the reduction alone and reads the rest from memory: 
 loop fusions recompute everywhere else (a LayerNorm's centred input, its normalized value) are
 stored for it, from their producer to the last such reduction (`library_reduction_inputs`).
 
+**Dot products.** XLA's algebraic simplifier rewrites a dot whose operands both have, unit
+dims aside, only batch and contracted dims (a vector dot product `einsum('a,a->')`, a batched
+one `einsum('ab,ab->b')`, `x[2] @ w[2, 1]`) into a multiply and a reduce (dot strength
+reduction; XLA:CPU leaves every dot with a free dim a dot: measured, `x[2] @ w[2, 8]` and
+`w[16, 16] @ x[16]` stay dots, `x[64] @ w[64, 1]` is a `reduce` fusion). That reduce fuses the
+elementwise ops making its operands, and its one elementwise reader fuses it, as any reduction:
+the values the model stores only because the dot reads them, or only as the dot's result, are
+not stored (`dot_product_fused`). Fuzz seed 16 #1367: `v = checkpoint(sin(x) * tanh(x))` read
+by `v @ w` with x [2], w [2, 8]: data parallelism splitting w's free dim 8 ways leaves
+`x[2] @ w[2, 1]` on each device, one `reduce_bitcast_fusion` reading x and w in XLA's buffer
+assignment, no temporaries, where the model stored v (64 bytes; 1.64 of XLA's 100). Only
+subtractive: a program whose sums would store a value the model fuses (an expensive one that a
+fused reader, now duplicated into several loops, no longer hides: seed 16 #33's `tanh(x) * w`
+read by three fusions) keeps the model's view.
+As for other fused reductions, a contracted length over 32 elements (and under 4,096 on a
+device) is a tree reduction whose product XLA stores (`tree_reduced_operands`).
+
+**Reciprocals.** XLA's simplifier turns a division by a divisor spread over the result (`m /
+c1` with c1 a scalar, Adam's bias correction) into a multiply by `1 / c1`, and its loop fusion
+never fuses an expensive producer (a division, a power) into a consumer that reads each of its
+elements many times, as the broadcast of `1 / c1` does: the reciprocal is a fusion of its own,
+`subtract_divide_fusion = f32[]` computing `1 / (1 - 0.9 ** count)`, stored until the
+multiply. The model fuses the divisor into the update; the CPU view adds a buffer of the
+divisor's (spread source's) size from its producer to the last division by it, when the model
+stores none (`reciprocal_buffers`; the divisor stored already, a softmax's sums, holds its
+place). Fuzz seed 16 #679 (Adam, data parallel on 2x3): two such scalars in XLA's buffer
+assignment, one in the temporary block (its 68 bytes: the all-reduced partial and the
+reciprocal), one in an output's allocation; the model counted no temporary (0.69 of XLA's
+bytes). The target view leaves them out: 4 bytes per divisor on a device.
+
+**Loop state.** XLA:CPU runs a `while` (a scan, a `fori_loop`) on a state tuple in the
+temporary block: the tuple's pointer table and the trip counter, each a buffer of up to 64
+bytes at an aligned offset, and the loop condition's one-byte predicate, live while the loop
+runs (`loop_state_buffers`; fuzz seed 16 #856, `fori_loop(0, 3, f, x)`: 129 bytes of
+temporaries, the 16-byte table and the counter at offsets 0 and 64, the predicate at 128; the
+predicate's byte is left out).
+
+**Top-k.** XLA:CPU runs `lax.top_k` as its `TopK` custom call, which writes the values and
+the indices, each into a buffer of its own, and a tuple of the two (a pointer table, a small
+buffer): a result the program never reads is written all the same (`top_k_buffers`; fuzz seed
+16 #656, a routing that reads only the indices of `top_k(softmax(x), 2)`: `custom-call{0}`
+f32[2], `{1}` s32[2] and the 16-byte tuple in XLA's 272-byte temporary block, where the model
+had the indices alone; 0.55 of XLA's bytes).
+
 **Constant arrays.** XLA:CPU's scheduler puts the fusions that read no input (a broadcast of a
 constant, an iota) at the start of the step, so a stored one lives from there to its last
 reader, not from where the program makes it: the zeros a gradient's scatter-add starts from
@@ -109,10 +155,14 @@ reads; fuzz seed 14 #1038: three such broadcasts and an iota at the start of the
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from toast_core.cost.cpu_tree_reduce import CPU_REDUCE_WINDOW, CPU_TREE_MAX_ELEMENTS
-from toast_core.cost.fusion import FUSIBLE, fused_away, fusible
+from toast_core.cost.flops import spread_divisor_elements
+from toast_core.cost.fusion import FUSIBLE, fused_away, fusible, materialized
+from toast_core.cost.simplify import constant_values
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
@@ -131,8 +181,9 @@ def cpu_buffers(
 ) -> tuple[np.ndarray, ...]:
     """Every extra temporary of the CPU view as (value, first op, last op, bytes per byte of the
     value's local size, count of such buffers, count of small state buffers): the layout copies
-    (`dot_operand_copies`, `conv_operand_copies`), the threefry loops (`threefry_buffers`) and
-    the select-and-scatter expansions (`select_and_scatter_buffers`). `local_shape(op, pos)`:
+    (`dot_operand_copies`, `conv_operand_copies`), the threefry loops (`threefry_buffers`),
+    the select-and-scatter expansions (`select_and_scatter_buffers`) and the other rules of the
+    module essay, one function each. `local_shape(op, pos)`:
     an operand use's shape on one device, for the dots (their copies depend on it)."""
     copies = dot_operand_copies(prog, is_materialized, local_shape)
     rows = [(v, lo, hi, 1.0, 1, 0) for v, lo, hi in zip(*copies)]
@@ -145,6 +196,9 @@ def cpu_buffers(
     rows += library_reduction_inputs(prog, is_materialized, local_shape, hoisted=not remat)
     rows += tree_reduced_operands(prog, is_materialized, local_shape)
     rows += broadcasts_per_layout(prog, is_materialized, local_shape)
+    rows += reciprocal_buffers(prog, is_materialized)
+    rows += loop_state_buffers(prog)
+    rows += top_k_buffers(prog)
     a = np.array(rows, dtype=np.float64).reshape(-1, 6)
     ints = a[:, [0, 1, 2, 4, 5]].astype(np.int64)
     return ints[:, 0], ints[:, 1], ints[:, 2], a[:, 3], ints[:, 3], ints[:, 4]
@@ -415,6 +469,106 @@ def _reshaped_from(prog: Program, x: int, producers, fused) -> list[int] | None:
             break
         x = src = op.operands[0]
     return None if src is None else list(prog.values[src].shape)
+
+
+def reciprocal_buffers(prog: Program, is_materialized: list[bool]) -> list[tuple]:
+    """(divisor, its producer, last division, 1, 1, 0) per value that divisions spread over
+    their results (`flops.spread_divisor_elements`) divide by, when the model fuses it away and
+    it is no constant: XLA stores its reciprocal (module essay)."""
+    fused = fused_away(prog, is_materialized)
+    const = constant_values(prog)
+    producers = prog.producers()
+    last: dict[int, int] = {}
+    for op in prog.ops:
+        if op.primitive != "div" or len(op.operands) != 2 or not op.results:
+            continue
+        if not prog.values[op.results[0]].dtype.startswith(("float", "bfloat")):
+            continue
+        if not spread_divisor_elements(op, prog):
+            continue
+        d = op.operands[1]
+        while producers[d] is not None and prog.ops[producers[d]].primitive == "broadcast_in_dim":
+            d = prog.ops[producers[d]].operands[0]
+        if fused[d] and not const[d] and producers[d] is not None:
+            last[d] = op.index
+    return [(d, producers[d], hi, 1.0, 1, 0) for d, hi in last.items()]
+
+
+#: Buffers of up to 64 bytes a loop's state holds on XLA:CPU: the tuple's table, the counter.
+LOOP_STATE_BUFFERS = 2
+_LOOP_STARTS = {prim.SCAN_START: prim.SCAN_END, prim.WHILE_START: prim.WHILE_END}
+
+
+def loop_state_buffers(prog: Program) -> list[tuple]:
+    """(value, loop start, loop end, 0, 0, LOOP_STATE_BUFFERS) per scan or while loop: its state
+    tuple's small buffers (module essay), live from the loop's start to its end."""
+    rows, open_at = [], []
+    for op in prog.ops:
+        if op.primitive in _LOOP_STARTS:
+            open_at.append(op)
+        elif open_at and op.primitive == _LOOP_STARTS[open_at[-1].primitive]:
+            start = open_at.pop()
+            v = (start.operands or start.results or op.results or (None,))[0]
+            if v is not None:
+                rows.append((v, start.index, op.index, 0.0, 0, LOOP_STATE_BUFFERS))
+    return rows
+
+
+def top_k_buffers(prog: Program) -> list[tuple]:
+    """(result, op, op, 1, 1, 0) per result of a `top_k` that nothing reads, and (first result,
+    op, op, 0, 0, 1) per `top_k` for its tuple's table (module essay)."""
+    uses = prog.uses()
+    rows = []
+    for op in prog.ops:
+        if op.primitive != "top_k" or not op.results:
+            continue
+        rows += [(r, op.index, op.index, 1.0, 1, 0) for r in op.results if not uses[r]]
+        rows.append((op.results[0], op.index, op.index, 0.0, 0, 1))
+    return rows
+
+
+def is_dot_product(op, local_shape) -> bool:
+    """Whether XLA's simplifier rewrites dot `op` into a multiply and a reduce (module essay):
+    something contracted, and no free dim over 1 on either side, on one device
+    (`local_shape(op, pos)`)."""
+    if op.primitive != "dot_general":
+        return False
+    (lc, rc), (lb, rb) = op.param("dimension_numbers")
+    if not lc:
+        return False
+    for pos, (batch, contracted) in enumerate(((lb, lc), (rb, rc))):
+        shape = local_shape(op.index, pos)
+        if any(n != 1 for d, n in enumerate(shape) if d not in batch and d not in contracted):
+            return False
+    return True
+
+
+def dot_product_fused(prog: Program, stored: list[bool], local_shape=None) -> list[int]:
+    """The values the model stores (`stored` [values]: not `fusion.fused_away`) that XLA:CPU
+    does not, its dot products being fused reductions (module essay): those `fused_away` finds
+    once each dot product is the sum it becomes (a fusible reduction of its operands, kept once
+    like one). `local_shape(op, pos)`: an operand use's shape on one device (default: the
+    global one)."""
+    if local_shape is None:
+
+        def local_shape(op: int, pos: int) -> tuple:
+            return prog.values[prog.ops[op].operands[pos]].shape
+
+    ops = list(prog.ops)
+    for op in prog.ops:
+        if not fusible(op, prog) and is_dot_product(op, local_shape):
+            ops[op.index] = dataclasses.replace(op, primitive="reduce_sum", params=())
+    if ops == list(prog.ops):
+        return []
+    summed = dataclasses.replace(prog, ops=tuple(ops))
+    fused = fused_away(summed, materialized(summed))
+    uses = summed.uses()
+    if any(not s and not f and uses[v] for v, (s, f) in enumerate(zip(stored, fused))):
+        # the sums store a value the model fuses (an expensive one its fused reader, now
+        # duplicated into several loops, no longer hides): left to the model's view
+        return []
+
+    return [v for v, (s, f) in enumerate(zip(stored, fused)) if s and f]
 
 
 def _batching_dims(op) -> int:

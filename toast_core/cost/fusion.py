@@ -76,14 +76,15 @@ NOT_DUPLICATED = (
 )
 
 
-def materialized(prog: Program) -> list[bool]:
+def materialized(prog: Program, fuses: list[bool] | None = None) -> list[bool]:
     """Whether each value is written to and read from HBM: a value made by a fusible op and read
     only by fusible ops stays in registers. Program inputs and outputs, and values a non-fusible op
-    makes or reads, are materialized."""
+    makes or reads, are materialized. `fuses` [ops]: whether each op fuses, when a backend fuses
+    more than `fusible` says (XLA:CPU's dot products: `cpu_buffers.dot_product_fused`)."""
     producers = prog.producers()
     uses = prog.uses()
     outputs = set(prog.outputs)  # of the program as given (a `simplify.rewired` one too)
-    fuses = _fusible_ops(prog)
+    fuses = _fusible_ops(prog) if fuses is None else fuses
     out = []
     for v in prog.values:
         p = producers[v.id]

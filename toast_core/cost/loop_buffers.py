@@ -45,6 +45,7 @@ def buffer_aliases(prog: Program) -> dict[int, int]:
     alias: dict[int, int] = {}
     starts: list = []
     last_read = _last_direct_reads(prog)
+    copied = _copied_input_carries(prog)
     for op in prog.ops:
         if op.primitive == prim.SCAN_START:
             starts.append(op)
@@ -52,10 +53,37 @@ def buffer_aliases(prog: Program) -> dict[int, int]:
             for out, into in _carry_updates(starts.pop(), op, last_read, prog):
                 alias[out] = alias.get(into, into)
         for result, operand in _pairs(op):
+            if result in copied:
+                continue
             r, o = prog.values[result], prog.values[operand]
             if r.shape == o.shape and r.dtype == o.dtype and result != operand:
                 alias[result] = alias.get(operand, operand)
     return alias
+
+
+def _copied_input_carries(prog: Program) -> set[int]:
+    """The carries (a scan's `scan_start` results) whose initial value is a program input and
+    which the body updates: XLA cannot update an entry parameter's buffer in place (the
+    arguments are not donated), so its copy insertion copies the input into the loop's state
+    (`copy(param)` before the `while`), a buffer of its own from the loop's start through the
+    final carry's last reader. Fuzz seed 16 #856: `fori_loop(0, 3, f, x1)` with the result the
+    output: XLA's output allocation holds the copy, the model had aliased the carry to x1 and
+    counted no output (0.17 of XLA's bytes); #871 reads the final carry on, in a temporary."""
+    producers = prog.producers()
+    ends = _scan_ends(prog)
+    out: set[int] = set()
+    for op in prog.ops:
+        if op.primitive != prim.SCAN_START or op.index not in ends:
+            continue
+        params = dict(op.params)
+        consts = int(params.get("num_consts", 0))
+        n = int(params.get("num_carry", 0))
+        updates = prog.ops[ends[op.index]].operands[:n]
+        for cin, init, cout in zip(op.results[consts : consts + n], op.operands[consts:], updates):
+            v = prog.values[init]
+            if producers[init] is None and v.role not in ("literal", "constant") and cout != cin:
+                out.add(cin)
+    return out
 
 
 def _carry_updates(start, end, last_read, prog: Program) -> list[tuple[int, int]]:

@@ -1,0 +1,51 @@
+"""XLA:CPU's `TopK` custom call (issue 14, fuzz seed 16 #656) writes the values and the indices
+and a tuple of them, whichever the program reads (`cpu_buffers.top_k_buffers`); #656 was 0.55 of
+XLA's bytes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+import toast_core as tc
+from toast_core.cost.cpu_buffers import top_k_buffers
+
+HW = tc.hardware("tpu-v5e")
+MESH_2X4 = tc.MeshSpec({"data": 2, "model": 4})
+
+
+def _route(params, batch):
+    """Fuzz seed 16 #656: a routing by the indices of the top 2 of a softmax."""
+    p = jax.nn.softmax(jnp.tile(batch["x2"], (2,)))
+    _, idx = lax.top_k(p, 2)
+    return ((p[idx][:, None] * jnp.ones((1, 2))).reshape(2, 2),)
+
+
+def _args():
+    return {}, {"x2": jax.ShapeDtypeStruct((4,), jnp.float32)}
+
+
+def test_the_unread_values_and_the_tuple_are_written():
+    prog = tc.analyze(tc.trace(_route, *_args())).program
+    (op,) = [op for op in prog.ops if op.primitive == "top_k"]
+    values, indices = op.results
+    assert top_k_buffers(prog) == [
+        (values, op.index, op.index, 1.0, 1, 0),
+        (values, op.index, op.index, 0.0, 0, 1),
+    ]
+
+
+@pytest.mark.slow
+def test_top_k_memory_matches_xla():
+    args = _args()
+    ana = tc.analyze(tc.trace(_route, *args))
+    strategy = tc.baselines.all(ana, MESH_2X4)["replicated"][0]
+    check = tc.validate(
+        _route, args, ana, strategy, tc.jax_mesh(MESH_2X4), HW, check_numerics=False
+    )
+    assert abs(check.predicted_memory_bytes / check.compiled_memory_bytes - 1) <= 0.2, (
+        check.predicted_memory_bytes,
+        check.compiled_memory_bytes,
+    )
