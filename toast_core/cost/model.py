@@ -67,6 +67,7 @@ from toast_core.cost.halo import slice_halo_permutes
 from toast_core.cost.hoist import use_counts
 from toast_core.cost.layout_copies import dot_copy_traffic
 from toast_core.cost.loop_buffers import buffer_aliases, held_until, zero_filled
+from toast_core.cost.masked_gather import masked_gather_flops, masked_gathers
 from toast_core.cost.remat import (
     hold_barrier_inputs,
     recompute_comm_s,
@@ -403,6 +404,9 @@ class Evaluator:
             [i for i, (op, f) in enumerate(zip(prog.ops, flops)) if op.primitive in SORTS and f],
             dtype=np.int64,
         )
+        # Gathers with a masked operand dim, and how many times they run: `_masked_gathers`.
+        self._gather_ops = np.array(masked_gathers(prog), dtype=np.int64)
+        self._gather_runs = executions[self._gather_ops]
         self.nbytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
         # Ops that move no bytes: region markers and views (`bitcasts`); a scan's end writes
         # its zero-filled stacked outputs once (`zero_filled`).
@@ -784,6 +788,7 @@ class Evaluator:
         report's times stay one model."""
         flops_local = self._windowed_scans(flops_local, value_local, op_logdeg)
         flops_local = self._local_sorts(flops_local, op_logdeg)
+        flops_local = self._masked_gathers(flops_local, value_local, op_logdeg)
         if not len(self._fold_ops):
             return flops_local
         prog = self.ana.program
@@ -820,6 +825,30 @@ class Evaluator:
         out = flops_local.copy()
         ops = self._scan_ops[more]
         out[ops] = self.op_flops[ops] * self._scan_window[more] / result_ways[more]
+        return out
+
+    def _masked_gathers(self, flops_local, value_local, op_logdeg) -> np.ndarray:
+        """`flops_local` with each gather whose masked operand dims are cut (its iteration space
+        cut more ways than its result) counted as XLA's partitioned gather runs it: index
+        bookkeeping and a select per local result element; and each fill-mode gather's mask
+        counted on its result and index shards (`masked_gather.py`)."""
+        if not len(self._gather_ops):
+            return flops_local
+        prog = self.ana.program
+        ways = np.exp2(op_logdeg[self._gather_ops])
+        result = [prog.ops[i].results[0] for i in self._gather_ops.tolist()]
+        result_ways = self.nbytes[result] / np.maximum(value_local[result], 1e-300)
+        out = flops_local.copy()
+        for j in range(len(self._gather_ops)):
+            i = int(self._gather_ops[j])
+            idx = prog.ops[i].operands[1]
+            index_ways = self.nbytes[idx] / max(float(value_local[idx]), 1e-300)
+            masked_ways = float(ways[j] / result_ways[j])
+            whole = masked_ways >= self.mesh.n_devices * (1 - 1e-9)
+            local = masked_gather_flops(
+                prog.ops[i], prog, masked_ways, float(result_ways[j]), index_ways, whole
+            )
+            out[i] = local * self._gather_runs[j]
         return out
 
     def _local_sorts(self, flops_local, op_logdeg) -> np.ndarray:
