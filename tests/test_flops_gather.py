@@ -59,3 +59,43 @@ def test_a_take_with_fill_masks_on_its_result_shard_and_tests_every_index():
 
     predicted, compiled = predicted_and_compiled(fn, (lookup(64, 32, 1),), {"data": 8})
     assert predicted == compiled
+
+
+def unsharded_flops(fn, *args) -> tuple[float, float]:
+    """(the cost model's flops of one execution, XLA's `cost_analysis()` flops), unsharded."""
+    from toast_core.cost.flops import op_flops
+    from toast_core.cost.simplify import flop_executions
+
+    prog = tc.trace(fn, *args)
+    scale = flop_executions(prog)
+    predicted = sum(op_flops(op, prog) * scale[op.index] for op in prog.ops)
+    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    return predicted, cost.get("flops", 0.0)
+
+
+def fan_out_through_a_gather(x, i):  # one index: a dynamic-slice
+    v = x * x
+    g = v[i]
+    return v / (1.0 + x), jnp.stack([g, jnp.tanh(g)], axis=1).sum(), jnp.where(g > 0.1, g, 0.0)
+
+
+def take_read_twice(x, i):
+    g = jnp.take(x * 2.0 + 1.0, i, axis=0)
+    return g.sum(axis=1), jnp.maximum(g, 0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fn", "k"),
+    [(fan_out_through_a_gather, 1), (fan_out_through_a_gather, 3), (take_read_twice, 3)],
+)
+def test_a_gather_fuses_its_cheap_producers_as_xla_does(fn, k):
+    """Fuzz seed 16 #16: a gather of one index (a dynamic-slice) is fused into every loop reading
+    it with the cheap ops making its operand and index, computed there over their whole shape:
+    `x * x` read by a division and by `v[i]`, which two loops read, is computed three times
+    (0.68 of XLA before). A gather of several indices is one fusion with its producers, its
+    fill mask fused into each reader (`fusion._with_fused_gathers`)."""
+    args = (jax.ShapeDtypeStruct((8, 4), F32), jax.ShapeDtypeStruct((k,), jnp.int32))
+    predicted, compiled = unsharded_flops(fn, *args)
+    assert predicted == compiled
