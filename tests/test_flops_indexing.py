@@ -1,6 +1,7 @@
-"""Predicted per-device flops of sharded gathers against XLA's `cost_analysis()` (issue 14, fuzz
-seed 16's small programs): the index bookkeeping XLA's partitioner adds to a gather whose indexed
-dim is sharded, and the fill mask of `jnp.take` counted on its shards (`masked_gather.py`)."""
+"""Predicted flops of gathers and scatters against XLA's `cost_analysis()` (issue 14, fuzz seed
+16's small programs): the index bookkeeping XLA's partitioner adds to a gather whose indexed dim
+is sharded and the fill mask of `jnp.take` counted on its shards (`masked_gather.py`), gathers in
+loop fusion (`fusion._with_fused_gathers`), a one-window scatter (`flops.scatter_flops`)."""
 
 import jax
 import jax.numpy as jnp
@@ -99,3 +100,28 @@ def test_a_gather_fuses_its_cheap_producers_as_xla_does(fn, k):
     args = (jax.ShapeDtypeStruct((8, 4), F32), jax.ShapeDtypeStruct((k,), jnp.int32))
     predicted, compiled = unsharded_flops(fn, *args)
     assert predicted == compiled
+
+
+SCATTERS = {
+    "add_rows": (lambda x, i, u: x.at[i].add(u), (8, 16), (1, 16), 1),
+    "set_rows": (lambda x, i, u: x.at[i].set(u), (8, 16), (1, 16), 1),
+    "add_rank4": (lambda x, i, u: x.at[i].add(u), (4, 32, 2, 2), (1, 32, 2, 2), 1),
+    "add_two_windows": (lambda x, i, u: x.at[i].add(u), (8, 16), (2, 16), 2),
+    "set_two_windows": (lambda x, i, u: x.at[i].set(u), (8, 16), (2, 16), 2),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SCATTERS))
+def test_a_one_window_scatter_tests_its_bounds_and_selects(name):
+    """Fuzz seed 16 #1347: a scatter of one update window is a dynamic-update-slice that tests
+    the window's bounds (4 x rank - 1) and selects per update element; XLA also recomputes the
+    index normalization in the test's fusion (3 flops, not modeled: the tolerance)."""
+    fn, x_shape, u_shape, k = SCATTERS[name]
+    args = (
+        jax.ShapeDtypeStruct(x_shape, F32),
+        jax.ShapeDtypeStruct((k,), jnp.int32),
+        jax.ShapeDtypeStruct(u_shape, F32),
+    )
+    predicted, compiled = unsharded_flops(fn, *args)
+    assert predicted == pytest.approx(compiled, abs=3.0)
