@@ -788,7 +788,6 @@ class Evaluator:
         report's times stay one model."""
         flops_local = self._windowed_scans(flops_local, value_local, op_logdeg)
         flops_local = self._local_sorts(flops_local, op_logdeg)
-        flops_local = self._masked_gathers(flops_local, value_local, op_logdeg)
         if not len(self._fold_ops):
             return flops_local
         prog = self.ana.program
@@ -827,11 +826,14 @@ class Evaluator:
         out[ops] = self.op_flops[ops] * self._scan_window[more] / result_ways[more]
         return out
 
-    def _masked_gathers(self, flops_local, value_local, op_logdeg) -> np.ndarray:
+    def _masked_gathers(self, flops_local, value_local, op_logdeg, masks) -> np.ndarray:
         """`flops_local` with each gather whose masked operand dims are cut (its iteration space
         cut more ways than its result) counted as XLA's partitioned gather runs it: index
         bookkeeping and a select per local result element; and each fill-mode gather's mask
-        counted on its result and index shards (`masked_gather.py`)."""
+        counted on its result and index shards (`masked_gather.py`). Flops only, like
+        `_folded`. A gather whose masked dims are cut along the axes that cut its result (a
+        conflict: its work cut more ways than its mesh axes give) gathers them whole, as
+        XLA's partitioner does (fuzz seed 16 #544, `take_along_axis` of an `argsort`)."""
         if not len(self._gather_ops):
             return flops_local
         prog = self.ana.program
@@ -844,6 +846,12 @@ class Evaluator:
             idx = prog.ops[i].operands[1]
             index_ways = self.nbytes[idx] / max(float(value_local[idx]), 1e-300)
             masked_ways = float(ways[j] / result_ways[j])
+            atoms = self.lay.op_work_fine.indices[
+                self.lay.op_work_fine.indptr[i] : self.lay.op_work_fine.indptr[i + 1]
+            ]
+            axes = int(np.bitwise_or.reduce(masks[atoms])) if len(atoms) else 0
+            if ways[j] > self.axes.ways[axes] * (1 + 1e-9):
+                masked_ways = 1.0  # conflicting cuts: the masked dims are gathered
             whole = masked_ways >= self.mesh.n_devices * (1 - 1e-9)
             local = masked_gather_flops(
                 prog.ops[i], prog, masked_ways, float(result_ways[j]), index_ways, whole
@@ -992,6 +1000,7 @@ class Evaluator:
             value_local, op_logdeg, self._read_extra(masks, value_local)
         )
         flops_local = self._folded(flops_local, value_local, op_logdeg)
+        flops_local = self._masked_gathers(flops_local, value_local, op_logdeg, masks)
         collectives = self._collectives(masks, value_local)
         eff = remat_effect(self.remat, self._remat_pairs(strategy))
         again = recomputed_collectives(collectives, eff)
