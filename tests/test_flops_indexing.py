@@ -125,3 +125,22 @@ def test_a_one_window_scatter_tests_its_bounds_and_selects(name):
     )
     predicted, compiled = unsharded_flops(fn, *args)
     assert predicted == pytest.approx(compiled, abs=3.0)
+
+
+@pytest.mark.slow
+def test_a_scatter_along_a_sharded_dim_combines_every_update_it_holds():
+    """Fuzz seed 31 #37: `x.at[i].add(u)` with x's rows on 4 devices: each device combines all
+    the updates it holds (those landing in other rows are dropped after the combine is counted)
+    and moves each index into its rows; the global count over the cut said a quarter."""
+
+    def fn(b):
+        return b["x"].at[b["i"]].add(jnp.tanh(b["x"][b["i"]]))
+
+    args = (
+        {
+            "x": jax.ShapeDtypeStruct((4, 4, 16, 4), F32),
+            "i": jax.ShapeDtypeStruct((4,), jnp.int32),
+        },
+    )
+    predicted, compiled = predicted_and_compiled(fn, args, {"data": 4})
+    assert predicted == pytest.approx(compiled, rel=0.05)

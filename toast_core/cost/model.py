@@ -77,6 +77,7 @@ from toast_core.cost.remat import (
 )
 from toast_core.cost.reshard_keys import classify, group_by_key
 from toast_core.cost.scatter_chain import scatter_values
+from toast_core.cost.sharded_scatter import local_scatter_flops, sharded_scatters
 from toast_core.cost.simplify import executions as simplified_executions
 from toast_core.cost.simplify import live_ops, splits_as_slices, without_dead_ops
 from toast_core.errors import ToastError, bad_value
@@ -407,6 +408,9 @@ class Evaluator:
         # Gathers with a masked operand dim, and how many times they run: `_masked_gathers`.
         self._gather_ops = np.array(masked_gathers(prog), dtype=np.int64)
         self._gather_runs = executions[self._gather_ops]
+        # Scatters, counted on their local updates: `_sharded_scatters`.
+        self._scatter_ops = np.array(sharded_scatters(prog), dtype=np.int64)
+        self._scatter_runs = executions[self._scatter_ops]
         self.nbytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
         # Ops that move no bytes: region markers and views (`bitcasts`); a scan's end writes
         # its zero-filled stacked outputs once (`zero_filled`).
@@ -846,17 +850,42 @@ class Evaluator:
             idx = prog.ops[i].operands[1]
             index_ways = self.nbytes[idx] / max(float(value_local[idx]), 1e-300)
             masked_ways = float(ways[j] / result_ways[j])
-            atoms = self.lay.op_work_fine.indices[
-                self.lay.op_work_fine.indptr[i] : self.lay.op_work_fine.indptr[i + 1]
-            ]
-            axes = int(np.bitwise_or.reduce(masks[atoms])) if len(atoms) else 0
-            if ways[j] > self.axes.ways[axes] * (1 + 1e-9):
+            if self._conflicting(i, float(ways[j]), masks):
                 masked_ways = 1.0  # conflicting cuts: the masked dims are gathered
             whole = masked_ways >= self.mesh.n_devices * (1 - 1e-9)
             local = masked_gather_flops(
                 prog.ops[i], prog, masked_ways, float(result_ways[j]), index_ways, whole
             )
             out[i] = local * self._gather_runs[j]
+        return out
+
+    def _conflicting(self, i: int, ways: float, masks) -> bool:
+        """Whether op `i`'s work is cut more ways than the mesh axes cutting it give (two of its
+        factors cut along one axis: XLA's partitioner gathers one of them first)."""
+        rows = self.lay.op_work_fine
+        atoms = rows.indices[rows.indptr[i] : rows.indptr[i + 1]]
+        axes = int(np.bitwise_or.reduce(masks[atoms])) if len(atoms) else 0
+        return ways > self.axes.ways[axes] * (1 + 1e-9)
+
+    def _sharded_scatters(self, flops_local, value_local, op_logdeg, masks) -> np.ndarray:
+        """`flops_local` with each scatter counted on the updates each device holds, plus the
+        index offsets when its operand's indexed dims are cut (`sharded_scatter.py`). Flops
+        only, like `_folded`."""
+        if not len(self._scatter_ops):
+            return flops_local
+        prog = self.ana.program
+        ways = np.exp2(op_logdeg[self._scatter_ops])
+        out = flops_local.copy()
+        for j, i in enumerate(self._scatter_ops.tolist()):
+            op = prog.ops[i]
+            upd, idx = op.operands[2], op.operands[1]
+            updates_ways = self.nbytes[upd] / max(float(value_local[upd]), 1e-300)
+            index_ways = self.nbytes[idx] / max(float(value_local[idx]), 1e-300)
+            indexed_ways = float(ways[j]) / updates_ways
+            if self._conflicting(i, float(ways[j]), masks):
+                indexed_ways = 1.0
+            local = local_scatter_flops(op, prog, updates_ways, indexed_ways, index_ways)
+            out[i] = local * self._scatter_runs[j]
         return out
 
     def _local_sorts(self, flops_local, op_logdeg) -> np.ndarray:
@@ -1001,6 +1030,7 @@ class Evaluator:
         )
         flops_local = self._folded(flops_local, value_local, op_logdeg)
         flops_local = self._masked_gathers(flops_local, value_local, op_logdeg, masks)
+        flops_local = self._sharded_scatters(flops_local, value_local, op_logdeg, masks)
         collectives = self._collectives(masks, value_local)
         eff = remat_effect(self.remat, self._remat_pairs(strategy))
         again = recomputed_collectives(collectives, eff)
