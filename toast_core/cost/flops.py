@@ -246,10 +246,9 @@ def gather_flops(op, program):
     row that falls out of bounds: 3 flops per index vector (two compares and an and) and a select
     per result element (measured: `jnp.take(x[16, 8], i[k], axis=0)` 11 per index, axis=1 19).
 
-    Not priced yet: with the indexed dim sharded (the masked rule) XLA's partitioned gather adds
-    about 8 + 2 D flops per index per device in fill mode and 5 + 2 D with clamped indices
-    (`jnp.take(t[V, D], i[B])`, vocab on 2 devices); that term depends on the sharding, so it
-    belongs in the evaluator (and its incremental twin), not in this per-op rule."""
+    Global counts: the evaluator counts a gather on its shards (`masked_gather.py`: the fill
+    mask on the result's shard, and the bookkeeping XLA's partitioner adds when the indexed dim
+    is sharded)."""
     if "FILL" not in str(op.param("mode", "")):
         return 0.0, 0.0
     indices = program.values[op.operands[1]].shape
