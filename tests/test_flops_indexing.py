@@ -144,3 +144,17 @@ def test_a_scatter_along_a_sharded_dim_combines_every_update_it_holds():
     )
     predicted, compiled = predicted_and_compiled(fn, args, {"data": 4})
     assert predicted == pytest.approx(compiled, rel=0.05)
+
+
+@pytest.mark.slow
+def test_a_one_window_scatter_is_computed_in_each_loop_reading_it():
+    """Fuzz seed 31 #37: a one-window scatter is a dynamic-update-slice that XLA fuses into each
+    loop reading it, its select and add computed in each (0.80 of XLA before)."""
+
+    def fn(x, i):
+        v = x.at[:, :, i].add(jnp.tanh(x[:, :, i]))
+        return x * v, v[:, :, 1:]
+
+    args = (jax.ShapeDtypeStruct((4, 16, 4), F32), jax.ShapeDtypeStruct((1,), jnp.int32))
+    predicted, compiled = unsharded_flops(fn, *args)
+    assert predicted == pytest.approx(compiled, abs=6.0)  # the index normalization's copies

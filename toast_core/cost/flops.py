@@ -233,11 +233,17 @@ def scatter_flops(op, program):
     normalization, 3, in the test's fusion: fuzz seed 16 #1347, 0.80 of XLA before)."""
     updates = program.values[op.operands[2]].size
     combines = float(updates) if op.primitive in prim.COMBINING_SCATTERS else 0.0
+    test = one_window_test_flops(op, program)
+    return (combines + updates + test if test else combines), 0.0
+
+
+def one_window_test_flops(op: Op, program: Program) -> int:
+    """The bounds test of a one-window scatter (`scatter_flops`): 4 x rank - 1; 0 for a scatter
+    of several windows. XLA computes it once however many loops the scatter is fused into."""
     indices = program.values[op.operands[1]].shape
     if indices and prod(indices[:-1]) != 1:
-        return combines, 0.0
-    rank = len(program.values[op.operands[0]].shape)
-    return combines + updates + 4 * rank - 1, 0.0
+        return 0
+    return 4 * len(program.values[op.operands[0]].shape) - 1
 
 
 @flop_rule("gather")

@@ -243,9 +243,10 @@ def _with_fused_gathers(
       fused into each reader instead (`take(x * 2 + 1, i)` read by a sum and a max: the affine
       map once, the mask and `where(i < 0, i + n, i)` in each reader's loop, 154 flops).
 
+    A scatter of one update window is a cheap loop op like a dynamic-slice (`_in_loop_fusion`).
     A value stored only because a gather reads or makes it is then not stored. Flops only:
     `materialized` and the memory model keep their own view (`_fused_into_gathers`)."""
-    gathers = [op for op in prog.ops if op.primitive == "gather" and op.results]
+    gathers = [op for op in prog.ops if _in_loop_fusion(op, prog)]
     if not gathers:
         return fuses, is_materialized, {}
     fuses = list(fuses)
@@ -253,7 +254,7 @@ def _with_fused_gathers(
     for op in gathers:
         fuses[op.index] = True
         indices = prog.values[op.operands[1]].shape
-        if prod(indices[:-1]) > 1:
+        if op.primitive == "gather" and prod(indices[:-1]) > 1:
             own[op.index] = -(len(prog.ops) * 64 + op.index + 1)  # below EXPANDED_APART's ids
     producers = prog.producers()
     uses = prog.uses()
@@ -269,6 +270,20 @@ def _with_fused_gathers(
         if fuses[p] and readers and all(fuses[o] for o, _ in readers):
             is_materialized[v] = False
     return fuses, is_materialized, own
+
+
+def _in_loop_fusion(op, prog: Program) -> bool:
+    """A gather, or a scatter of one update window: XLA makes it a dynamic-update-slice that
+    its reader loops compute in place, each with its select and combine (fuzz seed 31 #37:
+    `v.at[:, :, :, i[1]].add(u)` read by a multiply and a slice: both loops select and add)."""
+    if not op.results:
+        return False
+    if op.primitive == "gather":
+        return True
+    if op.primitive not in prim.SCATTERS:
+        return False
+    indices = prog.values[op.operands[1]].shape
+    return not indices or prod(indices[:-1]) == 1
 
 
 def _fills(op) -> bool:
