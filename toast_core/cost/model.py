@@ -67,6 +67,7 @@ from toast_core.cost.halo import slice_halo_permutes
 from toast_core.cost.hoist import use_counts
 from toast_core.cost.layout_copies import dot_copy_traffic
 from toast_core.cost.loop_buffers import buffer_aliases, held_until, zero_filled
+from toast_core.cost.masked_gather import masked_gather_flops, masked_gathers
 from toast_core.cost.remat import (
     hold_barrier_inputs,
     recompute_comm_s,
@@ -76,6 +77,7 @@ from toast_core.cost.remat import (
 )
 from toast_core.cost.reshard_keys import classify, group_by_key
 from toast_core.cost.scatter_chain import scatter_values
+from toast_core.cost.sharded_scatter import local_scatter_flops, sharded_scatters
 from toast_core.cost.simplify import executions as simplified_executions
 from toast_core.cost.simplify import live_ops, splits_as_slices, without_dead_ops
 from toast_core.errors import ToastError, bad_value
@@ -403,6 +405,12 @@ class Evaluator:
             [i for i, (op, f) in enumerate(zip(prog.ops, flops)) if op.primitive in SORTS and f],
             dtype=np.int64,
         )
+        # Gathers with a masked operand dim, and how many times they run: `_masked_gathers`.
+        self._gather_ops = np.array(masked_gathers(prog), dtype=np.int64)
+        self._gather_runs = executions[self._gather_ops]
+        # Scatters, counted on their local updates: `_sharded_scatters`.
+        self._scatter_ops = np.array(sharded_scatters(prog), dtype=np.int64)
+        self._scatter_runs = executions[self._scatter_ops]
         self.nbytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
         # Ops that move no bytes: region markers and views (`bitcasts`); a scan's end writes
         # its zero-filled stacked outputs once (`zero_filled`).
@@ -822,6 +830,64 @@ class Evaluator:
         out[ops] = self.op_flops[ops] * self._scan_window[more] / result_ways[more]
         return out
 
+    def _masked_gathers(self, flops_local, value_local, op_logdeg, masks) -> np.ndarray:
+        """`flops_local` with each gather whose masked operand dims are cut (its iteration space
+        cut more ways than its result) counted as XLA's partitioned gather runs it: index
+        bookkeeping and a select per local result element; and each fill-mode gather's mask
+        counted on its result and index shards (`masked_gather.py`). Flops only, like
+        `_folded`. A gather whose masked dims are cut along the axes that cut its result (a
+        conflict: its work cut more ways than its mesh axes give) gathers them whole, as
+        XLA's partitioner does (fuzz seed 16 #544, `take_along_axis` of an `argsort`)."""
+        if not len(self._gather_ops):
+            return flops_local
+        prog = self.ana.program
+        ways = np.exp2(op_logdeg[self._gather_ops])
+        result = [prog.ops[i].results[0] for i in self._gather_ops.tolist()]
+        result_ways = self.nbytes[result] / np.maximum(value_local[result], 1e-300)
+        out = flops_local.copy()
+        for j in range(len(self._gather_ops)):
+            i = int(self._gather_ops[j])
+            idx = prog.ops[i].operands[1]
+            index_ways = self.nbytes[idx] / max(float(value_local[idx]), 1e-300)
+            masked_ways = float(ways[j] / result_ways[j])
+            if self._conflicting(i, float(ways[j]), masks):
+                masked_ways = 1.0  # conflicting cuts: the masked dims are gathered
+            whole = masked_ways >= self.mesh.n_devices * (1 - 1e-9)
+            local = masked_gather_flops(
+                prog.ops[i], prog, masked_ways, float(result_ways[j]), index_ways, whole
+            )
+            out[i] = local * self._gather_runs[j]
+        return out
+
+    def _conflicting(self, i: int, ways: float, masks) -> bool:
+        """Whether op `i`'s work is cut more ways than the mesh axes cutting it give (two of its
+        factors cut along one axis: XLA's partitioner gathers one of them first)."""
+        rows = self.lay.op_work_fine
+        atoms = rows.indices[rows.indptr[i] : rows.indptr[i + 1]]
+        axes = int(np.bitwise_or.reduce(masks[atoms])) if len(atoms) else 0
+        return ways > self.axes.ways[axes] * (1 + 1e-9)
+
+    def _sharded_scatters(self, flops_local, value_local, op_logdeg, masks) -> np.ndarray:
+        """`flops_local` with each scatter counted on the updates each device holds, plus the
+        index offsets when its operand's indexed dims are cut (`sharded_scatter.py`). Flops
+        only, like `_folded`."""
+        if not len(self._scatter_ops):
+            return flops_local
+        prog = self.ana.program
+        ways = np.exp2(op_logdeg[self._scatter_ops])
+        out = flops_local.copy()
+        for j, i in enumerate(self._scatter_ops.tolist()):
+            op = prog.ops[i]
+            upd, idx = op.operands[2], op.operands[1]
+            updates_ways = self.nbytes[upd] / max(float(value_local[upd]), 1e-300)
+            index_ways = self.nbytes[idx] / max(float(value_local[idx]), 1e-300)
+            indexed_ways = float(ways[j]) / updates_ways
+            if self._conflicting(i, float(ways[j]), masks):
+                indexed_ways = 1.0
+            local = local_scatter_flops(op, prog, updates_ways, indexed_ways, index_ways)
+            out[i] = local * self._scatter_runs[j]
+        return out
+
     def _local_sorts(self, flops_local, op_logdeg) -> np.ndarray:
         """`flops_local` with each sort counted on its local operand: XLA counts N log2 N over
         the N elements it sorts, so a device sorting N / k of them counts (N / k) log2(N / k),
@@ -963,6 +1029,8 @@ class Evaluator:
             value_local, op_logdeg, self._read_extra(masks, value_local)
         )
         flops_local = self._folded(flops_local, value_local, op_logdeg)
+        flops_local = self._masked_gathers(flops_local, value_local, op_logdeg, masks)
+        flops_local = self._sharded_scatters(flops_local, value_local, op_logdeg, masks)
         collectives = self._collectives(masks, value_local)
         eff = remat_effect(self.remat, self._remat_pairs(strategy))
         again = recomputed_collectives(collectives, eff)

@@ -48,7 +48,7 @@ from dataclasses import replace
 from math import prod
 
 from toast_core.analysis.factors import mixed_radix_groups
-from toast_core.cost.flops import spread_divisor_elements
+from toast_core.cost.flops import one_window_test_flops, spread_divisor_elements
 from toast_core.cost.flops_measured import expanded_extra_copies
 from toast_core.cost.fusion import _kept_once, _more_than_unary, fusible, fusion_work, materialized
 from toast_core.cost.gather_fusion import gather_copies
@@ -543,6 +543,13 @@ def executions(
             if reciprocal:
                 c = copies[op.index]
                 each_flops[op.index] = (c * n + reciprocal) / (n + reciprocal) * factors[op.index]
+        elif op.primitive in prim.SCATTERS and copies[op.index] > 1 and op.results:
+            # a one-window scatter's bounds test is computed once, its select per copy
+            test = one_window_test_flops(op, simple)
+            total = op_flops(op, simple)
+            if test and total:
+                c = copies[op.index]
+                each_flops[op.index] = (c * (total - test) + test) / total * factors[op.index]
     return (
         _costliest_branches(prog, each_flops, op_flops),
         _costliest_branches(prog, each, op_transcendentals),

@@ -1,0 +1,160 @@
+"""Predicted flops of gathers and scatters against XLA's `cost_analysis()` (issue 14, fuzz seed
+16's small programs): the index bookkeeping XLA's partitioner adds to a gather whose indexed dim
+is sharded and the fill mask of `jnp.take` counted on its shards (`masked_gather.py`), gathers in
+loop fusion (`fusion._with_fused_gathers`), a one-window scatter (`flops.scatter_flops`)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import toast_core as tc
+
+F32 = jnp.float32
+
+
+def predicted_and_compiled(fn, args, axes: dict[str, int]) -> tuple[float, float]:
+    """(predicted, compiled) flops per device of `fn` under the data-parallel baseline."""
+    mesh = tc.MeshSpec(axes)
+    ana = tc.analyze(tc.trace(fn, *args))
+    strategy = tc.baselines.data_parallel(ana, mesh)
+    assert strategy is not None
+    rep = tc.validate(fn, args, ana, strategy, tc.jax_mesh(mesh), tc.hardware("tpu-v5e"))
+    assert rep.numerics_ok
+    return rep.predicted_flops, rep.compiled_flops
+
+
+def lookup(rows: int, width: int, k: int):
+    return {
+        "x": jax.ShapeDtypeStruct((rows, width), F32),
+        "i": jax.ShapeDtypeStruct((k,), jnp.int32),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("rows", "axes"),
+    [
+        (4, {"data": 4}),  # one local row, the dim cut over the whole mesh (fuzz seed 16 #1357)
+        (8, {"data": 4}),  # two local rows: the offset subtract per index
+        (8, {"data": 2, "model": 2}),  # a dim cut over some mesh axes: the offset looked up
+    ],
+)
+def test_a_gather_along_a_sharded_dim_tests_each_index_against_the_local_rows(rows, axes):
+    """`x[i]` with x's rows sharded (the masked rule): a clamp, two compares, an or (and the
+    offset subtract) per index, and a select per result element before the all-reduce; the
+    unsharded gather counts none of it (0.48 of XLA before)."""
+    predicted, compiled = predicted_and_compiled(
+        lambda b: b["x"][b["i"]], (lookup(rows, 16, 1),), axes
+    )
+    assert predicted == compiled
+
+
+@pytest.mark.slow
+def test_a_take_with_fill_masks_on_its_result_shard_and_tests_every_index():
+    """Fuzz seed 16 #1410: `jnp.take(x, i, axis=1)` with x's rows on 8 devices: each device
+    selects its 8 result elements and tests the bounds of the one index (3 flops), 11 flops,
+    not the global 67 / 8."""
+
+    def fn(b):
+        return jnp.take(b["x"], b["i"], axis=1)
+
+    predicted, compiled = predicted_and_compiled(fn, (lookup(64, 32, 1),), {"data": 8})
+    assert predicted == compiled
+
+
+def unsharded_flops(fn, *args) -> tuple[float, float]:
+    """(the cost model's flops of one execution, XLA's `cost_analysis()` flops), unsharded."""
+    from toast_core.cost.flops import op_flops
+    from toast_core.cost.simplify import flop_executions
+
+    prog = tc.trace(fn, *args)
+    scale = flop_executions(prog)
+    predicted = sum(op_flops(op, prog) * scale[op.index] for op in prog.ops)
+    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    return predicted, cost.get("flops", 0.0)
+
+
+def fan_out_through_a_gather(x, i):  # one index: a dynamic-slice
+    v = x * x
+    g = v[i]
+    return v / (1.0 + x), jnp.stack([g, jnp.tanh(g)], axis=1).sum(), jnp.where(g > 0.1, g, 0.0)
+
+
+def take_read_twice(x, i):
+    g = jnp.take(x * 2.0 + 1.0, i, axis=0)
+    return g.sum(axis=1), jnp.maximum(g, 0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fn", "k"),
+    [(fan_out_through_a_gather, 1), (fan_out_through_a_gather, 3), (take_read_twice, 3)],
+)
+def test_a_gather_fuses_its_cheap_producers_as_xla_does(fn, k):
+    """Fuzz seed 16 #16: a gather of one index (a dynamic-slice) is fused into every loop reading
+    it with the cheap ops making its operand and index, computed there over their whole shape:
+    `x * x` read by a division and by `v[i]`, which two loops read, is computed three times
+    (0.68 of XLA before). A gather of several indices is one fusion with its producers, its
+    fill mask fused into each reader (`fusion._with_fused_gathers`)."""
+    args = (jax.ShapeDtypeStruct((8, 4), F32), jax.ShapeDtypeStruct((k,), jnp.int32))
+    predicted, compiled = unsharded_flops(fn, *args)
+    assert predicted == compiled
+
+
+SCATTERS = {
+    "add_rows": (lambda x, i, u: x.at[i].add(u), (8, 16), (1, 16), 1),
+    "set_rows": (lambda x, i, u: x.at[i].set(u), (8, 16), (1, 16), 1),
+    "add_rank4": (lambda x, i, u: x.at[i].add(u), (4, 32, 2, 2), (1, 32, 2, 2), 1),
+    "add_two_windows": (lambda x, i, u: x.at[i].add(u), (8, 16), (2, 16), 2),
+    "set_two_windows": (lambda x, i, u: x.at[i].set(u), (8, 16), (2, 16), 2),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SCATTERS))
+def test_a_one_window_scatter_tests_its_bounds_and_selects(name):
+    """Fuzz seed 16 #1347: a scatter of one update window is a dynamic-update-slice that tests
+    the window's bounds (4 x rank - 1) and selects per update element; XLA also recomputes the
+    index normalization in the test's fusion (3 flops, not modeled: the tolerance)."""
+    fn, x_shape, u_shape, k = SCATTERS[name]
+    args = (
+        jax.ShapeDtypeStruct(x_shape, F32),
+        jax.ShapeDtypeStruct((k,), jnp.int32),
+        jax.ShapeDtypeStruct(u_shape, F32),
+    )
+    predicted, compiled = unsharded_flops(fn, *args)
+    assert predicted == pytest.approx(compiled, abs=3.0)
+
+
+@pytest.mark.slow
+def test_a_scatter_along_a_sharded_dim_combines_every_update_it_holds():
+    """Fuzz seed 31 #37: `x.at[i].add(u)` with x's rows on 4 devices: each device combines all
+    the updates it holds (those landing in other rows are dropped after the combine is counted)
+    and moves each index into its rows; the global count over the cut said a quarter."""
+
+    def fn(b):
+        return b["x"].at[b["i"]].add(jnp.tanh(b["x"][b["i"]]))
+
+    args = (
+        {
+            "x": jax.ShapeDtypeStruct((4, 4, 16, 4), F32),
+            "i": jax.ShapeDtypeStruct((4,), jnp.int32),
+        },
+    )
+    predicted, compiled = predicted_and_compiled(fn, args, {"data": 4})
+    assert predicted == pytest.approx(compiled, rel=0.05)
+
+
+@pytest.mark.slow
+def test_a_one_window_scatter_is_computed_in_each_loop_reading_it():
+    """Fuzz seed 31 #37: a one-window scatter is a dynamic-update-slice that XLA fuses into each
+    loop reading it, its select and add computed in each (0.80 of XLA before)."""
+
+    def fn(x, i):
+        v = x.at[:, :, i].add(jnp.tanh(x[:, :, i]))
+        return x * v, v[:, :, 1:]
+
+    args = (jax.ShapeDtypeStruct((4, 16, 4), F32), jax.ShapeDtypeStruct((1,), jnp.int32))
+    predicted, compiled = unsharded_flops(fn, *args)
+    assert predicted == pytest.approx(compiled, abs=6.0)  # the index normalization's copies
