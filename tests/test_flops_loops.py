@@ -103,3 +103,21 @@ def test_the_gradient_of_a_reversed_cumsum_under_a_mean():
 
     args = ({"w": jax.ShapeDtypeStruct((16, 8), F32)}, {"x": jax.ShapeDtypeStruct((8, 16), F32)})
     assert ratio(grad, args) == pytest.approx(1.0)
+
+
+def cell_scan(ys):
+    def fn(b):
+        def cell(c, x):
+            c = 0.5 * c + x
+            return c, ys(c)
+
+        return lax.scan(cell, jnp.zeros(8), b["x"])
+
+    return fn
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ys", [jnp.sin, lambda c: c * 2.0, lambda c: c * c + 1.0])
+def test_a_carry_is_computed_once_whatever_reads_it_in_the_body(ys):
+    """`c = 0.5 * c + x` is the carry's fusion; `ys(c)` reads that buffer (fuzz seed 41 #55)."""
+    assert ratio(cell_scan(ys), ({"x": jax.ShapeDtypeStruct((3, 8), F32)},)) == pytest.approx(1.0)
