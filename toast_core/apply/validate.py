@@ -62,6 +62,7 @@ from toast_core.cost.cpu_buffers import (
 )
 from toast_core.cost.cpu_tree_reduce import dot_matrix_operand, is_tree_reduced, tree_factor
 from toast_core.cost.fusion import materialized
+from toast_core.cost.loop_control import loop_control_flops
 from toast_core.cost.model import evaluator, reduction_flops
 from toast_core.cost.simplify import (
     executions,
@@ -274,6 +275,8 @@ def cpu_flops(
     checkpointed `gelu(t @ w)`: counted merged they fell from 0.98 to 0.86-0.89 of XLA's
     flops), so the CPU view does not guess.
 
+    Each loop's control (its counter's compare and add, `cost.loop_control`) is counted once.
+
     A reduction the CPU compiles apart from its operand's producers (a tree reduction's
     reduce-window; a reduce whose reduced dims are all of local size 1, which the partitioner
     leaves to an all-reduce of the operand) makes that operand a stored buffer, so its
@@ -297,6 +300,7 @@ def cpu_flops(
         c.transcendentals / trips[c.op] * (1 + (c.op in again)) * tile.get(c.op, 1.0)
         for c in report.op_costs
     )
+    flops += loop_control_flops(program)
     return flops + reduction_flops(report.collectives, program, once=True), transcendentals
 
 

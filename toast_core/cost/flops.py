@@ -175,11 +175,21 @@ def transcendental_flops(op, program):
         - prim.NO_OP_ELEMENTWISE
         - prim.TRANSCENDENTAL
         - prim.EXPANDED_TRANSCENDENTAL
-        - {"integer_pow", "div"}
+        - {"integer_pow", "div", "convert_element_type"}
     )
 )
 def elementwise_flops(op, program):
     """One flop per result element."""
+    return float(_result_size(op, program)), 0.0
+
+
+@flop_rule("convert_element_type")
+def convert_flops(op, program):
+    """One flop per result element; none when the dtype stays (JAX's convert that only drops a
+    weak type, as `x[i]` does to a loop index: XLA removes it; measured in a `fori_loop` body,
+    fuzz seed 16 accum_fori)."""
+    if program.values[op.operands[0]].dtype == program.values[op.results[0]].dtype:
+        return 0.0, 0.0
     return float(_result_size(op, program)), 0.0
 
 
