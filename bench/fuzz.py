@@ -11,8 +11,8 @@ to artifacts/fuzz/, and the results to bench/results/fuzz.json.
 
     .venv/bin/python bench/fuzz.py --minutes 20 [--seed 0] [--jobs 1] [--programs N]
 
-With `--programs N` the run stops after programs 0..N-1 (or at the time limit): a fixed set to
-compare the cost model before and after a change.
+With `--programs N` the run stops after programs 0..N-1 (or at `--minutes`, when given): a fixed
+set to compare the cost model before and after a change. Without either, it runs for 5 minutes.
 """
 
 from __future__ import annotations
@@ -217,7 +217,12 @@ def _unexplained(g: dict):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--minutes", type=float, default=5.0)
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="time limit (default: 5, or none with --programs)",
+    )
     p.add_argument(
         "--programs",
         type=int,
@@ -237,6 +242,8 @@ def main() -> None:
         "--no-validate", action="store_true", help="trace/analyze/search/baselines only (no XLA)"
     )
     args = p.parse_args()
+    if args.minutes is None:  # a fixed set of programs is run whole unless a limit is asked for
+        args.minutes = 5.0 if args.programs is None else float("inf")
     if args.minutes <= 0:
         raise SystemExit(f"fuzz: expected a positive duration, got `--minutes={args.minutes}`")
     if args.jobs < 1:
