@@ -6,8 +6,8 @@ user's model is built from: dot_general/einsum, elementwise and transcendental o
 reshapes, transposes, broadcasts, concatenate/stack/tile, slices (strided too), gathers and
 scatter-adds, cumulative ops, sort/top_k, convolutions with random dimension numbers, scan /
 fori_loop / while_loop / cond, custom_jvp / custom_vjp, jax.checkpoint, dropout with jax.random
-keys, BatchNorm with running statistics, top-k routing. Integer index inputs are taken modulo the
-indexed size (`_in_bounds`): an out-of-bounds index would compare XLA's NaN handling, not a plan. Every value no later statement reads is an
+keys, BatchNorm with running statistics, top-k routing. A dim an integer input indexes has size >= 2
+(`INDEXED_MIN`), so validation's index values, drawn in [0, 2), are in bounds. Every value no later statement reads is an
 output of `forward`; the loss is the sum of their means. The program is either that forward
 function or a train step around it: SGD, a hand-written Adam, or gradient accumulation over
 micro-batches with `fori_loop`, `while_loop` or `scan`.
@@ -475,16 +475,15 @@ def _ix(rank: int, d: int, text: str) -> str:
     return "[" + ", ".join(parts) + "]" if parts else "[...]"
 
 
-def _in_bounds(index: str, size: str) -> str:
-    """`index % size`: the index input's values inside [0, size) whatever they are.
+INDEXED_MIN = 2
+"""Smallest size of a dim an integer input indexes (or of a segment count).
 
-    Validation feeds integer inputs random values in [0, 2) (`toast_core.validate.concrete_args`),
-    which can lie past a dim of size 1. `jnp.take` then fills NaN, and jax 0.10.2's XLA:CPU
-    computes `exp` of that fill in a fused loop as garbage that changes from run to run (finite,
-    even negative: fuzz seed 16 program 1305 gave 69.3 sharded vs -inf unsharded with every
-    value replicated), so the comparison judges XLA's NaN handling, not the plan. Written with
-    the indexed value's `.shape`, the bound follows the minimizer when it shrinks dims."""
-    return f"({index} % {size})"
+`toast_core.validate.concrete_args` draws integer inputs in [0, 2): on a dim of size 1 the index
+1 is out of bounds, `jnp.take` fills NaN, and jax 0.10.2's XLA:CPU computes `exp` of that fill in a
+fused loop as garbage that changes from run to run (finite, even negative: fuzz seed 16 program
+1305 gave 69.3 sharded vs -inf unsharded with every value replicated), so the comparison would
+judge XLA's NaN handling, not the plan. Wrapping the index (`i % n`) would also keep it in bounds,
+but it adds index arithmetic XLA fuses into every reader and so changes what the program is."""
 
 
 # Each op builder returns (op name, arg names, lines, helpers, stats) or None when no value fits.
@@ -794,10 +793,11 @@ def _gather(g: _Gen):
     if int(np.prod(shp)) // shp[d] * k > MAX_ELEMENTS:
         return None
     kind = g.pick(["take", "index", "take_along", "one_hot", "argmax_take"])
-    at = _in_bounds("{1}", f"{{0}}.shape[{d}]")
+    if kind in ("take", "index", "take_along") and shp[d] < INDEXED_MIN:
+        return None
     if kind == "take_along":
         idx = g.new_input("batch", shp[:d] + (k,) + shp[d + 1 :], "int32", prefix="i")
-        return kind, (a, idx), (f"{{out}} = jnp.take_along_axis({{0}}, {at}, axis={d})",), (), ()
+        return kind, (a, idx), (f"{{out}} = jnp.take_along_axis({{0}}, {{1}}, axis={d})",), (), ()
     if kind == "argmax_take":
         line = f"{{out}} = jnp.take_along_axis({{0}}, jnp.argmax({{0}}, axis={d}, keepdims=True), axis={d})"
         return kind, (a,), (line,), (), ()
@@ -806,8 +806,8 @@ def _gather(g: _Gen):
         n = g.size()
         return kind, (idx,), (f"{{out}} = jax.nn.one_hot({{0}}, {n}) * 1.5",), (), ()
     if kind == "index" and d == 0:
-        return kind, (a, idx), (f"{{out}} = {{0}}[{at}]",), (), ()
-    return "take", (a, idx), (f"{{out}} = jnp.take({{0}}, {at}, axis={d})",), (), ()
+        return kind, (a, idx), ("{out} = {0}[{1}]",), (), ()
+    return "take", (a, idx), (f"{{out}} = jnp.take({{0}}, {{1}}, axis={d})",), (), ()
 
 
 def _scatter(g: _Gen):
@@ -817,14 +817,15 @@ def _scatter(g: _Gen):
     shp = g.shapes[a]
     r = len(shp)
     d = int(g.rng.integers(r))
+    if shp[d] < INDEXED_MIN:
+        return None
     k = g.pick([1, 2, 3, 4])
     idx = g.new_input("batch", (k,), "int32", prefix="i")
-    ids = _in_bounds("{1}", f"{{0}}.shape[{d}]")
-    at = _ix(r, d, ids).replace("[...]", f"[{ids}]")
+    at = _ix(r, d, "{1}").replace("[...]", "[{1}]")
     kind = g.pick(["scatter_add", "scatter_add", "scatter_mul", "scatter_set", "segment_sum"])
     if kind == "segment_sum" and d == 0 and shp[0] >= k:
-        n = g.size()
-        line = f"{{out}} = jax.ops.segment_sum({{0}}[:{k}], {_in_bounds('{1}', str(n))}, num_segments={n})"
+        n = max(INDEXED_MIN, g.size())
+        line = f"{{out}} = jax.ops.segment_sum({{0}}[:{k}], {{1}}, num_segments={n})"
         return kind, (a, idx), (line,), (), ()
     method = {"scatter_mul": "multiply", "scatter_set": "set"}.get(kind, "add")
     kind = "scatter_add" if kind == "segment_sum" else kind
