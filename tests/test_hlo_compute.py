@@ -221,3 +221,23 @@ def test_a_slice_of_a_bitcast_of_an_operand_reads_the_slice():
     # decoder's attention read its whole [B*S, 3*D] projection three times (5 % of its bytes).
     fusible_bytes, _ = fused_traffic(SLICED_VIEW)
     assert fusible_bytes == 2 * 256 * 256 * 4
+
+
+@pytest.mark.slow
+def test_the_cpus_tree_reduction_window_fuses_into_its_reduce():
+    # XLA:CPU splits a reduce of a small operand with a reduced dim longer than 32 into a
+    # reduce-window (windows of 32 tiling the row) and a reduce; TPU and GPU fuse the exp into one
+    # reduce: x read, the row sums written. Judged heavy, the window would add exp's result
+    # written and read again (twice the operand) and its own result (the Flax MLP's 0.918).
+    x = jax.ShapeDtypeStruct((16, 128), jnp.float32)
+    text = jax.jit(lambda x: jnp.sum(jnp.exp(x), axis=1)).lower(x).compile().as_text()
+    assert "reduce-window" in text  # the CPU's rewrite is there to be recognized
+    fusible_bytes, heavy = fused_traffic(text)
+    assert heavy == []
+    assert fusible_bytes == pytest.approx(16 * 128 * 4 + 16 * 4, abs=16)  # + scalar init values
+    # A reduce-window the program asked for (a max-pool, with its source) stays heavy.
+    pooled = lambda x: jnp.sum(  # noqa: E731
+        jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 32), (1, 32), "VALID"), axis=1
+    )
+    text = jax.jit(pooled).lower(x).compile().as_text()
+    assert len(fused_traffic(text)[1]) == 1

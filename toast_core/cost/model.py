@@ -79,7 +79,7 @@ from toast_core.cost.reshard_keys import classify, group_by_key
 from toast_core.cost.scatter_chain import scatter_values
 from toast_core.cost.sharded_scatter import local_scatter_flops, sharded_scatters
 from toast_core.cost.simplify import executions as simplified_executions
-from toast_core.cost.simplify import live_ops, splits_as_slices, without_dead_ops
+from toast_core.cost.simplify import live_ops, rewired, splits_as_slices, without_dead_ops
 from toast_core.errors import ToastError, bad_value
 from toast_core.ir import primitives as prim
 from toast_core.ir.primitives import ARG_REDUCTIONS, CUMULATIVE
@@ -412,12 +412,18 @@ class Evaluator:
         self._scatter_ops = np.array(sharded_scatters(prog), dtype=np.int64)
         self._scatter_runs = executions[self._scatter_ops]
         self.nbytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
-        # Ops that move no bytes: region markers and views (`bitcasts`); a scan's end writes
-        # its zero-filled stacked outputs once (`zero_filled`).
+        # Ops that move no bytes: region markers, views (`bitcasts`) and the ops XLA's CSE and
+        # simplifier remove (`simplify.rewired`: a repeat of an earlier op, an identity), whose
+        # readers read the value they equal (a BatchNorm computing `sum(h)` for its mean and
+        # again for its variance reads h once: 14 % of its replicated step's fused bytes); a
+        # scan's end writes its zero-filled stacked outputs once (`zero_filled`).
+        kept = live_ops(rewired(prog))
         self._moves = np.array(
             [
-                op.primitive not in REGION_BOUNDARIES and not view
-                for op, view in zip(prog.ops, bitcasts(prog, is_mat))
+                op.primitive not in REGION_BOUNDARIES and not view and (kept_op or not live)
+                for op, view, kept_op, live in zip(
+                    prog.ops, bitcasts(prog, is_mat), kept, self._op_live.tolist()
+                )
             ],
             dtype=bool,
         )
