@@ -247,6 +247,16 @@ SIMPLIFIED = {
         lambda a: (jnp.sum(B(jnp.sin(a), (16, 32), (1,))), jnp.max(B(a, (4, 32, 8), (1,)), (0, 1))),
         (jnp.arange(32.0),),
     ),
+    # ...but a max or min over broadcast dims only is computed in full unless it spreads a
+    # scalar: XLA folds only a sum's (fuzz seed 16 #81, the softmax of a broadcast, 0.44)
+    "max_and_min_of_broadcasts": (
+        lambda a, s: (
+            jnp.max(B(a, (64, 32), (0,)), axis=1),
+            jax.nn.softmax(B(a[:6].reshape(3, 2), (16, 3, 2), (1, 2)), axis=0),
+            jnp.min(B(s, (8, 4), ()), axis=0),
+        ),
+        (jnp.arange(64.0), jnp.float32(2.0)),
+    ),
     "two_broadcasts_same_dims": (
         lambda a, b: B(a, (4, 32), (0,)) + B(b, (4, 32), (0,)),
         (jnp.ones(4), jnp.ones(4)),
