@@ -635,3 +635,17 @@ def test_cpu_view_fuses_what_a_dot_reads_through_a_layout_copy():
     low = next(op.index for op in prog.ops if op.primitive == "min")
     assert flop_executions(prog)[low] == 1
     assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
+
+
+def test_a_reduction_read_by_a_gather_fusion_is_priced():
+    """Fuzz seed 53 #28: an argmax read only by the gather fusion of a `take_along_axis` (a
+    fusion with a placeholder root) crashed `fusion_work` with an IndexError; it is counted as
+    XLA counts it."""
+    x = jax.ShapeDtypeStruct((6, 4, 3), jnp.float32)
+
+    def fn(x):
+        e = lax.erf(x)
+        return jnp.take_along_axis(e, jnp.argmax(e, axis=0, keepdims=True), axis=0)
+
+    got, want = predicted_simplified(fn, x), xla_cost(fn, x)
+    assert got[0] == pytest.approx(want[0], rel=0.05), (got, want)
