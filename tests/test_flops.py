@@ -247,6 +247,16 @@ SIMPLIFIED = {
         lambda a: (jnp.sum(B(jnp.sin(a), (16, 32), (1,))), jnp.max(B(a, (4, 32, 8), (1,)), (0, 1))),
         (jnp.arange(32.0),),
     ),
+    # ...but a max or min over broadcast dims only is computed in full unless it spreads a
+    # scalar: XLA folds only a sum's (fuzz seed 16 #81, the softmax of a broadcast, 0.44)
+    "max_and_min_of_broadcasts": (
+        lambda a, s: (
+            jnp.max(B(a, (64, 32), (0,)), axis=1),
+            jax.nn.softmax(B(a[:6].reshape(3, 2), (16, 3, 2), (1, 2)), axis=0),
+            jnp.min(B(s, (8, 4), ()), axis=0),
+        ),
+        (jnp.arange(64.0), jnp.float32(2.0)),
+    ),
     "two_broadcasts_same_dims": (
         lambda a, b: B(a, (4, 32), (0,)) + B(b, (4, 32), (0,)),
         (jnp.ones(4), jnp.ones(4)),
@@ -625,3 +635,17 @@ def test_cpu_view_fuses_what_a_dot_reads_through_a_layout_copy():
     low = next(op.index for op in prog.ops if op.primitive == "min")
     assert flop_executions(prog)[low] == 1
     assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
+
+
+def test_a_reduction_read_by_a_gather_fusion_is_priced():
+    """Fuzz seed 53 #28: an argmax read only by the gather fusion of a `take_along_axis` (a
+    fusion with a placeholder root) crashed `fusion_work` with an IndexError; it is counted as
+    XLA counts it."""
+    x = jax.ShapeDtypeStruct((6, 4, 3), jnp.float32)
+
+    def fn(x):
+        e = lax.erf(x)
+        return jnp.take_along_axis(e, jnp.argmax(e, axis=0, keepdims=True), axis=0)
+
+    got, want = predicted_simplified(fn, x), xla_cost(fn, x)
+    assert got[0] == pytest.approx(want[0], rel=0.05), (got, want)

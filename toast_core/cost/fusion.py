@@ -169,7 +169,10 @@ def fusion_work(
     fuses, is_materialized, gather_own = _with_fused_gathers(prog, fuses, is_materialized)
     costly = _costly_cones(prog, is_materialized, spread)
     roots: list[frozenset[int]] = [frozenset()] * len(prog.ops)
-    holds_reduction = [False] * len(prog.ops)  # per fusion root
+    # Per fusion root, op indices and the placeholder roots below zero (a gather's own fusion,
+    # a special function's expensive parts) alike: a list indexed by those raised IndexError
+    # (fuzz seed 53 #28, a reduction read by a take_along's gather fusion).
+    holds_reduction: dict[int, bool] = {}
     expanded: dict[int, int] = {}
     self_only = frozenset()
     for op in reversed(prog.ops):
@@ -224,8 +227,8 @@ def fusion_work(
             continue
         if not own and op.primitive in _REDUCTIONS and readers:
             (root,) = readers
-            own = holds_reduction[root] or _widens(prog, op, readers)
-            holds_reduction[root] = holds_reduction[root] or not own
+            own = holds_reduction.get(root, False) or _widens(prog, op, readers)
+            holds_reduction[root] = holds_reduction.get(root, False) or not own
         roots[op.index] = self_only if own or not readers else readers
         if own and op.primitive in _REDUCTIONS:
             holds_reduction[op.index] = True
@@ -729,9 +732,20 @@ def _widens(prog: Program, op, readers: frozenset[int]) -> bool:
     size = max(prog.values[r].size for r in op.results)
     return any(
         prog.ops[root].primitive in _REDUCTIONS or prog.values[r].size > size
-        for root in readers
+        for root in map(lambda x: _root_op(prog, x), readers)
         for r in prog.ops[root].results
     )
+
+
+def _root_op(prog: Program, root: int) -> int:
+    """The op whose fusion a root of `fusion_work` is: itself, or for a placeholder root below
+    zero, the gather owning that fusion (`_with_fused_gathers`) or the special function whose
+    expensive part it computes (`EXPANDED_APART`)."""
+    if root >= 0:
+        return root
+    k = -root - 1
+    n = len(prog.ops) * 64
+    return k - n if k >= n else k // 64
 
 
 #: Layout ops that only merge or split dims, or add or drop unit dims, in row-major order: the

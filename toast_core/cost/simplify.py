@@ -868,11 +868,16 @@ def _core_fraction(shape: tuple[int, ...], uniform: frozenset[int]) -> float:
 
 
 def _reduction_fraction(op: Op, prog: Program, uni) -> float:
-    """A reduction over dims that are all broadcast is a multiply of the core (a sum) or nothing
-    (max, min); one over none of them folds the core of its operand into the core of its result;
-    one over both kinds is computed in full: XLA's simplifier does not split it (measured, the
-    sum of `broadcast(a[32]) -> [16, 32]` over both dims: 511 flops, over dim 0: 32, over dim 1:
-    31; fuzz seed 14 #1426, the mean of a broadcast, predicted 725 of 1,217)."""
+    """A reduction over dims that are all broadcast is a multiply of the core (a sum); a max or
+    min over them is nothing when the operand is a spread scalar, and is computed in full
+    otherwise: XLA's simplifier folds `reduce(broadcast(x))` into a multiply for an add only
+    (measured, jaxlib 0.10.2 CPU: the max of `broadcast(a[64]) -> [64, 32]` over dim 1 counts
+    1,984 flops, of `broadcast(x[3, 2]) -> [16, 3, 2]` over dim 0 90, of a scalar's broadcast 0;
+    fuzz seed 16 #81, a softmax over a broadcast dim, predicted 0.44 of XLA's flops). One over
+    none of them folds the core of its operand into the core of its result; one over both kinds
+    is computed in full: XLA's simplifier does not split it (measured, the sum of
+    `broadcast(a[32]) -> [16, 32]` over both dims: 511 flops, over dim 0: 32, over dim 1: 31;
+    fuzz seed 14 #1426, the mean of a broadcast, predicted 725 of 1,217)."""
     src = prog.values[op.operands[0]]
     res = prog.values[op.results[0]]
     u = uni[src.id]
@@ -883,6 +888,8 @@ def _reduction_fraction(op: Op, prog: Program, uni) -> float:
     core_in = prod(s for d, s in enumerate(src.shape) if d not in u)
     core_out = prod(s for d, s in enumerate(src.shape) if d not in u and d not in axes)
     if axes <= u:
+        if op.primitive in ("reduce_max", "reduce_min") and core_in > 1:
+            return 1.0
         flops = core_out if op.primitive in ("reduce_sum", "reduce_prod") else 0
     elif axes & u:
         return 1.0
