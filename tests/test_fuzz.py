@@ -205,3 +205,16 @@ def test_xla_cpu_still_miscomputes_exp_of_a_selected_nan():
     runs = np.array([np.asarray(f(x, jnp.asarray(False))) for _ in range(5)])
     assert np.isnan(np.asarray(jnp.exp(jnp.where(False, x, jnp.nan)))).all()  # eager: NaN
     assert not np.isnan(runs).all()
+
+
+def test_a_gather_dead_after_simplification_is_in_no_loop_fusion():
+    """Regression, fuzz seed 17 program 95 (an accumulation loop around a `take_along_axis` of
+    an `argsort` that XLA's simplifier leaves unread): `simplify._pruned` empties the dead
+    gather's operands and the loop-fusion rule read its index operand (IndexError in the
+    evaluator, so in every search and validation of the program)."""
+    import toast_core as tc
+
+    fn, args = generate(17, 95).step_and_args()
+    ana = tc.analyze(tc.trace(fn, *args))
+    report = tc.estimate(ana, tc.Strategy(), tc.MeshSpec({"data": 8}), tc.hardware("tpu-v5e"))
+    assert report.flops_per_device > 0

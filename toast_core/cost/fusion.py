@@ -285,8 +285,9 @@ def _with_fused_gathers(
 def _in_loop_fusion(op, prog: Program) -> bool:
     """A gather, or a scatter of one update window: XLA makes it a dynamic-update-slice that
     its reader loops compute in place, each with its select and combine (fuzz seed 31 #37:
-    `v.at[:, :, :, i[1]].add(u)` read by a multiply and a slice: both loops select and add)."""
-    if not op.results:
+    `v.at[:, :, :, i[1]].add(u)` read by a multiply and a slice: both loops select and add).
+    A dead one (`simplify._pruned` leaves it reading nothing) is in no loop."""
+    if not op.results or len(op.operands) < 2:
         return False
     if op.primitive == "gather":
         return True
