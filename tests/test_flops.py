@@ -288,6 +288,17 @@ SIMPLIFIED = {
         ),
         (X, jnp.ones((32, 8))),
     ),
+    # CSE of dots with a spread scalar (fuzz seed 16 #768): the gradient of a self-contraction
+    # whose cotangent is the mean's 1/N computes the dot with v once for both operands...
+    "self_contraction_gradient_is_one_dot": (
+        jax.grad(lambda v: jnp.mean(jnp.einsum("abc,aec->bce", v, v))),
+        (jnp.ones((5, 7, 6)),),
+    ),
+    # ...but twice when the cotangent is not a spread scalar (2 e / N, of the square)
+    "self_contraction_gradient_of_a_square_is_two_dots": (
+        jax.grad(lambda v: jnp.mean(jnp.einsum("abc,aec->bce", v, v) ** 2)),
+        (jnp.ones((5, 7, 6)),),
+    ),
     "repeated_clip": (lambda x: (jnp.clip(x, -0.5, 0.5), jnp.clip(x, -0.5, 0.5) * x), (X,)),
     # identities: x + 0, x - 0 (softplus is logaddexp(x, 0)), max(x, x), select(p, x, x)
     "softplus": (jax.nn.softplus, (X,)),

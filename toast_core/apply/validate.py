@@ -60,7 +60,12 @@ from toast_core.cost.cpu_buffers import (
     conv_operand_copies,
     dot_operand_copies,
 )
-from toast_core.cost.cpu_tree_reduce import dot_matrix_operand, is_tree_reduced, tree_factor
+from toast_core.cost.cpu_tree_reduce import (
+    dot_matrix_operand,
+    is_tree_reduced,
+    tree_factor,
+    view_source_operand,
+)
 from toast_core.cost.fusion import materialized
 from toast_core.cost.loop_control import loop_control_flops
 from toast_core.cost.model import evaluator, reduction_flops
@@ -360,12 +365,15 @@ def _cpu_reduces(
     for op in ops:
         shape = prog.values[op.operands[0]].shape
         axes = space.use_axes(masks, op.index, 0)
-        local = tuple(
-            -(-n // int(np.prod([sizes[a] for a in names], dtype=np.int64)))
-            for n, names in zip(shape, axes)
-        )
+        local = _local_shape(shape, axes, sizes)
         reduced = tuple(op.param("axes", ()))
         matrix = dot_matrix_operand(prog, op, local)
+        if matrix is None:
+            matrix = view_source_operand(
+                prog, op, local, lambda i: _local_shape(
+                    prog.values[prog.ops[i].operands[0]].shape, space.use_axes(masks, i, 0), sizes
+                ),
+            )  # fmt: skip
         if matrix is not None:
             local, reduced = matrix
         factor = tree_factor(local, reduced)
@@ -379,6 +387,14 @@ def _cpu_reduces(
         ):
             unfused.append(op.index)
     return out, unfused
+
+
+def _local_shape(shape: tuple, axes, sizes: dict) -> tuple[int, ...]:
+    """Each dim of `shape` divided (rounded up) by the mesh axes `axes` names for it."""
+    return tuple(
+        -(-n // int(np.prod([sizes[a] for a in names], dtype=np.int64)))
+        for n, names in zip(shape, axes)
+    )
 
 
 def _library_reduced(op, prog, local: tuple, uses) -> bool:

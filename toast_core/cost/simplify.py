@@ -245,7 +245,7 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
             continue
         if _in_remat(op) and not merge_remat:
             continue
-        key = (op.primitive, op.params, operands)
+        key = _splat_dot_key(op, operands, prog) or (op.primitive, op.params, operands)
         try:
             earlier = first.setdefault(key, op.index)
         except TypeError:  # a param that does not hash: never merged
@@ -255,6 +255,49 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
                 canon[r] = canon[r0]
     outputs = tuple(canon[v] for v in prog.outputs)
     return replace(prog, ops=tuple(ops), outputs=outputs)
+
+
+#: Ops that pass a spread scalar on as a spread of the same scalar (XLA's simplifier folds a
+#: transpose or reshape of a broadcast into the broadcast).
+_SPLAT_PASSING = frozenset(
+    {"broadcast_in_dim", "transpose", "reshape", "copy", "expand_dims", "squeeze"}
+)
+
+
+def _splat_source(prog: Program, vid: int) -> int | None:
+    """The scalar value `vid` spreads when it is a broadcast of one (through `_SPLAT_PASSING`
+    ops), else None."""
+    producers = prog.producers()
+    while prog.values[vid].size != 1 or prog.values[vid].rank:
+        p = producers[vid]
+        if p is None or prog.ops[p].primitive not in _SPLAT_PASSING or not prog.ops[p].operands:
+            return None
+        vid = prog.ops[p].operands[0]
+    return vid
+
+
+def _splat_dot_key(op: Op, operands: tuple[int, ...], prog: Program) -> tuple | None:
+    """A CSE key for a dot_general one of whose operands is a spread scalar `s`: each result
+    element is `s` times a sum of the other operand's elements, so the dot is fixed by `s`,
+    the other operand, its side, its contracted dims (as a set) and batch dims (in order) and
+    the result's shape, whichever dims of the spread operand it pairs them with. XLA's
+    simplifier folds the transposes of the broadcast into it, and CSE then merges two such dots
+    (measured on jaxlib 0.10.2: the gradient of `mean(einsum("abc,aec->bce", v, v))` computes
+    the dot of the cotangent with `v` once, for both operands, and adds it to itself: 6,558
+    flops for v[5, 7, 6], where two dots counted 9,498; fuzz seed 16 #768, 1.15 of XLA's
+    flops). None for any other op."""
+    if op.primitive != "dot_general" or len(operands) != 2 or len(op.results) != 1:
+        return None
+    (lc, rc), (lb, rb) = op.param("dimension_numbers")
+    for side, (splat, other) in enumerate((operands, operands[::-1])):
+        s = _splat_source(prog, splat)
+        if s is None:
+            continue
+        contract, batch = (rc, rb) if side == 0 else (lc, lb)
+        rest = tuple((k, v) for k, v in op.params if k != "dimension_numbers")
+        shape = prog.values[op.results[0]].shape
+        return ("dot_splat", s, other, side, tuple(sorted(contract)), tuple(batch), shape, rest)
+    return None
 
 
 def _past_scalings(op: Op, operands: tuple[int, ...], ops: list[Op], prog: Program, const):
