@@ -178,7 +178,7 @@ def timeline_of(size, start, end, n_ops: int) -> np.ndarray:
 
 
 def place_in_output_allocations(
-    size, start, end, is_out, n_ops: int, fit_size=None, whole_life=None, align_bytes: int = 0
+    size, start, end, is_out, n_ops: int, fit_size=None, whole_life=None
 ):
     """(bytes of the output allocations, live bytes of the temporary block after each op).
 
@@ -188,8 +188,7 @@ def place_in_output_allocations(
     last op (where its reader may write over it), and otherwise goes to the block. `fit_size`: the temporaries' own sizes, when `size` rounds
     them up to the block's alignment (an allocation of its own is not aligned: a 24-byte
     temporary fits a 24-byte output's). `whole_life`: a bool per buffer, true where no reader
-    writes over it at its last op (an all-reduce's partial on XLA:CPU). `align_bytes`: the
-    block's alignment, when `size` rounds to it (`unpadded_top`)."""
+    writes over it at its last op (an all-reduce's partial on XLA:CPU)."""
     fit = size if fit_size is None else fit_size
     outs = np.flatnonzero(is_out)
     alloc_size = size[outs]
@@ -216,26 +215,7 @@ def place_in_output_allocations(
             busy[a, s:e] = True
             in_block[k] = False
     block = timeline_of(size[in_block], start[in_block], end[in_block], n_ops)
-    if fit_size is not None and align_bytes:
-        block = block - unpadded_top(size, fit, start, end, in_block, n_ops, align_bytes)
     return float(alloc_size.sum()), block
-
-
-def unpadded_top(size, fit, start, end, in_block, n_ops: int, align_bytes: int) -> np.ndarray:
-    """Per op, the padding the block's size does not include: XLA's heap simulator places
-    each temporary at an aligned offset, but the block ends where its topmost buffer ends, so
-    one buffer's rounding up is not allocated. Measured in XLA:CPU's buffer assignment: two
-    f32[6] temporaries make an 88-byte block (offsets 0 and 64), a gradient-accumulation loop's
-    state (its tuple's table, the compare's flag, the s32 counter at offset 128) 132 bytes, not
-    192 (fuzz seed 16 #253, #485, #812, #1092: 1.31-1.38 of XLA's bytes, the other buffers in
-    the outputs' allocations). Which buffer is on top is the simulator's choice: the smallest
-    padding among those live is taken off (a buffer's padding is under `align_bytes`)."""
-    pad = np.minimum(size - fit, align_bytes - 1)
-    low = np.full(n_ops, np.inf)
-    for k in np.flatnonzero(in_block & (size > 0)).tolist():
-        s, e = int(start[k]), int(end[k])
-        np.minimum(low[s:e], pad[k], out=low[s:e])
-    return np.where(np.isfinite(low), np.maximum(low, 0.0), 0.0)
 
 
 def cpu_temporaries(ev, value_local, align_bytes: int, masks=None, remat: bool = False):
@@ -324,7 +304,7 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         matmul[ev._producer[v]] = False
     whole_life = np.asarray(partials, dtype=bool) | matmul[end - 1]
     outputs_bytes, block = place_in_output_allocations(
-        size, start, end, is_out, ev.n_ops, own, whole_life, align_bytes
+        size, start, end, is_out, ev.n_ops, own, whole_life
     )
     return float(value_local[kept_inputs(ev)].sum()), outputs_bytes, block
 
