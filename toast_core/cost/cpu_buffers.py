@@ -59,7 +59,8 @@ loop carries; measured in XLA's buffer assignment: 4 x 3 KiB of an Adam step's 2
 block for a dropout mask on f32[64, 12], three of them live at once for a lone mask), two more
 inside a loop body (the counters are an iota, hoisted out of the enclosing loop and held across
 it: 6 x 4 KiB of 30 KiB in a `fori_loop` accumulation), and its state: the tuple's 8-byte
-pointer table and four u32[4] key copies (each a 64-byte aligned temporary). A
+pointer table, its counter and compare, and copy insertion's copies of the key and rotation
+elements (twelve small buffers, each a 64-byte aligned temporary: `THREEFRY_STATE_BUFFERS`). A
 key split or fold-in runs the same loop on two words.
 
 **Cumulative ops.** XLA:CPU scans a cumulative op's axis (cumsum, cummax, cummin, cumprod,
@@ -170,9 +171,16 @@ from toast_core.ir.program import Program
 #: and the hoisted counters it adds inside a loop body.
 THREEFRY_WORD_BUFFERS = 4
 THREEFRY_HOISTED_COUNTERS = 2
-#: The loop's other state, in buffers of up to 64 bytes: the state tuple (8 pointers) and four
-#: u32[4] key copies.
-THREEFRY_STATE_BUFFERS = 5
+#: The loop's other state, in buffers of up to 64 bytes: the state tuple's table, the s32 trip
+#: counter and its increment, the loop's compare, and copy insertion's copies of the key and
+#: rotation elements (three u32 scalars, two u32[4]) with the body's updates of them. Measured
+#: (`memory_analysis()` of a lone `bernoulli` mask of f32[n], XLA:CPU): temporaries of
+#: 3 x 4n + 772 bytes for n = 8 ... 1024 (three word arrays live at once and twelve small
+#: buffers, the topmost unpadded), and a lone key fold-in or split 964 (the same twelve and three
+#: words of 4 bytes). Counted as five, fuzz seed 61 #26 (a tiny dropout) was 0.55 of XLA's bytes.
+THREEFRY_STATE_BUFFERS = 12
+#: The word arrays of a key split or fold-in live at once (measured: three, as for the bits).
+THREEFRY_KEY_WORD_BUFFERS = 3
 _THREEFRY_KEY_OPS = frozenset({"random_split", "random_fold_in"})
 
 
@@ -219,7 +227,7 @@ def threefry_buffers(prog: Program) -> list[tuple]:
             words = THREEFRY_WORD_BUFFERS  # its two results are the carried words
             rows.append((op.results[0], op.index, op.index, 1.0, words, THREEFRY_STATE_BUFFERS))
         elif op.primitive in _THREEFRY_KEY_OPS:
-            small = THREEFRY_STATE_BUFFERS + THREEFRY_WORD_BUFFERS  # words of 64 bytes at most
+            small = THREEFRY_STATE_BUFFERS + THREEFRY_KEY_WORD_BUFFERS  # words of 64 bytes at most
             rows.append((op.results[0], op.index, op.index, 0.0, 0, small))
     return rows
 
