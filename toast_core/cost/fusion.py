@@ -212,15 +212,19 @@ def fusion_work(
         own = mat or len(readers) > 1
         if (
             op.primitive in prim.EXPANDED_TRANSCENDENTAL
-            and not mat
-            and len(readers) > 1
+            and len(readers) + mat > 1
             and not _path_blocked(prog, op, roots)
         ):
             # Its cheap producers go with its cheap part into every reader, and into each
             # fusion of an expensive part (`EXPANDED_APART`): placeholder roots, below zero.
-            expanded[op.index] = len(readers)
+            # Materialized as well (read by a dot), XLA still duplicates the cheap part into
+            # its fusible readers and computes it once more in the fusion storing it (fuzz
+            # seed 16 #1036: `erfc(x)` read by a dot and, through the outer-product gradient,
+            # by the SGD update: expanded in both fusions, 0.60 of XLA's flops counted once).
+            expanded[op.index] = len(readers) + mat
             apart = EXPANDED_APART.get(op.primitive, 0)
-            roots[op.index] = readers | frozenset(-(op.index * 64 + j + 1) for j in range(apart))
+            placeholders = frozenset(-(op.index * 64 + j + 1) for j in range(apart))
+            roots[op.index] = readers | placeholders | (self_only if mat else frozenset())
             continue
         if not own and op.primitive in _REDUCTIONS and readers:
             (root,) = readers
