@@ -169,3 +169,21 @@ def test_a_special_function_read_by_a_dot_and_its_outer_product_gradient():
 
     args = ({"w": jax.ShapeDtypeStruct((12, 6), F32)}, batch((12,)))
     assert flops_ratio(step, args, {"data": 2, "model": 4}) == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.slow
+def test_a_special_function_read_by_a_dot_without_free_dims_and_its_gradient():
+    """Fuzz seed 16 #230: `einsum('ab,ab->b', v, digamma(v))` is a multiply and a reduce in
+    XLA, a loop that computes digamma's expansion, and the gradient's loop computes it again
+    (0.90 of XLA's flops when counted once)."""
+
+    def step(params, b):
+        def loss(p):
+            v = b["x"] @ p["w"]
+            return jnp.mean(jnp.einsum("ab,ab->b", v, jax.scipy.special.digamma(v * v + 1.0)))
+
+        value, g = jax.value_and_grad(loss)(params)
+        return jax.tree.map(lambda w, d: w - 0.1 * d, params, g), value
+
+    args = ({"w": jax.ShapeDtypeStruct((4, 16), F32)}, batch((8, 4)))
+    assert flops_ratio(step, args, {"data": 2}) == pytest.approx(1.0, abs=0.05)
