@@ -187,23 +187,3 @@ def test_a_special_function_read_by_a_dot_without_free_dims_and_its_gradient():
 
     args = ({"w": jax.ShapeDtypeStruct((4, 16), F32)}, batch((8, 4)))
     assert flops_ratio(step, args, {"data": 2}) == pytest.approx(1.0, abs=0.05)
-
-
-@pytest.mark.slow
-def test_a_cotangent_read_by_two_dots_in_two_layouts_is_computed_in_both():
-    """Fuzz seed 47 #47: the cotangent of `tanh(v @ w)` is read by the weight-gradient dot
-    through a layout copy and by the input-gradient dot as stored: XLA:CPU writes each layout in
-    a loop fusion of its own, both computing the tanh gradient (0.82 of XLA's flops when
-    counted once)."""
-
-    def step(params, b):
-        def loss(p):
-            v = jnp.einsum("abc,bz->acz", b["x"], p["u"])
-            return jnp.mean(jnp.tanh(jnp.einsum("abc,cz->abz", v, p["w"])))
-
-        value, g = jax.value_and_grad(loss)(params)
-        return jax.tree.map(lambda w, d: w - 0.1 * d, params, g), value
-
-    params = {"u": jax.ShapeDtypeStruct((4, 4), F32), "w": jax.ShapeDtypeStruct((4, 3), F32)}
-    args = (params, batch((16, 4, 16)))
-    assert flops_ratio(step, args, {"data": 2}) == pytest.approx(1.0, abs=0.05)

@@ -59,7 +59,6 @@ from toast_core.cost.cpu_buffers import (
     LIBRARY_REDUCTIONS,
     conv_operand_copies,
     dot_operand_copies,
-    dot_operand_layouts,
 )
 from toast_core.cost.cpu_tree_reduce import dot_matrix_operand, is_tree_reduced, tree_factor
 from toast_core.cost.fusion import materialized
@@ -445,14 +444,12 @@ def _cpu_fusion_factors(
     program, unfused: frozenset[int], copied: frozenset[int] = frozenset()
 ) -> dict[int, float]:
     """Per op, XLA:CPU's flop executions with the `unfused` reductions compiled apart and the
-    `copied` dot operands read through their copies, one loop fusion per layout the dots read
-    them in (`cpu_buffers.dot_operand_layouts`), over the model's (`simplify.executions`),
+    `copied` dot operands read through their copies, over the model's (`simplify.executions`),
     where they differ."""
     if not unfused and not copied:
         return {}
     base = executions(program)[0]
-    layouts = dot_operand_layouts(program, materialized(program)) if copied else None
-    cpu = executions(program, unfused, copied, layouts)[0]
+    cpu = executions(program, unfused, copied)[0]
     return {i: c / b for i, (b, c) in enumerate(zip(base, cpu)) if b > 0 and c != b}
 
 

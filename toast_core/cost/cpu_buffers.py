@@ -693,28 +693,6 @@ def dot_operand_copies(
     return out[:, 0], out[:, 1], out[:, 2]
 
 
-def dot_operand_layouts(prog: Program, is_materialized: list[bool]) -> dict[int, int]:
-    """Per value that XLA:CPU copies for a dot (`dot_operand_copies`) and that dots read in
-    more than one layout, how many: one per copy, and one more when a dot reads it as stored.
-    XLA writes each layout in a loop fusion of its own, each computing the value's cheap
-    producers (`fusion.fusion_work`'s `layouts`)."""
-    copied = set(dot_operand_copies(prog, is_materialized)[0].tolist())
-    layouts: dict[int, set] = {}
-    for op in prog.ops:
-        if op.primitive != "dot_general":
-            continue
-        (lc, rc), (lb, rb) = op.param("dimension_numbers")
-        shapes = [prog.values[x].shape for x in op.operands[:2]]
-        if not lc or all(shapes[0][d] == 1 for d in lc):
-            continue  # an outer product: an elementwise multiply
-        for side, (x, batch, contracted) in enumerate(
-            ((op.operands[0], lb, lc), (op.operands[1], rb, rc))
-        ):
-            if x in copied:
-                layouts.setdefault(x, set()).add(_grouping(shapes[side], batch, contracted, side))
-    return {x: len(g) for x, g in layouts.items() if len(g) > 1}
-
-
 def dot_broadcasts(prog: Program, is_materialized: list[bool]) -> list[int]:
     """The stored broadcasts (`broadcast_in_dim` results, not outputs) inside a loop body that
     only contracting dots read: XLA:CPU makes one per layout its dots read it in

@@ -128,7 +128,6 @@ def fusion_work(
     unfused: frozenset[int] = frozenset(),
     copied: frozenset[int] = frozenset(),
     roots_out: list | None = None,
-    layouts: dict[int, int] | None = None,
 ) -> tuple[list[int], dict[int, int]]:
     """(copies, expanded): how many times each op is computed, once per fusion that contains
     it; and, for each special function XLA expands into many HLO ops (erfc, digamma: `prim.
@@ -159,13 +158,6 @@ def fusion_work(
     fusion like any other reader: a cheap op making one is computed in that copy and in each
     fusion reading it, as when all its readers fuse (fuzz seed 15 #855: `min(a, b) * w` read by
     `einsum('abc,bz->acz')` and a tile, computed in both).
-
-    `layouts`: per `copied` value that dots read in several layouts, how many
-    (`cpu_buffers.dot_operand_layouts`): XLA writes each in a loop fusion of its own, and
-    each computes the value's cheap producers (fuzz seed 47 #47: the cotangent of
-    `tanh(v @ w)` read by the two gradient dots as [128, 3] and, copied, as [3, 128]: both
-    fusions compute it and the tanh gradient, 0.82 of XLA's flops when counted once; seed 16
-    #490, an outer product's cotangent read so: 0.92).
 
     `roots_out`: a list that receives, per op, the fusions computing it (for
     `gather_fusion.gather_copies`).
@@ -201,14 +193,11 @@ def fusion_work(
             # when a non-fusible op or the output reads it (`x * 0.5 + 0.1` read by a dot and a
             # multiply: XLA computes it for the dot and again inside the multiply's loop;
             # `_recomputing_readers` says where).
-            through = mat and _read_through_copies(prog, op, copied, fuses)
-            if (not readers and not through) or (mat and _is_loop_carry(prog, op, uses)):
+            if not readers or (mat and _is_loop_carry(prog, op, uses)):
                 roots[op.index] = self_only
-            elif through:
+            elif mat and _read_through_copies(prog, op, copied, fuses):
                 unfused_path = len(readers) > 1 and _unfused_path(prog, op, roots)
-                n = (layouts or {}).get(op.results[0], 1)
-                more = frozenset(-(op.index * 64 + 32 + j) for j in range(n - 1))
-                roots[op.index] = self_only | more | (frozenset() if unfused_path else readers)
+                roots[op.index] = self_only if unfused_path else self_only | readers
             elif mat:
                 roots[op.index] = self_only | _recomputing_readers(
                     prog, op, roots, costly, spread, fuses

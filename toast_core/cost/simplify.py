@@ -533,10 +533,7 @@ def transcendental_executions(prog: Program) -> list[float]:
 
 
 def executions(
-    prog: Program,
-    unfused: frozenset[int] = frozenset(),
-    copied: frozenset[int] = frozenset(),
-    layouts: dict[int, int] | None = None,
+    prog: Program, unfused: frozenset[int] = frozenset(), copied: frozenset[int] = frozenset()
 ) -> tuple[list[float], list[float]]:
     """(`flop_executions`, `transcendental_executions`) of `prog`, sharing the work they have
     in common (the rewiring, liveness and fusions: two seconds of the evaluator's set-up at
@@ -546,7 +543,7 @@ def executions(
     then stores (XLA:CPU's tree reductions, a partitioned reduce of local size-1 dims that is
     an all-reduce: `toast_core.apply.validate.cpu_flops`); none in the cost model itself.
     `copied`: values the dots reading them read through a layout copy (XLA:CPU's;
-    `fusion.fusion_work`); `layouts`: per such value read in several layouts, how many."""
+    `fusion.fusion_work`)."""
     from toast_core.cost.flops import op_flops, op_transcendentals
 
     simple = rewired(prog)
@@ -562,13 +559,7 @@ def executions(
             is_mat[v] = True
     roots: list = []
     copies, expanded = fusion_work(
-        simple,
-        is_mat,
-        spread,
-        frozenset(unfused),
-        frozenset(copied),
-        roots_out=roots,
-        layouts=layouts,
+        simple, is_mat, spread, frozenset(unfused), frozenset(copied), roots_out=roots
     )
     fuses = [fusible(op, simple) and op.index not in unfused for op in simple.ops]
     kept = lambda op: _kept_once(op, simple, spread)  # noqa: E731
