@@ -152,3 +152,38 @@ def test_a_long_scan_cut_along_its_dim_folds_the_whole_row_per_output():
     output on each device, not the blocked scan's count of the unsharded row (0.008 of XLA)."""
     ratio = flops_ratio(lambda b: jnp.cumsum(b["x"], axis=0), (batch((64, 4)),), {"data": 2})
     assert ratio == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.slow
+def test_a_special_function_read_by_a_dot_and_its_outer_product_gradient():
+    """Fuzz seed 16 #1036: `erfc(x)` is stored for the dot `erfc(x) @ w` and read again by the
+    outer product of the weight gradient, a multiply XLA fuses into the SGD update: the update
+    computes erfc's expansion once more (0.60 of XLA's flops when counted once)."""
+
+    def step(params, b):
+        def loss(p):
+            return jnp.mean(jax.lax.erfc(b["x"]) @ p["w"])
+
+        value, g = jax.value_and_grad(loss)(params)
+        return jax.tree.map(lambda w, d: w - 0.1 * d, params, g), value
+
+    args = ({"w": jax.ShapeDtypeStruct((12, 6), F32)}, batch((12,)))
+    assert flops_ratio(step, args, {"data": 2, "model": 4}) == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.slow
+def test_a_special_function_read_by_a_dot_without_free_dims_and_its_gradient():
+    """Fuzz seed 16 #230: `einsum('ab,ab->b', v, digamma(v))` is a multiply and a reduce in
+    XLA, a loop that computes digamma's expansion, and the gradient's loop computes it again
+    (0.90 of XLA's flops when counted once)."""
+
+    def step(params, b):
+        def loss(p):
+            v = b["x"] @ p["w"]
+            return jnp.mean(jnp.einsum("ab,ab->b", v, jax.scipy.special.digamma(v * v + 1.0)))
+
+        value, g = jax.value_and_grad(loss)(params)
+        return jax.tree.map(lambda w, d: w - 0.1 * d, params, g), value
+
+    args = ({"w": jax.ShapeDtypeStruct((4, 16), F32)}, batch((8, 4)))
+    assert flops_ratio(step, args, {"data": 2}) == pytest.approx(1.0, abs=0.05)

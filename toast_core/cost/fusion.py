@@ -215,15 +215,17 @@ def fusion_work(
         own = mat or len(readers) > 1
         if (
             op.primitive in prim.EXPANDED_TRANSCENDENTAL
-            and not mat
-            and len(readers) > 1
+            and (not mat or _dots_read_reshaped(prog, op, fuses))
+            and len(readers) + mat > 1
             and not _path_blocked(prog, op, roots)
         ):
             # Its cheap producers go with its cheap part into every reader, and into each
             # fusion of an expensive part (`EXPANDED_APART`): placeholder roots, below zero.
-            expanded[op.index] = len(readers)
+            # Stored for dots that read it reshaped, it is one more fusible reader.
+            expanded[op.index] = len(readers) + mat
             apart = EXPANDED_APART.get(op.primitive, 0)
-            roots[op.index] = readers | frozenset(-(op.index * 64 + j + 1) for j in range(apart))
+            placeholders = frozenset(-(op.index * 64 + j + 1) for j in range(apart))
+            roots[op.index] = readers | placeholders | (self_only if mat else frozenset())
             continue
         if not own and op.primitive in _REDUCTIONS and readers:
             (root,) = readers
@@ -335,6 +337,34 @@ EXPANDED_APART = {
     "sinh": 2,
     "zeta": 8,
 }
+
+
+def _dots_read_reshaped(prog: Program, op, fuses) -> bool:
+    """Whether `op`'s result, not an output, is stored only for dots that read it with no free
+    dim (each dim contracted or batch): XLA reads such an operand through a loop fusion, into
+    which it fuses a special function's expansion like into any loop, and duplicates it into
+    the other fusible readers. A vector `v @ w` gets a unit free dim from the dot decomposer, a
+    bitcast (fuzz seed 16 #1036: `erfc(x)` read by `einsum('a,az->z')` and, through the
+    outer-product gradient, by the SGD update: expanded in both fusions, 0.60 of XLA's flops
+    counted once); `einsum('ab,ab->b')` becomes a multiply and a reduce (seed 16 #230, a
+    digamma read so and by its gradient: 0.90). A dot reading the value with a free dim reads
+    the stored result itself, and XLA computes the expansion once (`erfc(x) @ x` beside
+    `erfc(x) * 2 + x`: its final select reads several arrays)."""
+    if len(op.results) != 1:
+        return False
+    (r,) = op.results
+    if prog.values[r].is_output or r in prog.outputs:
+        return False
+    for o, pos in prog.uses()[r]:
+        if fuses[o]:
+            continue
+        reader = prog.ops[o]
+        if reader.primitive != "dot_general":
+            return False
+        (lc, rc), (lb, rb) = reader.param("dimension_numbers")
+        if len((lc, rc)[pos]) + len((lb, rb)[pos]) != len(prog.values[r].shape):
+            return False
+    return True
 
 
 def _read_through_copies(prog: Program, op, copied: frozenset[int], fuses) -> bool:
