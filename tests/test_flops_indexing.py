@@ -6,21 +6,11 @@ loop fusion (`fusion._with_fused_gathers`), a one-window scatter (`flops.scatter
 import jax
 import jax.numpy as jnp
 import pytest
+from xla_flops import predicted_and_compiled
 
 import toast_core as tc
 
 F32 = jnp.float32
-
-
-def predicted_and_compiled(fn, args, axes: dict[str, int]) -> tuple[float, float]:
-    """(predicted, compiled) flops per device of `fn` under the data-parallel baseline."""
-    mesh = tc.MeshSpec(axes)
-    ana = tc.analyze(tc.trace(fn, *args))
-    strategy = tc.baselines.data_parallel(ana, mesh)
-    assert strategy is not None
-    rep = tc.validate(fn, args, ana, strategy, tc.jax_mesh(mesh), tc.hardware("tpu-v5e"))
-    assert rep.numerics_ok
-    return rep.predicted_flops, rep.compiled_flops
 
 
 def lookup(rows: int, width: int, k: int):

@@ -5,21 +5,15 @@ ratio predicted / compiled of `tc.validate` on a data-parallel plan within 5 %."
 import jax
 import jax.numpy as jnp
 import pytest
-
-import toast_core as tc
+from xla_flops import predicted_and_compiled
 
 F32 = jnp.float32
 
 
 def flops_ratio(fn, args, axes: dict[str, int]) -> float:
     """predicted / compiled flops per device of `fn` under the data-parallel baseline on `axes`."""
-    mesh = tc.MeshSpec(axes)
-    ana = tc.analyze(tc.trace(fn, *args))
-    strategy = tc.baselines.data_parallel(ana, mesh)
-    assert strategy is not None
-    rep = tc.validate(fn, args, ana, strategy, tc.jax_mesh(mesh), tc.hardware("tpu-v5e"))
-    assert rep.numerics_ok
-    return rep.predicted_flops / rep.compiled_flops
+    predicted, compiled = predicted_and_compiled(fn, args, axes)
+    return predicted / compiled
 
 
 def batch(shape, dtype=F32):
