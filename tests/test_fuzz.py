@@ -218,3 +218,14 @@ def test_a_gather_dead_after_simplification_is_in_no_loop_fusion():
     ana = tc.analyze(tc.trace(fn, *args))
     report = tc.estimate(ana, tc.Strategy(), tc.MeshSpec({"data": 8}), tc.hardware("tpu-v5e"))
     assert report.flops_per_device > 0
+
+
+@pytest.mark.slow
+def test_mean_of_a_squeezed_gather_validates():
+    """Regression, fuzz seed 17 program 702 (`mean(squeeze(take_along_axis(v, argmax(v))))`):
+    the CPU view's reduce of a reshape's source (`view_source_operand`) swapped in the source's
+    rank-2 dims, then the all-reduce test indexed the rank-1 operand with them (IndexError in
+    every validation of the program)."""
+    outcomes = list(run_program(generate(17, 702), ["8"], ["8"], num_simulations=16))
+    assert [o for o in outcomes if o.stage == "validate"]
+    assert all(o.kind == "ok" for o in outcomes), [o for o in outcomes if o.kind != "ok"]

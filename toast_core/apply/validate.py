@@ -374,15 +374,18 @@ def _cpu_reduces(
                     prog.values[prog.ops[i].operands[0]].shape, space.use_axes(masks, i, 0), sizes
                 ),
             )  # fmt: skip
+        # A reduce of local size-1 dims that are cut (an all-reduce) is judged on the op's own
+        # dims; the tree windows on the shape XLA reduces (a dot's matrix, a reshape's source).
+        all_reduced = reduced and not any(local[d] > 1 for d in reduced)
+        all_reduced = all_reduced and any(shape[d] > 1 for d in reduced)
         if matrix is not None:
             local, reduced = matrix
         factor = tree_factor(local, reduced)
         if factor != 1.0:
             out[op.index] = factor
-        folds_local = any(local[d] > 1 for d in reduced)
         if (
             is_tree_reduced(local, reduced)
-            or (reduced and not folds_local and any(shape[d] > 1 for d in reduced))
+            or all_reduced
             or _library_reduced(op, prog, local, uses)
         ):
             unfused.append(op.index)
