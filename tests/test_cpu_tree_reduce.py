@@ -51,12 +51,7 @@ def test_cpu_view_tree_reduces_a_dot_result_as_its_merged_matrix():
     (fuzz seed 16 #947: 0.93 of XLA's flops when the 4-D shape was reduced)."""
     x = jnp.linspace(0.0, 1.0, 12 * 4 * 4, dtype=jnp.float32).reshape(12, 4, 4)
     w = jnp.ones((4, 3), jnp.float32)
-    ana = tc.analyze(tc.trace(_mean_of_einsum, x, w))
-    mesh = tc.MeshSpec({"data": 1})
-    strategy = tc.baselines.replicated(ana, mesh)
-    check = tc.validate(
-        _mean_of_einsum, (x, w), ana, strategy, tc.jax_mesh(mesh), tc.hardware("tpu-v5e")
-    )
+    check = _on_one_device(_mean_of_einsum, (x, w))
     assert check.predicted_flops == pytest.approx(check.compiled_flops, rel=0.01)
 
 
@@ -72,10 +67,13 @@ def test_cpu_view_tree_reduces_a_reshaped_operand_as_its_source():
     when the reshaped shape was reduced."""
     x = jnp.linspace(0.0, 1.0, 4 * 6 * 12 * 6, dtype=jnp.float32).reshape(4, 6, 12, 6)
     y = jnp.linspace(0.0, 1.0, 1600, dtype=jnp.float32)
-    ana = tc.analyze(tc.trace(_means_of_reshapes, x, y))
+    check = _on_one_device(_means_of_reshapes, (x, y))
+    assert check.predicted_flops == pytest.approx(check.compiled_flops, rel=0.01)
+
+
+def _on_one_device(fn, args):
+    """`tc.validate` of `fn` replicated on a one-device mesh: XLA:CPU's own reductions, uncut."""
+    ana = tc.analyze(tc.trace(fn, *args))
     mesh = tc.MeshSpec({"data": 1})
     strategy = tc.baselines.replicated(ana, mesh)
-    check = tc.validate(
-        _means_of_reshapes, (x, y), ana, strategy, tc.jax_mesh(mesh), tc.hardware("tpu-v5e")
-    )
-    assert check.predicted_flops == pytest.approx(check.compiled_flops, rel=0.01)
+    return tc.validate(fn, args, ana, strategy, tc.jax_mesh(mesh), tc.hardware("tpu-v5e"))
