@@ -20,8 +20,9 @@ kind within 25 %, memory within 30 %, numerics OK, searched <= best baseline (XL
     .venv/bin/python bench/fidelity.py --meshes 2x4 --presets tpu-v5e
     .venv/bin/python bench/fidelity.py --models gpt,decoder --sims 60 --out fidelity_gpt_decoder
 
-Numerics are checked once per (model, mesh, plan); a plan compiled for one preset is compiled
-again for the next (the step time depends on the preset), without re-running numerics.
+Numerics are checked once per (model, mesh, plan). A plan is compiled once per mesh: the search's
+verification and every preset's validation reuse that compile (`toast_core/apply/compile_cache.py`)
+and only price it again, so run a mesh's presets in one process (`--presets tpu-v5e,h100-80gb`).
 """
 
 from __future__ import annotations

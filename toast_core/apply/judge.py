@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import jax
 
 from toast_core.analysis import Analysis
+from toast_core.apply.compile_cache import compile_lowered
+from toast_core.apply.compile_cache import stats as compile_stats
 from toast_core.apply.shard import jax_mesh, shard
 from toast_core.apply.validate import compiled_step_time
 from toast_core.cost import CostOptions, evaluator
@@ -38,6 +40,8 @@ class Judgement:
     compiled_compute_s: float
     compiled_comm_s: float
     compile_s: float
+    #: Compiled earlier (same program and mesh): `compile_s` then says nothing of a real compile.
+    reused: bool = False
 
 
 def abstract_inputs(ana: Analysis):
@@ -59,8 +63,9 @@ def judge(
 ) -> Judgement:
     """Compiles `strategy` at the real size on this host's devices and prices the result."""
     start = time.perf_counter()
-    sharded = shard(None, ana, strategy, jax_mesh(mesh))
-    compiled = sharded.lower(*abstract_inputs(ana)).compile()
+    jm = jax_mesh(mesh)
+    hits = compile_stats()["hits"]
+    compiled = compile_lowered(shard(None, ana, strategy, jm).lower(*abstract_inputs(ana)), jm)
     cost = compiled.cost_analysis()
     if isinstance(cost, list | tuple):
         cost = cost[0] if cost else {}
@@ -73,6 +78,7 @@ def judge(
         compute_s,
         comm_s,
         time.perf_counter() - start,
+        compile_stats()["hits"] > hits,
     )
 
 

@@ -48,6 +48,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from toast_core.analysis import Analysis
+from toast_core.apply.compile_cache import compile_lowered
 from toast_core.apply.hlo import collective_bytes_by_kind, collective_ops_by_kind
 from toast_core.apply.hlo_pricing import target_collective_ops, target_comm_s
 from toast_core.apply.shard import mesh_spec_of, shard
@@ -705,7 +706,7 @@ def validate(
     example_args = tuple(example_args)
     if numerics_args is None and check_numerics:
         _check_host_memory(ana, report, ms.n_devices, check_numerics)
-    compiled = sharded.lower(*example_args).compile(compiler_options=compiler_options_for(strategy))
+    compiled = compile_lowered(sharded.lower(*example_args), mesh, compiler_options_for(strategy))
     hlo = compiled.as_text()
     cost = compiled.cost_analysis()
     if isinstance(cost, list | tuple):

@@ -66,7 +66,8 @@ def verify_plans(env, scorer, hw, k: int, budget_s: float | None, cost_options):
         if time.perf_counter() + guess > deadline:
             break
         j = judge(env.ana, strategy, env.mesh, hw, cost_options)
-        guess = j.compile_s
+        if not j.reused:  # a reused compile says nothing of the next one's time
+            guess = j.compile_s
         out.append(Verified(strategy, j.predicted_step_time_s, j.compiled_step_time_s, j.compile_s))
     note = ""
     if len(out) < len(plans):
