@@ -37,6 +37,7 @@ import numpy as np
 from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.cost.cpu_buffers import cpu_buffers, dot_product_fused
 from toast_core.cost.fusion import fusible
+from toast_core.cost.replicate_buffers import replicate_gather_buffers
 from toast_core.strategy.remat import RematEffect, remat_effect
 from toast_core.strategy.space import space_of
 
@@ -269,7 +270,8 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
     `cpu`: all-reduces write new buffers, issued as XLA:CPU combines them
     (`all_reduce_issue_ops`; the MLP demo, data parallel on 2x4: its gradients' partials in
     the new weights' allocations, the 48 KB of reduced copies in the block), and the
-    temporaries only XLA:CPU makes (`cpu_temporaries`) join the others."""
+    temporaries only XLA:CPU makes (`cpu_temporaries`) and the operands gathered whole for
+    ops with a replicate factor (`replicate_buffers.py`) join the others."""
     masks = strategy.fine_masks(ev.ana, ev.mesh)
     _, value_local, _ = ev._local(masks)
     local = value_local
@@ -299,6 +301,14 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         partials += [False] * len(extra)
         if own is not None:
             own = np.concatenate([own, cpu_temporaries(ev, local, 0, masks, effect is not None)[0]])
+        # The gathered operands of ops that read a sharded dim whole (`replicate_buffers.py`).
+        gathered, lo, hi = replicate_gather_buffers(ev, masks, local)
+        aligned = _round_up(gathered, align_bytes) if align_bytes else gathered
+        size, start, end = (np.concatenate(x) for x in ((size, aligned), (start, lo), (end, hi)))
+        is_out = np.concatenate([is_out, np.zeros(len(gathered), dtype=bool)])
+        partials += [False] * len(gathered)
+        if own is not None:
+            own = np.concatenate([own, gathered])
     matmul = read_last_by_matmul(ev)
     for v in reduced or {}:  # its result is a partial, all-reduced into the output later
         matmul[ev._producer[v]] = False
