@@ -53,6 +53,17 @@ def test_the_gathered_operand_is_a_buffer_at_the_top_k():
     assert block[top_k] >= 16384 + 4096
 
 
+def test_nothing_is_gathered_when_the_dim_is_whole():
+    """Replicated, the replicate rows stay (on no mesh axis) but gather nothing (fuzz seed 17
+    #950: a replicated `sort` had been given its operand twice, 2.6 of XLA's bytes)."""
+    ana = tc.analyze(tc.trace(_route, *_args()))
+    strategy = tc.baselines.all(ana, MESH_2X4)["replicated"][0]
+    ev = evaluator(ana, MESH_2X4, HW, CostOptions(donate_outputs=False))
+    masks = strategy.fine_masks(ana, MESH_2X4)
+    _, local, _ = ev._local(masks)
+    assert len(ev.rep) and not len(replicate_gather_buffers(ev, masks, local)[0])
+
+
 @pytest.mark.slow
 def test_gathered_top_k_memory_matches_xla():
     args = _args()

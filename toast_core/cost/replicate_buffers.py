@@ -36,9 +36,12 @@ def replicate_gather_buffers(ev, masks, value_local) -> tuple[np.ndarray, np.nda
     if not hasattr(ev, "_site_static"):
         ev._combine_setup()  # the combiner sites `_replicate_collectives` names
     best: dict[tuple[int, int], float] = {}
-    for kinds, _, v, ops, _, sites in ev._replicate_collectives(masks, value_local):
-        for k, b, op, site in zip(kinds.tolist(), v.tolist(), ops.tolist(), sites.tolist()):
-            if k in GATHERING and b > 0:
+    for kinds, axes, v, ops, _, sites in ev._replicate_collectives(masks, value_local):
+        # As `_collective_arrays` keeps them: on a (real) mesh axis, at an op whose work is live.
+        real = (((axes & ev.real_axes) != 0) & ev._op_live[ops]).tolist()
+        rows = zip(kinds.tolist(), real, v.tolist(), ops.tolist(), sites.tolist())
+        for k, held, b, op, site in rows:
+            if k in GATHERING and held and b > 0:
                 key = (int(op), int(site))
                 best[key] = max(best.get(key, 0.0), float(b))
     if not best:
