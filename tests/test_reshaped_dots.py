@@ -12,6 +12,8 @@ import toast_core as tc
 from toast_core.apply.validate import CPU_BUFFER_ALIGN_BYTES
 from toast_core.cost import CostOptions
 from toast_core.cost.buffers import allocated_memory, local_dot_shapes
+from toast_core.cost.cpu_buffers import tree_reduced_operands
+from toast_core.cost.fusion import materialized
 from toast_core.cost.model import evaluator
 from toast_core.cost.reshaped_dots import reshaped_dot_results
 
@@ -60,3 +62,23 @@ def test_reshaped_dot_memory_matches_xla():
     ana, strategy, _ = _setup((8, 16, 2, 8))
     check = tc.validate(_dense, args, ana, strategy, tc.jax_mesh(MESH_8), HW, check_numerics=False)
     assert check.predicted_memory_bytes == check.compiled_memory_bytes == 4528
+
+
+def test_a_mean_of_a_reshaped_dot_reduces_its_canonical_dims():
+    """Fuzz seed 17 #73: the mean of `abs(x[8, 24, 1] @ w[1, 6])` reduces XLA's f32[192, 6] (a
+    dim over 32: a tree reduction, which stores its operand), not [8, 24, 6]."""
+
+    def loss(params, batch):
+        return jnp.mean(jnp.abs(batch["x2"] @ params["w3"]))
+
+    args = (
+        {"w3": jax.ShapeDtypeStruct((1, 6), jnp.float32)},
+        {"x2": jax.ShapeDtypeStruct((8, 24, 1), jnp.float32)},
+    )
+    prog = tc.analyze(tc.trace(loss, *args)).program
+    (reduce,) = [op for op in prog.ops if op.primitive == "reduce_sum"]
+    rows = tree_reduced_operands(prog, materialized(prog))
+    assert [(v, lo, scale) for v, lo, _, scale, _, _ in rows] == [
+        (reduce.operands[0], reduce.index, 1.0),
+        (reduce.operands[0], reduce.index, 6 / (192 * 6)),  # XLA: f32[6, 1] of windows
+    ]

@@ -17,6 +17,9 @@ with the dot's result in the output's allocation.
 
 from __future__ import annotations
 
+import numpy as np
+
+from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
 
@@ -37,3 +40,30 @@ def reshaped_dot_results(prog: Program, local_shape) -> list[int]:
         if merged or any(n == 1 for n in result):
             out.append(op.results[0])
     return out
+
+
+def canonical_dot_dims(prog: Program, x: int, shape, producers, fused) -> list[int] | None:
+    """The dims XLA reduces for a reduction over all of `x` (`shape`: its shape on one device)
+    when a fused chain of elementwise ops makes `x` from a dot's result: the dot's canonical
+    dims (module essay), since the simplifier moves the reduce through the bitcast back to the
+    dot's shape. None when no dot is there. Fuzz seed 17 #73: the mean of `abs(x[8, 24, 1] @
+    w[1, 6])` reduces f32[192, 6] (a tree reduction, its operand stored: 4,608 bytes), not [8,
+    24, 6] (no dim over 32)."""
+    while fused[x] and producers[x] is not None:
+        op = prog.ops[producers[x]]
+        if op.primitive == "dot_general":
+            (lc, rc), (lb, rb) = op.param("dimension_numbers")
+            nb = len(lb)
+            nl = len(prog.values[op.operands[0]].shape) - nb - len(lc)
+            dims = list(shape[:nb]) + [
+                int(np.prod(shape[nb : nb + nl], dtype=np.int64)),
+                int(np.prod(shape[nb + nl :], dtype=np.int64)),
+            ]
+            return [n for n in dims if n != 1]
+        if op.primitive not in prim.ELEMENTWISE:
+            return None
+        same = [v for v in op.operands if prog.values[v].shape == prog.values[x].shape]
+        if len(same) != 1:
+            return None
+        x = same[0]
+    return None
