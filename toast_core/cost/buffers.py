@@ -37,6 +37,8 @@ import numpy as np
 from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.cost.cpu_buffers import cpu_buffers, dot_product_fused
 from toast_core.cost.fusion import fusible
+from toast_core.cost.replicate_buffers import replicate_gather_buffers
+from toast_core.cost.reshaped_dots import reshaped_dot_results
 from toast_core.strategy.remat import RematEffect, remat_effect
 from toast_core.strategy.space import space_of
 
@@ -52,6 +54,7 @@ def buffer_intervals(
     align_bytes: int,
     reduced_at=None,
     partials: list | None = None,
+    values: list | None = None,
 ):
     """(bytes, first op, end op (exclusive), is output) of every buffer of the evaluator's
     timeline: summed over the ops each covers, they give `Evaluator._memory`'s timeline
@@ -63,7 +66,8 @@ def buffer_intervals(
     (both at that op), as `all_reduce_issue_ops` finds them. An output's reduced copy is the
     output's allocation (from that op on) and its partial a temporary until then. `partials`, a
     list: receives a bool per returned buffer, true for an all-reduced partial (the all-reduce
-    writes its result elsewhere, so no reader writes over it)."""
+    writes its result elsewhere, so no reader writes over it). `values`, a list: receives the
+    value of each returned buffer that is a value's own (-1 for the others)."""
     n = ev.n_ops
     b = value_local[ev.live_ids]
     if align_bytes:
@@ -144,6 +148,10 @@ def buffer_intervals(
     end = np.minimum(np.concatenate([end, np.asarray(extra_end, dtype=np.int64)]), n)
     is_out = np.concatenate([is_out, np.zeros(len(extra_size), dtype=bool)])
     keep = (end > start) & (size > 0)
+    if values is not None:
+        own = np.full(len(size), -1, dtype=np.int64)
+        own[: len(ev.live_ids)] = ev.live_ids
+        values.extend(own[keep].tolist())
     if partials is not None:
         is_partial = np.zeros(len(size), dtype=bool)
         is_partial[partial_rows] = True
@@ -269,7 +277,8 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
     `cpu`: all-reduces write new buffers, issued as XLA:CPU combines them
     (`all_reduce_issue_ops`; the MLP demo, data parallel on 2x4: its gradients' partials in
     the new weights' allocations, the 48 KB of reduced copies in the block), and the
-    temporaries only XLA:CPU makes (`cpu_temporaries`) join the others."""
+    temporaries only XLA:CPU makes (`cpu_temporaries`) and the operands gathered whole for
+    ops with a replicate factor (`replicate_buffers.py`) join the others."""
     masks = strategy.fine_masks(ev.ana, ev.mesh)
     _, value_local, _ = ev._local(masks)
     local = value_local
@@ -284,9 +293,14 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         fused = dot_product_fused(ev._mem_prog, stored, local_dot_shapes(ev, masks))
         value_local[np.asarray(fused, dtype=np.int64)] = 0.0
     partials: list[bool] = []
+    values: list[int] = []
     size, start, end, is_out = buffer_intervals(
-        ev, value_local, masks, effect, pairs, align_bytes, reduced, partials
+        ev, value_local, masks, effect, pairs, align_bytes, reduced, partials, values
     )
+    # The dots XLA makes in another shape: no reader writes over them (`reshaped_dots.py`).
+    reshaped = np.zeros(len(value_local) + 1, dtype=bool)
+    if cpu:
+        reshaped[reshaped_dot_results(ev.ana.program, local_dot_shapes(ev, masks))] = True
     own = (
         buffer_intervals(ev, value_local, masks, effect, pairs, 0, reduced)[0]
         if align_bytes
@@ -299,10 +313,19 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         partials += [False] * len(extra)
         if own is not None:
             own = np.concatenate([own, cpu_temporaries(ev, local, 0, masks, effect is not None)[0]])
+        # The gathered operands of ops that read a sharded dim whole (`replicate_buffers.py`).
+        gathered, lo, hi = replicate_gather_buffers(ev, masks, local)
+        aligned = _round_up(gathered, align_bytes) if align_bytes else gathered
+        size, start, end = (np.concatenate(x) for x in ((size, aligned), (start, lo), (end, hi)))
+        is_out = np.concatenate([is_out, np.zeros(len(gathered), dtype=bool)])
+        partials += [False] * len(gathered)
+        if own is not None:
+            own = np.concatenate([own, gathered])
     matmul = read_last_by_matmul(ev)
     for v in reduced or {}:  # its result is a partial, all-reduced into the output later
         matmul[ev._producer[v]] = False
-    whole_life = np.asarray(partials, dtype=bool) | matmul[end - 1]
+    values += [-1] * (len(size) - len(values))
+    whole_life = np.asarray(partials, dtype=bool) | matmul[end - 1] | reshaped[values]
     outputs_bytes, block = place_in_output_allocations(
         size, start, end, is_out, ev.n_ops, own, whole_life
     )

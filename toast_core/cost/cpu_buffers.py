@@ -163,6 +163,7 @@ import numpy as np
 from toast_core.cost.cpu_tree_reduce import CPU_REDUCE_WINDOW, CPU_TREE_MAX_ELEMENTS
 from toast_core.cost.flops import spread_divisor_elements
 from toast_core.cost.fusion import FUSIBLE, fused_away, fusible, materialized
+from toast_core.cost.reshaped_dots import canonical_dot_dims
 from toast_core.cost.simplify import constant_values
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
@@ -449,7 +450,11 @@ def tree_reduced_operands(prog: Program, is_materialized: list[bool], local_shap
         axes = tuple(op.param("axes") or ())
         reduced = [shape[d] for d in axes]
         if len(set(axes)) == len(shape):  # all of it: of the value a reshape made it from
-            reduced = _reshaped_from(prog, x, producers, fused) or reduced
+            reduced = (
+                _reshaped_from(prog, x, producers, fused)
+                or canonical_dot_dims(prog, x, shape, producers, fused)
+                or reduced
+            )
         if (
             not size
             or size >= CPU_TREE_MAX_ELEMENTS
