@@ -48,6 +48,7 @@ from dataclasses import replace
 from math import prod
 
 from toast_core.analysis.factors import mixed_radix_groups
+from toast_core.cost.constant_scalars import chosen_case, constant_scalars
 from toast_core.cost.flops import one_window_test_flops, spread_divisor_elements
 from toast_core.cost.flops_measured import expanded_extra_copies
 from toast_core.cost.fusion import _kept_once, _more_than_unary, fusible, fusion_work, materialized
@@ -212,7 +213,8 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
     * **Identities** (`_forwarded`): `x + 0`, `x - 0`, `x * 1`, `x / 1`, `max(x, x)`,
       `min(x, x)`, `max(x, -inf)`, `min(x, inf)`, `select(p, x, x)` are `x` (`jnp.where(x > 0.1, x, x)` computes nothing, its
       compare is dead too; `jax.nn.softplus(x)` is `logaddexp(x, 0)`, whose `x - 0` and `x + 0`
-      cost nothing: measured 6 flops per element, not 8).
+      cost nothing: measured 6 flops per element, not 8). A select whose predicate is a scalar
+      of literals alone is its chosen case (`constant_scalars`: `jnp.var`'s ddof guard).
     * **Common subexpressions**: an op with the same primitive and params as an earlier one, on
       the same operands (once earlier repeats are merged, so a repeated chain goes whole;
       literals equal by dtype, shape and value) is that op: `jnp.clip(v, -.5, .5)` written
@@ -230,6 +232,7 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
         if v.role == "literal":
             canon[v.id] = literal_key.setdefault((v.name, v.dtype, v.shape), v.id)
     splats = _splats(prog)
+    scalars = constant_scalars(prog)
     first: dict = {}
     ops = []
     boundaries = prim.REGION_BOUNDARIES
@@ -239,7 +242,7 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
         ops.append(_with_operands(op, operands) if operands != op.operands else op)
         if not op.results or op.primitive in boundaries:
             continue
-        same = _forwarded(op, operands, prog, splats)
+        same = _forwarded(op, operands, prog, splats, scalars)
         if same is not None:
             canon[op.results[0]] = same
             continue
@@ -374,9 +377,14 @@ def _splats(prog: Program) -> dict[int, float]:
 
 
 def _forwarded(
-    op: Op, operands: tuple[int, ...], prog: Program, splats: dict[int, float]
+    op: Op,
+    operands: tuple[int, ...],
+    prog: Program,
+    splats: dict[int, float],
+    scalars: dict[int, float | bool] | None = None,
 ) -> int | None:
-    """The operand an identity op equals (see `rewired`), else None."""
+    """The operand an identity op equals (see `rewired`), else None. `scalars`: the folded
+    scalars (`constant_scalars`), for a select whose predicate is one."""
     if op.primitive not in _MAY_FORWARD or len(op.results) != 1:
         return None
 
@@ -401,6 +409,10 @@ def _forwarded(
             return b
     elif op.primitive == "select_n" and len(operands) > 2 and len(set(operands[1:])) == 1:
         return operands[1]
+    elif op.primitive == "select_n" and scalars is not None:
+        case = chosen_case(_with_operands(op, operands), scalars)
+        if case is not None and prog.values[case].shape == shape:
+            return case
     return None
 
 
