@@ -53,6 +53,7 @@ from toast_core.cost.flops import one_window_test_flops, spread_divisor_elements
 from toast_core.cost.flops_measured import expanded_extra_copies
 from toast_core.cost.fusion import _kept_once, _more_than_unary, fusible, fusion_work, materialized
 from toast_core.cost.gather_fusion import gather_copies
+from toast_core.cost.select_masks import convert_copies
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Op, Program
 
@@ -622,6 +623,8 @@ def executions(
     for i, c in gather_copies(
         simple, roots, fuses, kept, more, frozenset(copied)
     ).items():  # masks, indices
+        copies[i] = c
+    for i, c in convert_copies(simple, roots).items():  # a mask's multiplies are selects
         copies[i] = c
     each = [c * w for c, w in zip(copies, factors)]
     each_flops = list(each)
