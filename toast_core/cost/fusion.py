@@ -205,9 +205,7 @@ def fusion_work(
                 roots[op.index] = self_only | _recomputing_readers(
                     prog, op, roots, costly, spread, fuses
                 )
-            elif len(readers) > 1 and (
-                _unfused_path(prog, op, roots) or _feeds_max_and_exp_shift(prog, op)
-            ):
+            elif len(readers) > 1 and _unfused_path(prog, op, roots):
                 roots[op.index] = self_only
             else:
                 roots[op.index] = readers
@@ -443,7 +441,7 @@ def _recomputing_readers(
     `m' = beta * m + g`, an output read by the update `p - lr * m'`, is stored once and read,
     and so are Adam's moments, read by the update's division and square root; but a moment
     whose gradient is a broadcast is recomputed there, fuzz seed 14 #1668)."""
-    if costly[op.index] or _more_than_unary(prog, op, spread) or _feeds_max_and_exp_shift(prog, op):
+    if costly[op.index] or _more_than_unary(prog, op, spread):
         return frozenset()
     uses = prog.uses()
     fuses = _fusible_ops(prog) if fuses is None else fuses
@@ -552,7 +550,14 @@ def _feeds_max_and_exp_shift(prog: Program, op) -> bool:
     duplicating it is otherwise free (`CpuInstructionFusion::ComputeGloballyUnfusible`: a copy
     recomputed with FMA contraction could exceed the max it was taken over by an ulp, which
     exp makes inf). The masked scores `where(causal, s, -1e9)` read by the softmax's max and
-    exp are one buffer in XLA's buffer assignment (tests/test_memory_fusion.py)."""
+    exp are one buffer in XLA's buffer assignment (tests/test_memory_fusion.py).
+
+    Used for buffers only, not for flops: jaxlib 0.10.2's XLA:CPU duplicates an
+    effectively-unary producer into the max's fusion and the exp's all the same (measured on
+    [64, 8]: `softmax(x * 2)`, `softmax(x - b[:, None])`, `softmax(log_softmax(x))` compute the
+    producer in both loops; fuzz seed 17 #994, a log_softmax read by top-k routing's softmax,
+    0.85 -> 0.95 of XLA's flops). A producer reading two arrays (`x * y`, `where(x > 0, x, c)`)
+    is computed once, for `_unfused_path`'s reason."""
     if len(op.results) != 1:
         return False
     (r,) = op.results
@@ -594,10 +599,15 @@ def _more_than_unary(prog: Program, op, spread: list[bool] | None = None) -> boo
     outer product's (`fusible`: XLA rewrites it as a multiply of two broadcasts). Adam on a
     weight whose gradient is a broadcast (`mean(einsum("a,az->z", x, w))`: `x * 1/Z` spread
     along z): `0.9 * m + 0.1 * g` reads `m` and a broadcast, so XLA computes each moment both
-    in its output's fusion and again in the update's (fuzz seed 14 #1668: 932 of 1,144)."""
+    in its output's fusion and again in the update's (fuzz seed 14 #1668: 932 of 1,144).
+
+    Ranks are true ranks (`_true_rank`, dims of size > 1), as XLA counts them: an operand with
+    size-1 dims the op broadcasts (log_softmax's `shifted - log(sum)[..., None]`, lax's
+    implicit size-1 broadcasting) is a broadcast in the HLO, not a second array (measured:
+    `exp(v - max(v))` with `v = x - b[:, None]` computes `v` in both loops)."""
     if op.primitive == "dot_general":
         return False
-    rank = len(prog.values[op.results[0]].shape) if op.results else 0
+    rank = _true_rank(prog.values[op.results[0]].shape) if op.results else 0
     producers = prog.producers()
     arrays = 0
     for v in op.operands:
@@ -609,9 +619,15 @@ def _more_than_unary(prog: Program, op, spread: list[bool] | None = None) -> boo
         if spread is not None and spread[v]:
             continue
         shape = prog.values[v].shape
-        if shape and len(shape) >= rank:
+        if shape and _true_rank(shape) >= rank:
             arrays += 1
     return arrays > 1
+
+
+def _true_rank(shape: tuple[int, ...]) -> int:
+    """The dims of size > 1, as XLA's effectively-unary test counts rank (`ShapeUtil::
+    TrueRank`)."""
+    return sum(1 for d in shape if d > 1)
 
 
 def _costly_cones(

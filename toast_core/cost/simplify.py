@@ -48,10 +48,12 @@ from dataclasses import replace
 from math import prod
 
 from toast_core.analysis.factors import mixed_radix_groups
+from toast_core.cost.constant_scalars import chosen_case, constant_scalars
 from toast_core.cost.flops import one_window_test_flops, spread_divisor_elements
 from toast_core.cost.flops_measured import expanded_extra_copies
 from toast_core.cost.fusion import _kept_once, _more_than_unary, fusible, fusion_work, materialized
 from toast_core.cost.gather_fusion import gather_copies
+from toast_core.cost.select_masks import convert_copies
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Op, Program
 
@@ -212,7 +214,8 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
     * **Identities** (`_forwarded`): `x + 0`, `x - 0`, `x * 1`, `x / 1`, `max(x, x)`,
       `min(x, x)`, `max(x, -inf)`, `min(x, inf)`, `select(p, x, x)` are `x` (`jnp.where(x > 0.1, x, x)` computes nothing, its
       compare is dead too; `jax.nn.softplus(x)` is `logaddexp(x, 0)`, whose `x - 0` and `x + 0`
-      cost nothing: measured 6 flops per element, not 8).
+      cost nothing: measured 6 flops per element, not 8). A select whose predicate is a scalar
+      of literals alone is its chosen case (`constant_scalars`: `jnp.var`'s ddof guard).
     * **Common subexpressions**: an op with the same primitive and params as an earlier one, on
       the same operands (once earlier repeats are merged, so a repeated chain goes whole;
       literals equal by dtype, shape and value) is that op: `jnp.clip(v, -.5, .5)` written
@@ -230,6 +233,7 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
         if v.role == "literal":
             canon[v.id] = literal_key.setdefault((v.name, v.dtype, v.shape), v.id)
     splats = _splats(prog)
+    scalars = constant_scalars(prog)
     first: dict = {}
     ops = []
     boundaries = prim.REGION_BOUNDARIES
@@ -239,7 +243,7 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
         ops.append(_with_operands(op, operands) if operands != op.operands else op)
         if not op.results or op.primitive in boundaries:
             continue
-        same = _forwarded(op, operands, prog, splats)
+        same = _forwarded(op, operands, prog, splats, scalars)
         if same is not None:
             canon[op.results[0]] = same
             continue
@@ -374,9 +378,14 @@ def _splats(prog: Program) -> dict[int, float]:
 
 
 def _forwarded(
-    op: Op, operands: tuple[int, ...], prog: Program, splats: dict[int, float]
+    op: Op,
+    operands: tuple[int, ...],
+    prog: Program,
+    splats: dict[int, float],
+    scalars: dict[int, float | bool] | None = None,
 ) -> int | None:
-    """The operand an identity op equals (see `rewired`), else None."""
+    """The operand an identity op equals (see `rewired`), else None. `scalars`: the folded
+    scalars (`constant_scalars`), for a select whose predicate is one."""
     if op.primitive not in _MAY_FORWARD or len(op.results) != 1:
         return None
 
@@ -401,6 +410,10 @@ def _forwarded(
             return b
     elif op.primitive == "select_n" and len(operands) > 2 and len(set(operands[1:])) == 1:
         return operands[1]
+    elif op.primitive == "select_n" and scalars is not None:
+        case = chosen_case(_with_operands(op, operands), scalars)
+        if case is not None and prog.values[case].shape == shape:
+            return case
     return None
 
 
@@ -430,9 +443,13 @@ def moved_to_smaller(prog: Program, const: list[bool]) -> dict[int, float]:
 
     * a negation read only by a sum is taken after it (`sum(-x)` is `-sum(x)`: measured
       `jnp.sum(-x[64, 8], axis=1)` counts 448 + 64; a max is not rewritten);
-    * a multiply by a constant scalar read only by a multiply whose other operand is a broadcast
-      scales the broadcast's source instead (`(2 * x[64, 8]) * y[64][:, None]` counts 512 + 64:
-      the gradient of a variance, `2 * (x - m) * g`).
+    * a multiply by a constant scalar read only by multiplies whose other operand is a broadcast
+      (and divisions by a spread divisor, multiplies by its reciprocal) scales each broadcast's
+      source instead (`(2 * x[64, 8]) * y[64][:, None]` counts 512 + 64:
+      the gradient of a variance, `2 * (x - m) * g`); so does one whose other operand has
+      size-1 dims the multiply broadcasts (lax's implicit broadcasting: the gradient of
+      `sum(softmax(x, 0) ** 2)`, `(2 * p) * r[None]`, scales the [12, 8] `r`, measured 17,184
+      flops on [16, 12, 8], where scaling `p` counted 20,160).
     """
     uses = prog.uses()
     producers = prog.producers()
@@ -443,20 +460,37 @@ def moved_to_smaller(prog: Program, const: list[bool]) -> dict[int, float]:
             continue
         r = op.results[0]
         readers = uses[r]
+        size = prog.values[r].size
+        if not readers or not size:
+            continue
+        if _scaled_operand(op, prog, const) is not None:
+            sources = [_broadcast_factor_size(prog.ops[o], k, prog, producers) for o, k in readers]
+            if None not in sources and max(sources) < size:
+                out[op.index] = max(sources) / size
+            continue
         if len(readers) != 1:
             continue
         reader = prog.ops[readers[0][0]]
-        size = prog.values[r].size
-        if op.primitive == "neg" and reader.primitive == "reduce_sum" and size:
+        if op.primitive == "neg" and reader.primitive == "reduce_sum":
             out[op.index] = prog.values[reader.results[0]].size / size
-        elif _scaled_operand(op, prog, const) is not None and reader.primitive == "mul" and size:
-            (other,) = [v for v in reader.operands if v != r] or [r]
-            p = producers[other]
-            if p is not None and prog.ops[p].primitive == "broadcast_in_dim":
-                source = prog.values[prog.ops[p].operands[0]].size
-                if source < size:
-                    out[op.index] = source / size
     return out
+
+
+def _broadcast_factor_size(reader: Op, k: int, prog: Program, producers) -> int | None:
+    """When `reader` multiplies its operand `k` by a broadcast (a `broadcast_in_dim`, size-1
+    dims it broadcasts, or the reciprocal of a spread divisor: `div` by it is a multiply once
+    XLA has rewritten it), the elements the broadcast is made from; else None."""
+    if len(reader.operands) != 2 or reader.operands[0] == reader.operands[1]:
+        return None
+    if reader.primitive == "div" and k == 0:
+        return spread_divisor_elements(reader, prog) or None
+    if reader.primitive != "mul":
+        return None
+    other = reader.operands[1 - k]
+    p = producers[other]
+    if p is not None and prog.ops[p].primitive == "broadcast_in_dim":
+        return prog.values[prog.ops[p].operands[0]].size
+    return prog.values[other].size  # size-1 dims the multiply broadcasts, else as large
 
 
 def masking_converts(prog: Program) -> set[int]:
@@ -610,6 +644,8 @@ def executions(
     for i, c in gather_copies(
         simple, roots, fuses, kept, more, frozenset(copied)
     ).items():  # masks, indices
+        copies[i] = c
+    for i, c in convert_copies(simple, roots).items():  # a mask's multiplies are selects
         copies[i] = c
     each = [c * w for c, w in zip(copies, factors)]
     each_flops = list(each)
