@@ -17,6 +17,7 @@ import weakref
 from math import prod
 
 from toast_core.cost.flops import spread_divisor_elements
+from toast_core.cost.fusion_indexing import IndexingCounts
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
@@ -175,6 +176,7 @@ def fusion_work(
     holds_reduction: dict[int, bool] = {}
     expanded: dict[int, int] = {}
     self_only = frozenset()
+    indexing = IndexingCounts(prog)
     for op in reversed(prog.ops):
         mat = any(is_materialized[r] for r in op.results)
         if not fuses[op.index]:
@@ -209,6 +211,8 @@ def fusion_work(
                 roots[op.index] = self_only
             else:
                 roots[op.index] = readers
+            if not costly[op.index]:
+                roots[op.index] = indexing.limit(op, roots[op.index], roots)
             continue
         own = mat or len(readers) > 1
         if (

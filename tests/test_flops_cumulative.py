@@ -1,0 +1,74 @@
+"""Flops of cumulative ops' gradients (fuzz seed 17's misses, issue 14): XLA's limit on code
+duplication in a loop fusion (`cost.fusion_indexing`) cuts an associative scan's backward into
+many fusions, each recomputing the part of the forward tree it reads."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import toast_core as tc
+from toast_core.cost import fusion_indexing
+from toast_core.cost.simplify import executions
+
+F32 = jnp.float32
+X32 = {"x": jax.ShapeDtypeStruct((32,), F32)}
+
+
+def windows(k: int):
+    """`y = 2x + 1` read through k shifted windows summed into one loop with `2x` itself: past 15
+    windows XLA will not emit `y` in that loop again and makes it a fusion of its own, which
+    computes `2x` once more."""
+
+    def fn(b):
+        a = b["x"] * 2.0
+        y = a + 1.0
+        s = a[:16] * 3.0
+        for i in range(k):
+            s = s + y[i : i + 16]
+        return s
+
+    return fn
+
+
+def ratio(fn, args) -> float:
+    """predicted / compiled flops of `fn` on one device (replicated)."""
+    mesh = tc.MeshSpec({"data": 1})
+    ana = tc.analyze(tc.trace(fn, *args))
+    strategy = tc.baselines.replicated(ana, mesh)
+    rep = tc.validate(fn, args, ana, strategy, tc.jax_mesh(mesh), tc.hardware("tpu-v5e"))
+    assert rep.numerics_ok
+    return rep.predicted_flops / rep.compiled_flops
+
+
+def doubled_executions(k: int) -> float:
+    prog = tc.trace(windows(k), X32)
+    (mul,) = [
+        op for op in prog.ops if op.primitive == "mul" and prog.values[op.results[0]].shape == (32,)
+    ]
+    return executions(prog)[0][mul.index]
+
+
+@pytest.mark.parametrize("k, copies", [(15, 1), (16, 2)])
+def test_a_value_emitted_past_the_limit_roots_its_own_fusion(k, copies):
+    """At 15 windows `y` is fused into the sum and `2x` computed once; at 16 `y` is a fusion of
+    its own, and `2x` is computed in it and in the sum."""
+    assert fusion_indexing.ALLOWED_CODE_DUPLICATION == 15
+    assert doubled_executions(k) == copies
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [15, 16, 17])
+def test_windows_count_as_xla_counts_them(k):
+    assert ratio(windows(k), (X32,)) == pytest.approx(1.0)
+
+
+@pytest.mark.slow
+def test_the_gradient_of_a_cumprod_recomputes_its_forward_tree():
+    """`grad(sum(sin(cumprod(x, 0))))` on x[16, 8]: 4,992 flops in XLA; 3,992 (0.80) predicted
+    without the limit, 4,504 (0.90) with it (XLA's remaining splits follow its fusion order,
+    which the model does not replay)."""
+
+    def grad(b):
+        return jax.grad(lambda x: jnp.sum(jnp.sin(jnp.cumprod(x, axis=0))))(b["x"])
+
+    assert 0.88 <= ratio(grad, ({"x": jax.ShapeDtypeStruct((16, 8), F32)},)) <= 1.05
