@@ -1,0 +1,76 @@
+"""Predicted flops of layout and update ops (gathers and scatters sharing an index, concatenates,
+stacks, expand_dims) against XLA's `cost_analysis()` (issue 14, fuzz seed 17's layout misses)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from xla_flops import predicted_and_compiled
+
+import toast_core as tc
+
+F32 = jnp.float32
+
+
+def update_read_at_its_index(x, i):  # fuzz seed 17 #870
+    return x.at[:, i].add(jnp.tanh(x[:, i]))
+
+
+def set_at_an_affine_index(x, i):
+    j = i * 2 + 1
+    return x.at[:, j].set(jnp.tanh(x[:, j]))
+
+
+def gather_and_zero_at(x, i):
+    return jnp.tanh(x[:, i]), x.at[:, i].set(0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "fn", [update_read_at_its_index, set_at_an_affine_index, gather_and_zero_at]
+)
+def test_an_index_read_by_a_gather_and_a_scatter_is_computed_for_each(fn):
+    """XLA fuses the cheap ops making a gather's index (jax's `where(i < 0, i + n, i)`, and any
+    arithmetic before it) into the gather's fusion, and computes them again for the scatter
+    reading the same index (`gather_fusion._own_fusion`): 30 flops, not 21, for seed 17 #870."""
+    args = (jax.ShapeDtypeStruct((4, 8), F32), jax.ShapeDtypeStruct((3,), jnp.int32))
+    predicted, compiled = predicted_and_compiled(fn, args, {"data": 1})
+    assert predicted == compiled
+
+
+def unsharded_flops(fn, *args) -> tuple[float, float]:
+    """(the cost model's flops of one execution, XLA's `cost_analysis()` flops), unsharded."""
+    from toast_core.cost.flops import op_flops
+    from toast_core.cost.simplify import flop_executions
+
+    prog = tc.trace(fn, *args)
+    scale = flop_executions(prog)
+    predicted = sum(op_flops(op, prog) * scale[op.index] for op in prog.ops)
+    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    return predicted, cost.get("flops", 0.0)
+
+
+def sgd_on(loss):
+    def step(p, x):
+        return p - 0.1 * jax.grad(loss)(p, x)
+
+    return step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "loss",
+    [
+        lambda p, x: jnp.mean(jnp.concatenate([p * x, x], 0)),  # the cotangent split
+        lambda p, x: jnp.mean(jnp.concatenate([x, p * x, x], 1)),
+        lambda p, x: jnp.mean(jnp.stack([p * x, x])),
+    ],
+)
+def test_a_split_of_a_constant_cotangent_scales_like_its_scalar(loss):
+    """The gradient of a concatenate or stack under a mean loss is a split of the loss's
+    broadcast cotangent: each piece is still a broadcast of one scalar to XLA, whose simplifier
+    folds `0.1 * (c * x)` into one multiply (`simplify._constant_splat`: 128 flops on [8, 8],
+    not 192)."""
+    args = (jax.ShapeDtypeStruct((8, 8), F32), jax.ShapeDtypeStruct((8, 8), F32))
+    predicted, compiled = unsharded_flops(sgd_on(loss), *args)
+    assert predicted == compiled
