@@ -166,3 +166,16 @@ def test_a_softmax_read_by_top_k_and_a_loop_is_recomputed_in_the_loop():
     counts the TopK custom call as -1 flop."""
     predicted, compiled = unsharded_flops(top_k_route, jax.ShapeDtypeStruct((64, 8), F32))
     assert predicted == compiled + 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("rows", "ways"), [(8, 8), (16, 8), (64, 2)])
+def test_an_argmax_over_a_sharded_dim_reduces_again_after_the_gather(rows, ways):
+    """Fuzz seed 17 #146: `argmax(x, axis=0)` with x's rows on the mesh: each device reduces
+    its rows, all-gathers the partial maxima and indices and reduces those again, with the
+    index offsets (`arg_reduce.py`); the flop rule spread over the shards was 0.13 of XLA's."""
+    x = jax.ShapeDtypeStruct((rows, 16), F32)
+    predicted, compiled = predicted_and_compiled(
+        lambda b: jnp.argmax(b, axis=0), (x,), {"data": ways}
+    )
+    assert predicted == compiled
