@@ -148,3 +148,48 @@ def test_a_one_window_scatter_is_computed_in_each_loop_reading_it():
     args = (jax.ShapeDtypeStruct((4, 16, 4), F32), jax.ShapeDtypeStruct((1,), jnp.int32))
     predicted, compiled = unsharded_flops(fn, *args)
     assert predicted == pytest.approx(compiled, abs=6.0)  # the index normalization's copies
+
+
+def top_k_route(x):
+    """fuzz `_route`: softmax gates kept on each row's top 2 (a MoE router)."""
+    gates = jax.nn.softmax(x, axis=-1)
+    _, idx = jax.lax.top_k(gates, 2)
+    mask = jnp.sum(jax.nn.one_hot(idx, x.shape[-1], dtype=gates.dtype), axis=-2)
+    return gates * mask
+
+
+@pytest.mark.slow
+def test_a_softmax_read_by_top_k_and_a_loop_is_recomputed_in_the_loop():
+    """Fuzz seed 17 #1021, #1511: the gates `e * (1 / sum(e))` are stored for the TopK custom
+    call and computed again in the loop masking them, since `e = exp(x - max)`, read by the sum
+    and the division, is a stored buffer (`fusion._stored_apart`): 0.93 of XLA before. XLA:CPU
+    counts the TopK custom call as -1 flop."""
+    predicted, compiled = unsharded_flops(top_k_route, jax.ShapeDtypeStruct((64, 8), F32))
+    assert predicted == compiled + 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("rows", "ways"), [(8, 8), (16, 8), (64, 2)])
+def test_an_argmax_over_a_sharded_dim_reduces_again_after_the_gather(rows, ways):
+    """Fuzz seed 17 #146: `argmax(x, axis=0)` with x's rows on the mesh: each device reduces
+    its rows, all-gathers the partial maxima and indices and reduces those again, with the
+    index offsets (`arg_reduce.py`); the flop rule spread over the shards was 0.13 of XLA's."""
+    x = jax.ShapeDtypeStruct((rows, 16), F32)
+    predicted, compiled = predicted_and_compiled(
+        lambda b: jnp.argmax(b, axis=0), (x,), {"data": ways}
+    )
+    assert predicted == compiled
+
+
+@pytest.mark.slow
+def test_a_fill_mode_gather_along_a_sharded_dim_normalizes_its_indices_twice():
+    """Fuzz seed 17 #979: `take_along_axis(x, i, axis=0)` with x's rows on 2 devices: the
+    masked gather and, after the all-reduce, the fill mask are two fusions, each normalizing
+    the indices (`masked_gather.py`); 0.82 of XLA's flops before."""
+
+    def fn(b):
+        return jnp.take_along_axis(b["x"], b["i"], axis=0)
+
+    args = {"x": jax.ShapeDtypeStruct((4, 16), F32), "i": jax.ShapeDtypeStruct((2, 16), jnp.int32)}
+    predicted, compiled = predicted_and_compiled(fn, (args,), {"data": 2, "model": 3})
+    assert predicted == compiled

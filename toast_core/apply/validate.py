@@ -53,6 +53,7 @@ from toast_core.apply.hlo import collective_bytes_by_kind, collective_ops_by_kin
 from toast_core.apply.hlo_pricing import target_collective_ops, target_comm_s
 from toast_core.apply.shard import mesh_spec_of, shard
 from toast_core.cost import CostOptions, estimate
+from toast_core.cost.arg_reduce import arg_reduction_flops
 from toast_core.cost.buffers import allocated_memory
 from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.cost.cpu_buffers import (
@@ -307,6 +308,9 @@ def cpu_flops(
         for c in report.op_costs
     )
     flops += loop_control_flops(program)
+    if mesh is not None:
+        sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+        flops += arg_reduction_flops(report.collectives, program, sizes)
     return flops + reduction_flops(report.collectives, program, once=True), transcendentals
 
 

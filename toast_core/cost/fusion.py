@@ -163,12 +163,45 @@ def fusion_work(
     `roots_out`: a list that receives, per op, the fusions computing it (for
     `gather_fusion.gather_copies`).
     """
-    uses = prog.uses()
     fuses = _fusible_ops(prog)
     if unfused:
         fuses = [f and i not in unfused for i, f in enumerate(fuses)]
     fuses, is_materialized, gather_own = _with_fused_gathers(prog, fuses, is_materialized)
     costly = _costly_cones(prog, is_materialized, spread)
+    walk = (prog, fuses, is_materialized, gather_own, spread, copied)
+    roots, expanded = _fusion_work_roots(*walk, costly)
+    stored = _stored_apart(prog, roots, fuses, spread)
+    if stored:
+        # A costly op rooted in a fusion of its own is a stored buffer: cheap work reading it
+        # is not costly (softmax's `e / sum(e)` with `e = exp(x - max)` read by a sum and the
+        # division, `e` stored: the reciprocal multiply is recomputed in each reader).
+        is_stored = list(is_materialized)
+        for v in stored:
+            is_stored[v] = True
+        again = _costly_cones(prog, is_stored, spread)
+        if again != costly:
+            roots, expanded = _fusion_work_roots(*walk, again)
+    if roots_out is not None:
+        roots_out[:] = roots
+    return [1 if i in expanded else len(r) for i, r in enumerate(roots)], expanded
+
+
+def _stored_apart(prog: Program, roots, fuses, spread) -> list[int]:
+    """Values of fusible ops XLA keeps once (`_kept_once`) that root a fusion of their own, read
+    by other fusions: they are stored buffers, whatever `materialized` says (it sees only
+    non-fusible readers)."""
+    out = []
+    for op in prog.ops:
+        i = op.index
+        if fuses[i] and roots[i] == frozenset((i,)) and _kept_once(op, prog, spread):
+            out.extend(op.results)
+    return out
+
+
+def _fusion_work_roots(prog, fuses, is_materialized, gather_own, spread, copied, costly):
+    """Per op, the fusions computing it, and the special functions expanded into several
+    readers (`fusion_work`'s walk, given the costly cones)."""
+    uses = prog.uses()
     roots: list[frozenset[int]] = [frozenset()] * len(prog.ops)
     # Per fusion root, op indices and the placeholder roots below zero (a gather's own fusion,
     # a special function's expensive parts) alike: a list indexed by those raised IndexError
@@ -236,9 +269,7 @@ def fusion_work(
         roots[op.index] = self_only if own or not readers else readers
         if own and op.primitive in _REDUCTIONS:
             holds_reduction[op.index] = True
-    if roots_out is not None:
-        roots_out[:] = roots
-    return [1 if i in expanded else len(r) for i, r in enumerate(roots)], expanded
+    return roots, expanded
 
 
 def _with_fused_gathers(

@@ -20,6 +20,10 @@ result element, 3 per index vector) after the all-reduce, on the result's own sh
 device tests the bounds of each index it holds: the op's share of its iteration space is wrong
 there, masked dims cut or not (fuzz seed 16 #1410, `x[64, 32]` with dim 0 on 8 devices,
 `jnp.take(x, i[1], axis=1)`: 8 selects and 3 per index, 11 flops per device, not 67 / 8).
+With a masked dim cut, that fill mask is a fusion apart from the gather's (the all-reduce
+between them), so it normalizes each index again (`where(i < 0, i + n, i)`, 3 flops) besides
+the gather's own normalization (fuzz seed 17 #979: `take_along_axis(x[4, 16], i[2, 16],
+axis=0)` with dim 0 on 2 devices, 545 flops; 449 counting it once).
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ def masked_gather_flops(
     ]  # fmt: skip
     one_row = prod(operand[d] for d in masked) / masked_ways <= 1 + 1e-9
     offset = (1 if one_row else 3) if whole_mesh else (0 if one_row else 1)
+    if out:  # the fill mask's fusion, after the all-reduce, normalizes the indices again
+        out += 3 * vectors
     return out + result + (4 if one_row else 5) * vectors + offset
 
 
