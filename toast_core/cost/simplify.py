@@ -189,7 +189,11 @@ def _scaled_operand(op: Op, prog: Program, const: list[bool]) -> int | None:
     a, b = op.operands
 
     def scalar_const(v: int) -> bool:
-        return const[v] and (prog.values[v].rank == 0 or _constant_splat(prog, v))
+        # A scaling by one is an identity (`_forwarded` drops it): nothing to merge into.
+        if not const[v]:
+            return False
+        source = v if prog.values[v].rank == 0 else _constant_splat(prog, v)
+        return source is not None and _literal(prog, source) != 1.0
 
     if scalar_const(b) and not const[a]:
         return a
@@ -286,8 +290,8 @@ def _splat_source(prog: Program, vid: int) -> int | None:
 _SPLAT_PIECES = _SPLAT_PASSING | {"split", "slice", "unstack"}
 
 
-def _constant_splat(prog: Program, vid: int) -> bool:
-    """Whether constant `vid` is one scalar spread (through `_SPLAT_PIECES` ops): XLA sees a
+def _constant_splat(prog: Program, vid: int) -> int | None:
+    """The scalar constant `vid` spreads (through `_SPLAT_PIECES` ops), else None: XLA sees a
     broadcast of a scalar, which its simplifier folds into a scaling as it does the scalar
     (measured: SGD on `mean(concatenate([p * x, x]))`, the loss's cotangent split in two,
     `p - 0.1 * (c * x)` is one multiply by `0.1 * c`: 128 flops on [8, 8], not 192)."""
@@ -295,9 +299,9 @@ def _constant_splat(prog: Program, vid: int) -> bool:
     while prog.values[vid].rank and prog.values[vid].size != 1:
         p = producers[vid]
         if p is None or prog.ops[p].primitive not in _SPLAT_PIECES or not prog.ops[p].operands:
-            return False
+            return None
         vid = prog.ops[p].operands[0]
-    return True
+    return vid
 
 
 def _splat_dot_key(op: Op, operands: tuple[int, ...], prog: Program) -> tuple | None:
