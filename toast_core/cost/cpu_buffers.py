@@ -381,7 +381,10 @@ def library_reduction_inputs(
             continue
         if int(np.prod(local_shape(op.index, 0))) < LIBRARY_REDUCE_MIN_ELEMENTS:
             continue
-        for v, sized in _call_inputs(prog, op.operands[0], uses, producers):
+        inputs = _call_inputs(prog, op.operands[0], uses, producers)
+        if all(v != sized or _is_spread(prog, v, producers) for v, sized in inputs):
+            continue  # a reduction of broadcasts: XLA reduces their sources (`_is_spread`)
+        for v, sized in inputs:
             if v != sized or (fused[v] and prog.values[v].size >= operand.size):
                 last[v, sized] = max(last.get((v, sized), -1), op.index)
     rows = []
@@ -392,6 +395,20 @@ def library_reduction_inputs(
         elif first is not None:  # an input or parameter is stored already
             rows.append((v, first, t, 1.0, 1, 0))
     return rows
+
+
+def _is_spread(prog: Program, v: int, producers) -> bool:
+    """Whether `v` is a broadcast of a smaller value. A reduction whose operand only combines
+    such broadcasts elementwise is no library call: XLA's simplifier moves the reduction onto
+    their sources and broadcasts the result. Fuzz seed 17 #869 (`fori_loop` accumulating the
+    gradient of `einsum(...)[..., None] * x4`, 2x3): `sum(broadcast(c) * broadcast(x[32]))`
+    over [2, 16, 8, 32] compiles to `multiply_reduce_fusion = f32[]` on x and a broadcast of
+    it, no temporary of the broadcast's size; the model stored two 16 KiB inputs (19.6x XLA's
+    1,760 bytes)."""
+    p = producers[v]
+    if p is None or prog.ops[p].primitive != "broadcast_in_dim":
+        return False
+    return prog.values[prog.ops[p].operands[0]].size < prog.values[v].size
 
 
 def _call_inputs(prog: Program, x: int, uses, producers) -> list[tuple[int, int]]:
