@@ -138,3 +138,17 @@ def test_fsdp_grad_accum_memory_matches_compiled(plan_name):
     # Measured 0.77 (fsdp) and 0.80 (fsdp_megatron) with the gathered weights priced at the
     # loop's entry only, 1.01 held through the loop.
     assert abs(rep.memory_ratio - 1.0) <= 0.15
+
+
+def test_the_counter_step_is_written_in_place():
+    """`fori_loop`'s body reads `xs[i]` after `i + 1` is made: XLA still writes the step over
+    the counter and copies the old value for those readers (the copy `loop_state_buffers`
+    counts; fuzz seed 17 #841)."""
+    prog, alias, start, end, params = _accumulating_loop()
+    counter = start.results[params["num_consts"]]
+    step = end.operands[0]
+    assert prog.values[counter].shape == () and prog.values[step].shape == ()
+    assert any(
+        op.index > prog.producers()[step] and counter in op.operands for op in prog.ops[: end.index]
+    )
+    assert alias[step] == counter

@@ -108,9 +108,27 @@ def _carry_updates(start, end, last_read, prog: Program) -> list[tuple[int, int]
         a, b = prog.values[cin], prog.values[cout]
         if cin == cout or p is None or p <= start.index or a.shape != b.shape or a.dtype != b.dtype:
             continue
-        if last_read.get(cin, -1) <= p:
+        if last_read.get(cin, -1) <= p or _is_counter_step(prog, prog.ops[p], cin):
             pairs.append((cout, cin))
     return pairs
+
+
+def _is_counter_step(prog: Program, op, carry: int) -> bool:
+    """Whether `op` steps an integer scalar carry (`i + 1`): the loop's counter. XLA keeps one
+    counter in the loop's state and copies the old value at the body's start for the ops that
+    read it after the step (`copy(get-tuple-element(param), index=0)`), the counter copy
+    `cpu_buffers.loop_state_buffers` counts already; the step itself is written in place even
+    when the old value is read later. Fuzz seed 17 #841 (`fori_loop`, 2x4): XLA's 196-byte
+    block holds the table, the dot's result, the copy and the counter; the model had the
+    counter, its step and the copy (524 bytes of XLA's 268)."""
+    v = prog.values[carry]
+    return (
+        op.primitive == "add"
+        and v.shape == ()
+        and v.dtype.startswith(("int", "uint"))
+        and carry in op.operands
+        and all(x == carry or prog.values[x].role in ("literal", "constant") for x in op.operands)
+    )
 
 
 def _last_direct_reads(prog: Program) -> dict[int, int]:
