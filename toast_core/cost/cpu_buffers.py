@@ -786,8 +786,25 @@ def broadcasts_per_layout(prog: Program, is_materialized: list[bool], local_shap
 
 def _written_in_place(prog: Program, x: int, ops: list[int], uses, producers, outputs) -> bool:
     """Whether a loop fusion making `x` can write it in the order these dots want: a fusible
-    producer, and no reader but them (not an output)."""
+    producer, or a scan's per-iteration slice of its stacked input (`_is_scan_slice`), and no
+    reader but them (not an output)."""
     p = producers[x]
-    if p is None or x in outputs or prog.ops[p].primitive not in FUSIBLE:
+    if p is None or x in outputs:
+        return False
+    if prog.ops[p].primitive not in FUSIBLE and not _is_scan_slice(prog.ops[p], x):
         return False
     return all(o in ops for o, _ in uses[x])
+
+
+def _is_scan_slice(op, x: int) -> bool:
+    """Whether `x` is one iteration's slice of a scan's stacked input (`xs`), a `scan_start`
+    result after its constants and carries. XLA slices it with a `dynamic-slice` that fuses
+    into the copy a dot wants of it: one buffer, the copy, in the dot's layout. Fuzz seed 17
+    #1155 (`lax.scan` over x1 [2, 4, 8, 32] read by a dot, 8 devices): XLA's block holds
+    `copy_bitcast_fusion = f32[256, 4]` (4,096 bytes) and no slice; the model held the slice
+    and a copy of it (1.30x XLA's bytes)."""
+    if op.primitive != prim.SCAN_START:
+        return False
+    params = dict(op.params)
+    n = int(params.get("num_consts", 0)) + int(params.get("num_carry", 0))
+    return x in op.results[n:]
