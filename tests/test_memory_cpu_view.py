@@ -72,12 +72,6 @@ def test_several_outputs_add_the_tuple_table():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="XLA's block is 88 bytes (24 at 0, the all-reduce's 24 at 64: `block_top`); the model "
-    "puts one f32[6] in the new w's allocation: 96 of 160. Its top buffer's 40 bytes of padding "
-    "had hidden part of that (136).",
-)
 def test_small_sgd_step_memory_matches_memory_analysis():
     """160 bytes compiled; the unaligned prediction without the table was 80 (ratio 0.5).
 

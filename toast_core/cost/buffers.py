@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from toast_core.cost.block_top import SMALL_BUFFER_BYTES, padding, unpadded_block
 from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.cost.cpu_buffers import cpu_buffers, dot_product_fused
 from toast_core.cost.fusion import fusible
@@ -179,7 +178,7 @@ def timeline_of(size, start, end, n_ops: int) -> np.ndarray:
 
 
 def place_in_output_allocations(
-    size, start, end, is_out, n_ops: int, fit_size=None, whole_life=None, pad=None
+    size, start, end, is_out, n_ops: int, fit_size=None, whole_life=None
 ):
     """(bytes of the output allocations, live bytes of the temporary block after each op).
 
@@ -189,9 +188,7 @@ def place_in_output_allocations(
     last op (where its reader may write over it), and otherwise goes to the block. `fit_size`: the temporaries' own sizes, when `size` rounds
     them up to the block's alignment (an allocation of its own is not aligned: a 24-byte
     temporary fits a 24-byte output's). `whole_life`: a bool per buffer, true where no reader
-    writes over it at its last op (an all-reduce's partial on XLA:CPU). `pad`: per buffer, the
-    bytes its alignment adds, which the block's topmost buffer does not take
-    (`block_top.unpadded_block`)."""
+    writes over it at its last op (an all-reduce's partial on XLA:CPU)."""
     fit = size if fit_size is None else fit_size
     outs = np.flatnonzero(is_out)
     alloc_size = size[outs]
@@ -218,22 +215,17 @@ def place_in_output_allocations(
             busy[a, s:e] = True
             in_block[k] = False
     block = timeline_of(size[in_block], start[in_block], end[in_block], n_ops)
-    if pad is not None:
-        block = unpadded_block(block, pad[in_block], start[in_block], end[in_block])
     return float(alloc_size.sum()), block
 
 
-def cpu_temporaries(
-    ev, value_local, align_bytes: int, masks=None, remat: bool = False, with_pad: bool = False
-):
+def cpu_temporaries(ev, value_local, align_bytes: int, masks=None, remat: bool = False):
     """(bytes, first op, end op (exclusive)) of the temporaries only XLA:CPU makes (dot-operand
     and conv layout copies, threefry loops, select-and-scatter expansions:
     `cost/cpu_buffers.py`), as `Evaluator._memory(cpu_buffers=
     True)` counts them; with the strategy's `masks`, the dots' copies as its per-device dots
     need them (`local_dot_shapes`), and `remat` (the strategy recomputes: XLA:CPU's schedule
     then makes a library reduction's broadcast inputs at the call, `cpu_buffers.
-    library_reduction_inputs`). `with_pad`: also each row's largest padding, the bytes the
-    block's topmost buffer does not take (`block_top`)."""
+    library_reduction_inputs`)."""
     if masks is None:
         vals, lo, hi, scale, count, small = ev._cpu_buffers
     else:
@@ -242,17 +234,11 @@ def cpu_temporaries(
             cpu_buffers(ev.ana.program, is_mat, local_dot_shapes(ev, masks), remat)
         )
         vals, lo, hi, scale, count, small = rows
-    raw = value_local[vals] * scale
-    size = _round_up(raw, align_bytes) if align_bytes else raw
+    size = value_local[vals] * scale
+    if align_bytes:
+        size = _round_up(size, align_bytes)
     size = count * size + small * max(align_bytes, 1)
-    out = np.asarray(size, dtype=np.float64), lo.astype(np.int64), hi.astype(np.int64) + 1
-    if not with_pad:
-        return out
-    # One buffer of a row may top the block: a row's largest padding (`block_top`).
-    pad = np.where(np.asarray(count) > 0, padding(raw, align_bytes), 0.0)
-    small_pad = padding(SMALL_BUFFER_BYTES, align_bytes)
-    pad = np.where(np.asarray(small) > 0, np.maximum(pad, small_pad), pad)
-    return (*out, pad)
+    return np.asarray(size, dtype=np.float64), lo.astype(np.int64), hi.astype(np.int64) + 1
 
 
 def local_dot_shapes(ev, masks):
@@ -306,23 +292,19 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         if align_bytes
         else None
     )
-    pad = np.clip(size - own, 0.0, None) if own is not None else None
     if cpu:
-        extra, lo, hi, extra_pad = cpu_temporaries(
-            ev, local, align_bytes, masks, effect is not None, with_pad=True
-        )
+        extra, lo, hi = cpu_temporaries(ev, local, align_bytes, masks, effect is not None)
         size, start, end = (np.concatenate(x) for x in ((size, extra), (start, lo), (end, hi)))
         is_out = np.concatenate([is_out, np.zeros(len(extra), dtype=bool)])
         partials += [False] * len(extra)
         if own is not None:
             own = np.concatenate([own, cpu_temporaries(ev, local, 0, masks, effect is not None)[0]])
-            pad = np.concatenate([pad, extra_pad])
     matmul = read_last_by_matmul(ev)
     for v in reduced or {}:  # its result is a partial, all-reduced into the output later
         matmul[ev._producer[v]] = False
     whole_life = np.asarray(partials, dtype=bool) | matmul[end - 1]
     outputs_bytes, block = place_in_output_allocations(
-        size, start, end, is_out, ev.n_ops, own, whole_life, pad
+        size, start, end, is_out, ev.n_ops, own, whole_life
     )
     return float(value_local[kept_inputs(ev)].sum()), outputs_bytes, block
 
