@@ -382,7 +382,10 @@ def library_reduction_inputs(
             continue
         if int(np.prod(local_shape(op.index, 0))) < LIBRARY_REDUCE_MIN_ELEMENTS:
             continue
-        for v, sized in _call_inputs(prog, op.operands[0], uses, producers):
+        inputs = _call_inputs(prog, op.operands[0], uses, producers)
+        if all(v != sized or _is_spread(prog, v, producers) for v, sized in inputs):
+            continue  # a reduction of broadcasts: XLA reduces their sources (`_is_spread`)
+        for v, sized in inputs:
             if v != sized or (fused[v] and prog.values[v].size >= operand.size):
                 last[v, sized] = max(last.get((v, sized), -1), op.index)
     rows = []
@@ -393,6 +396,20 @@ def library_reduction_inputs(
         elif first is not None:  # an input or parameter is stored already
             rows.append((v, first, t, 1.0, 1, 0))
     return rows
+
+
+def _is_spread(prog: Program, v: int, producers) -> bool:
+    """Whether `v` is a broadcast of a smaller value. A reduction whose operand only combines
+    such broadcasts elementwise is no library call: XLA's simplifier moves the reduction onto
+    their sources and broadcasts the result. Fuzz seed 17 #869 (`fori_loop` accumulating the
+    gradient of `einsum(...)[..., None] * x4`, 2x3): `sum(broadcast(c) * broadcast(x[32]))`
+    over [2, 16, 8, 32] compiles to `multiply_reduce_fusion = f32[]` on x and a broadcast of
+    it, no temporary of the broadcast's size; the model stored two 16 KiB inputs (19.6x XLA's
+    1,760 bytes)."""
+    p = producers[v]
+    if p is None or prog.ops[p].primitive != "broadcast_in_dim":
+        return False
+    return prog.values[prog.ops[p].operands[0]].size < prog.values[v].size
 
 
 def _call_inputs(prog: Program, x: int, uses, producers) -> list[tuple[int, int]]:
@@ -774,8 +791,25 @@ def broadcasts_per_layout(prog: Program, is_materialized: list[bool], local_shap
 
 def _written_in_place(prog: Program, x: int, ops: list[int], uses, producers, outputs) -> bool:
     """Whether a loop fusion making `x` can write it in the order these dots want: a fusible
-    producer, and no reader but them (not an output)."""
+    producer, or a scan's per-iteration slice of its stacked input (`_is_scan_slice`), and no
+    reader but them (not an output)."""
     p = producers[x]
-    if p is None or x in outputs or prog.ops[p].primitive not in FUSIBLE:
+    if p is None or x in outputs:
+        return False
+    if prog.ops[p].primitive not in FUSIBLE and not _is_scan_slice(prog.ops[p], x):
         return False
     return all(o in ops for o, _ in uses[x])
+
+
+def _is_scan_slice(op, x: int) -> bool:
+    """Whether `x` is one iteration's slice of a scan's stacked input (`xs`), a `scan_start`
+    result after its constants and carries. XLA slices it with a `dynamic-slice` that fuses
+    into the copy a dot wants of it: one buffer, the copy, in the dot's layout. Fuzz seed 17
+    #1155 (`lax.scan` over x1 [2, 4, 8, 32] read by a dot, 8 devices): XLA's block holds
+    `copy_bitcast_fusion = f32[256, 4]` (4,096 bytes) and no slice; the model held the slice
+    and a copy of it (1.30x XLA's bytes)."""
+    if op.primitive != prim.SCAN_START:
+        return False
+    params = dict(op.params)
+    n = int(params.get("num_consts", 0)) + int(params.get("num_carry", 0))
+    return x in op.results[n:]

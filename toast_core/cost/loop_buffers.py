@@ -25,6 +25,8 @@ from __future__ import annotations
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
+_LOOP_ENDS = {prim.SCAN_START: prim.SCAN_END, prim.WHILE_START: prim.WHILE_END}
+
 
 def _pairs(op) -> list[tuple[int, int]]:
     """(result, operand) pairs of a region boundary op that share a buffer."""
@@ -47,9 +49,9 @@ def buffer_aliases(prog: Program) -> dict[int, int]:
     last_read = _last_direct_reads(prog)
     copied = _copied_input_carries(prog)
     for op in prog.ops:
-        if op.primitive == prim.SCAN_START:
+        if op.primitive in _LOOP_ENDS:
             starts.append(op)
-        elif op.primitive == prim.SCAN_END and starts:
+        elif starts and op.primitive == _LOOP_ENDS[starts[-1].primitive]:
             for out, into in _carry_updates(starts.pop(), op, last_read, prog):
                 alias[out] = alias.get(into, into)
         for result, operand in _pairs(op):
@@ -68,20 +70,20 @@ def _copied_input_carries(prog: Program) -> set[int]:
     (`copy(param)` before the `while`), a buffer of its own from the loop's start through the
     final carry's last reader. Fuzz seed 16 #856: `fori_loop(0, 3, f, x1)` with the result the
     output: XLA's output allocation holds the copy, the model had aliased the carry to x1 and
-    counted no output (0.17 of XLA's bytes); #871 reads the final carry on, in a temporary."""
+    counted no output (0.17 of XLA's bytes); #871 reads the final carry on, in a temporary.
+    A literal or constant initial value is read-only as well: XLA copies it into the state
+    (`copy(constant(0))`, a `while_loop`'s counter; fuzz seed 17 #752: the counter 4 bytes of
+    the 132-byte block, the model had aliased it to the literal and counted none)."""
     producers = prog.producers()
-    ends = _scan_ends(prog)
+    ends = _loop_ends(prog)
     out: set[int] = set()
     for op in prog.ops:
-        if op.primitive != prim.SCAN_START or op.index not in ends:
+        if op.index not in ends:
             continue
-        params = dict(op.params)
-        consts = int(params.get("num_consts", 0))
-        n = int(params.get("num_carry", 0))
+        consts, n = _loop_slots(op, prog.ops[ends[op.index]])
         updates = prog.ops[ends[op.index]].operands[:n]
         for cin, init, cout in zip(op.results[consts : consts + n], op.operands[consts:], updates):
-            v = prog.values[init]
-            if producers[init] is None and v.role not in ("literal", "constant") and cout != cin:
+            if producers[init] is None and cout != cin:
                 out.add(cin)
     return out
 
@@ -96,8 +98,7 @@ def _carry_updates(start, end, last_read, prog: Program) -> list[tuple[int, int]
     Measured on `grad-accum` replicated (2x2x2): XLA keeps the accumulators, the loop's carry
     and the updated weights in one allocation per weight; with the body's new carry a buffer
     of its own, the prediction held a third copy of w1 through the update (1.26x compiled)."""
-    n = int(dict(start.params).get("num_carry", 0))
-    consts = int(dict(start.params).get("num_consts", 0))
+    consts, n = _loop_slots(start, end)
     ins = start.results[consts : consts + n]
     outs = end.operands[:n]
     producers = prog.producers()
@@ -107,17 +108,35 @@ def _carry_updates(start, end, last_read, prog: Program) -> list[tuple[int, int]
         a, b = prog.values[cin], prog.values[cout]
         if cin == cout or p is None or p <= start.index or a.shape != b.shape or a.dtype != b.dtype:
             continue
-        if last_read.get(cin, -1) <= p:
+        if last_read.get(cin, -1) <= p or _is_counter_step(prog, prog.ops[p], cin):
             pairs.append((cout, cin))
     return pairs
 
 
+def _is_counter_step(prog: Program, op, carry: int) -> bool:
+    """Whether `op` steps an integer scalar carry (`i + 1`): the loop's counter. XLA keeps one
+    counter in the loop's state and copies the old value at the body's start for the ops that
+    read it after the step (`copy(get-tuple-element(param), index=0)`), the counter copy
+    `cpu_buffers.loop_state_buffers` counts already; the step itself is written in place even
+    when the old value is read later. Fuzz seed 17 #841 (`fori_loop`, 2x4): XLA's 196-byte
+    block holds the table, the dot's result, the copy and the counter; the model had the
+    counter, its step and the copy (524 bytes of XLA's 268)."""
+    v = prog.values[carry]
+    return (
+        op.primitive == "add"
+        and v.shape == ()
+        and v.dtype.startswith(("int", "uint"))
+        and carry in op.operands
+        and all(x == carry or prog.values[x].role in ("literal", "constant") for x in op.operands)
+    )
+
+
 def _last_direct_reads(prog: Program) -> dict[int, int]:
-    """value -> the last op that reads it, `scan_end` aside (it lists the carries it was
-    given besides the updated ones: bookkeeping, not a read of the buffer)."""
+    """value -> the last op that reads it, `scan_end` and `while_end` aside (they list the
+    carries they were given besides the updated ones: bookkeeping, not a read of the buffer)."""
     last: dict[int, int] = {}
     for op in prog.ops:
-        if op.primitive == prim.SCAN_END:
+        if op.primitive in (prim.SCAN_END, prim.WHILE_END):
             continue
         for x in op.operands:
             last[x] = op.index
@@ -164,11 +183,25 @@ def held_until(prog: Program, sites) -> list[int]:
 
 def _scan_ends(prog: Program) -> dict[int, int]:
     """scan_start op -> its scan_end op (the next one at the same region depth)."""
-    open_at: list[int] = []
+    return {s: e for s, e in _loop_ends(prog).items() if prog.ops[s].primitive == prim.SCAN_START}
+
+
+def _loop_ends(prog: Program) -> dict[int, int]:
+    """scan_start or while_start op -> its end op (the next one at the same region depth)."""
+    open_at: list = []
     ends: dict[int, int] = {}
     for op in prog.ops:
-        if op.primitive == prim.SCAN_START:
-            open_at.append(op.index)
-        elif op.primitive == prim.SCAN_END and open_at:
-            ends[open_at.pop()] = op.index
+        if op.primitive in _LOOP_ENDS:
+            open_at.append(op)
+        elif open_at and op.primitive == _LOOP_ENDS[open_at[-1].primitive]:
+            ends[open_at.pop().index] = op.index
     return ends
+
+
+def _loop_slots(start, end) -> tuple[int, int]:
+    """(constants, carries) of a loop: a scan's from its params, a while's carries from its
+    end, which lists the body's new carries and then the old ones."""
+    consts = int(dict(start.params).get("num_consts", 0))
+    if start.primitive == prim.WHILE_START:
+        return consts, len(end.operands) // 2
+    return consts, int(dict(start.params).get("num_carry", 0))
