@@ -74,3 +74,23 @@ def test_a_split_of_a_constant_cotangent_scales_like_its_scalar(loss):
     args = (jax.ShapeDtypeStruct((8, 8), F32), jax.ShapeDtypeStruct((8, 8), F32))
     predicted, compiled = unsharded_flops(sgd_on(loss), *args)
     assert predicted == compiled
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "loss",
+    [
+        lambda p, x: jnp.mean(p[2:]),  # the cotangent padded back to [8, 8]
+        lambda p, x: jnp.mean(p[::2]),  # padded with interior zeros
+        lambda p, x: jnp.mean(jnp.pad(p, ((1, 2), (0, 3)))),  # a slice of it: folded
+        lambda p, x: jnp.mean(jnp.pad(p, ((1, 2), (0, 3)), mode="edge")),  # folded
+    ],
+)
+def test_a_padded_constant_cotangent_is_computed(loss):
+    """XLA's constant folder skips a pad of a broadcast: the gradient of `mean(p[2:])` pads the
+    mean's broadcast cotangent, so `0.1 * g` runs on the pad's [8] core (`simplify.
+    _padded_broadcast`: 72 flops on [8, 8], not 64). A pad that only slices, or one of a
+    reduction of the broadcast (an edge pad of every dim), still folds."""
+    args = (jax.ShapeDtypeStruct((8, 8), F32), jax.ShapeDtypeStruct((8, 8), F32))
+    predicted, compiled = unsharded_flops(sgd_on(loss), *args)
+    assert predicted == compiled
