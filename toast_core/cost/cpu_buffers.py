@@ -150,7 +150,8 @@ indices, which writes one buffer, the values, and no tuple (measured: `lax.top_k
 x f32[16, 8, 2] and its reshape: XLA's buffers are the parameter, the sort's f32[16, 8, 2], the
 reshape's copy and the outputs' 16-byte tuple, 3,088 bytes, where the model added the unread
 s32 indices and a tuple, 4,176; fuzz seed 17 #867, 1.83 of XLA's bytes). When the indices are
-read it sorts (values, iota): both results and a tuple, as the call writes them.
+read it sorts (values, iota): both results and a tuple, as the call writes them
+(`top_k_sorts.py`, which also drops the unread indices from the values the model stores).
 
 **Constant arrays.** XLA:CPU's scheduler puts the fusions that read no input (a broadcast of a
 constant, an iota) at the start of the step, so a stored one lives from there to its last
@@ -171,6 +172,7 @@ from toast_core.cost.flops import spread_divisor_elements
 from toast_core.cost.fusion import FUSIBLE, fused_away, fusible, materialized
 from toast_core.cost.reshaped_dots import canonical_dot_dims
 from toast_core.cost.simplify import constant_values
+from toast_core.cost.top_k_sorts import sorts_values_alone
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
@@ -538,24 +540,15 @@ def top_k_buffers(prog: Program) -> list[tuple]:
     op, op, 0, 0, 1) per `top_k` for its tuple's table; none for a `top_k` that keeps its whole
     dim and whose indices nothing reads, a sort of the values alone (module essay)."""
     uses = prog.uses()
-    outputs = set(prog.outputs)
     rows = []
     for op in prog.ops:
         if op.primitive != "top_k" or not op.results:
             continue
-        read = [bool(uses[r]) or r in outputs for r in op.results]
-        if keeps_whole_dim(prog, op) and not any(read[1:]):
+        if sorts_values_alone(prog, op):
             continue
         rows += [(r, op.index, op.index, 1.0, 1, 0) for r in op.results if not uses[r]]
         rows.append((op.results[0], op.index, op.index, 0.0, 0, 1))
     return rows
-
-
-def keeps_whole_dim(prog: Program, op) -> bool:
-    """Whether `top_k` op keeps every element of its dim (k == the dim's size): XLA expands it
-    into a sort, not its `TopK` call (module essay)."""
-    shape = prog.values[op.operands[0]].shape
-    return bool(shape) and op.param("k", 0) >= shape[op.param("axis", len(shape) - 1)]
 
 
 def is_dot_product(op, local_shape) -> bool:
