@@ -49,3 +49,44 @@ def test_top_k_memory_matches_xla():
         check.predicted_memory_bytes,
         check.compiled_memory_bytes,
     )
+
+
+def _sort_all(params, batch):
+    """Fuzz seed 17 #867: the values of a top_k that keeps the whole last dim, and a reshape."""
+    v = lax.top_k(batch["x"], 2)[0]
+    return v, v.reshape(128, 2)
+
+
+def _sort_all_args():
+    return {}, {"x": jax.ShapeDtypeStruct((16, 8, 2), jnp.float32)}
+
+
+def test_a_top_k_of_the_whole_dim_with_unread_indices_writes_the_values_alone():
+    prog = tc.analyze(tc.trace(_sort_all, *_sort_all_args())).program
+    assert [op.primitive for op in prog.ops].count("top_k") == 1
+    assert top_k_buffers(prog) == []
+
+
+def test_a_top_k_of_the_whole_dim_with_read_indices_writes_both_and_the_tuple():
+    def both(params, batch):
+        return lax.top_k(batch["x"], 2)
+
+    prog = tc.analyze(tc.trace(both, *_sort_all_args())).program
+    (op,) = [op for op in prog.ops if op.primitive == "top_k"]
+    assert (op.results[0], op.index, op.index, 0.0, 0, 1) in top_k_buffers(prog)
+
+
+@pytest.mark.slow
+def test_a_top_k_of_the_whole_dim_matches_xla():
+    """XLA's buffers: the parameter, the sort's values, the reshape's copy and the 16-byte
+    outputs' tuple, 3,088 bytes (the model added the unread indices and a tuple: 4,176)."""
+    args = _sort_all_args()
+    ana = tc.analyze(tc.trace(_sort_all, *args))
+    strategy = tc.baselines.all(ana, MESH_2X4)["replicated"][0]
+    check = tc.validate(
+        _sort_all, args, ana, strategy, tc.jax_mesh(MESH_2X4), HW, check_numerics=False
+    )
+    assert check.predicted_memory_bytes == check.compiled_memory_bytes == 3088, (
+        check.predicted_memory_bytes,
+        check.compiled_memory_bytes,
+    )

@@ -144,7 +144,14 @@ the indices, each into a buffer of its own, and a tuple of the two (a pointer ta
 buffer): a result the program never reads is written all the same (`top_k_buffers`; fuzz seed
 16 #656, a routing that reads only the indices of `top_k(softmax(x), 2)`: `custom-call{0}`
 f32[2], `{1}` s32[2] and the 16-byte tuple in XLA's 272-byte temporary block, where the model
-had the indices alone; 0.55 of XLA's bytes).
+had the indices alone; 0.55 of XLA's bytes). A `top_k` that keeps its whole dim (k == the dim's
+size) is no `TopK` call: XLA expands it into a sort, of the values alone when nothing reads the
+indices, which writes one buffer, the values, and no tuple (measured: `lax.top_k(x, 2)[0]` of
+x f32[16, 8, 2] and its reshape: XLA's buffers are the parameter, the sort's f32[16, 8, 2], the
+reshape's copy and the outputs' 16-byte tuple, 3,088 bytes, where the model added the unread
+s32 indices and a tuple, 4,176; fuzz seed 17 #867, 1.83 of XLA's bytes). When the indices are
+read it sorts (values, iota): both results and a tuple, as the call writes them
+(`top_k_sorts.py`, which also drops the unread indices from the values the model stores).
 
 **Constant arrays.** XLA:CPU's scheduler puts the fusions that read no input (a broadcast of a
 constant, an iota) at the start of the step, so a stored one lives from there to its last
@@ -165,6 +172,7 @@ from toast_core.cost.flops import spread_divisor_elements
 from toast_core.cost.fusion import FUSIBLE, fused_away, fusible, materialized
 from toast_core.cost.reshaped_dots import canonical_dot_dims
 from toast_core.cost.simplify import constant_values
+from toast_core.cost.top_k_sorts import sorts_values_alone
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
@@ -546,11 +554,14 @@ def loop_state_buffers(prog: Program) -> list[tuple]:
 
 def top_k_buffers(prog: Program) -> list[tuple]:
     """(result, op, op, 1, 1, 0) per result of a `top_k` that nothing reads, and (first result,
-    op, op, 0, 0, 1) per `top_k` for its tuple's table (module essay)."""
+    op, op, 0, 0, 1) per `top_k` for its tuple's table; none for a `top_k` that keeps its whole
+    dim and whose indices nothing reads, a sort of the values alone (module essay)."""
     uses = prog.uses()
     rows = []
     for op in prog.ops:
         if op.primitive != "top_k" or not op.results:
+            continue
+        if sorts_values_alone(prog, op):
             continue
         rows += [(r, op.index, op.index, 1.0, 1, 0) for r in op.results if not uses[r]]
         rows.append((op.results[0], op.index, op.index, 0.0, 0, 1))

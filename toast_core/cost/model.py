@@ -80,6 +80,7 @@ from toast_core.cost.scatter_chain import scatter_values
 from toast_core.cost.sharded_scatter import local_scatter_flops, sharded_scatters
 from toast_core.cost.simplify import executions as simplified_executions
 from toast_core.cost.simplify import live_ops, rewired, splits_as_slices, without_dead_ops
+from toast_core.cost.top_k_sorts import whole_dim_sorts
 from toast_core.errors import ToastError, bad_value
 from toast_core.ir import primitives as prim
 from toast_core.ir.primitives import ARG_REDUCTIONS, CUMULATIVE
@@ -626,10 +627,11 @@ class Evaluator:
         takes none; its readers recompute it from its producer's operands, which therefore stay
         live until the last of those readers, through chains of fused values. Dead ops
         (`simplify.without_dead_ops`) make no buffer and read none: XLA removes them; a `split`
-        fuses as the slices it lowers to (`simplify.splits_as_slices`)."""
+        fuses as the slices it lowers to (`simplify.splits_as_slices`); a `top_k` of a whole dim
+        whose indices nothing reads makes its values alone (`top_k_sorts.whole_dim_sorts`)."""
         live = self._op_live.tolist()
         prog, _ = without_dead_ops(self.ana.program, live)
-        prog = splits_as_slices(prog)
+        prog = whole_dim_sorts(splits_as_slices(prog))
         self._mem_prog = prog  # the program whose buffers XLA allocates: dead ops read nothing
         if prog is not self.ana.program:
             is_mat = materialized(prog)

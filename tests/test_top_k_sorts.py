@@ -1,0 +1,65 @@
+"""A `top_k` that keeps its whole dim and whose indices nothing reads is XLA's sort of the values
+alone: the indices are never made (`cost/top_k_sorts.py`; fuzz seed 17 #867, 1.42 of XLA's
+bytes with them)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+
+import toast_core as tc
+from toast_core.cost.top_k_sorts import whole_dim_sorts
+
+HW = tc.hardware("tpu-v5e")
+MESH_2X4 = tc.MeshSpec({"data": 2, "model": 4})
+
+
+def _args():
+    return {}, {"x": jax.ShapeDtypeStruct((16, 8, 2), jnp.float32)}
+
+
+def _values_reshaped(params, batch):
+    """The values of a top_k of the whole last dim, reshaped: XLA's bitcast of its sort."""
+    return (lax.top_k(batch["x"], 2)[0].reshape(128, 2),)
+
+
+def _program(f, args=None):
+    return tc.analyze(tc.trace(f, *(args or _args()))).program
+
+
+def test_the_unread_indices_of_a_whole_dim_top_k_are_not_made():
+    prog = _program(_values_reshaped)
+    (op,) = [op for op in prog.ops if op.primitive == "top_k"]
+    (sorted_op,) = [o for o in whole_dim_sorts(prog).ops if o.primitive == "top_k"]
+    assert sorted_op.results == op.results[:1]
+
+
+def test_a_top_k_whose_indices_are_read_or_that_keeps_fewer_is_unchanged():
+    def indices(params, batch):
+        return (lax.top_k(batch["x"], 2)[1],)
+
+    def fewer(params, batch):
+        return (lax.top_k(batch["x"], 1)[0],)
+
+    prog = _program(indices)
+    assert whole_dim_sorts(prog) is prog
+    prog = _program(fewer)
+    assert whole_dim_sorts(prog) is prog
+
+
+@pytest.mark.slow
+def test_whole_dim_top_k_memory_matches_xla():
+    """XLA's buffers: the parameter and the sort's values, the output's (2,048 bytes); with the
+    unread s32 indices the model had 3,072."""
+    args = _args()
+    ana = tc.analyze(tc.trace(_values_reshaped, *args))
+    strategy = tc.baselines.all(ana, MESH_2X4)["replicated"][0]
+    check = tc.validate(
+        _values_reshaped, args, ana, strategy, tc.jax_mesh(MESH_2X4), HW, check_numerics=False
+    )
+    assert check.predicted_memory_bytes == check.compiled_memory_bytes == 2048, (
+        check.predicted_memory_bytes,
+        check.compiled_memory_bytes,
+    )

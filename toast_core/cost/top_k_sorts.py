@@ -1,0 +1,42 @@
+"""A `top_k` that keeps its whole dim is a sort to XLA, not its `TopK` call.
+
+`lax.top_k(x, k)` with k the size of x's last dim orders every element: XLA's expander rewrites
+it into a `sort` of (x, iota) and, when nothing reads the indices, the simplifier drops the iota
+operand: a sort of the values alone, which writes one buffer and no tuple. The indices are then
+never made. Measured (XLA:CPU, x f32[16, 8, 2], k = 2): `top_k(x, 2)[0].reshape(128, 2)` as
+the only output is 2,048 bytes, the parameter and the sort's values (the reshape a bitcast of
+them, the output's buffer); the model held the unread s32 indices as well, 3,072 (fuzz seed 17
+#867: the same f32[16, 8, 2] indices, 1,024 of its 3,488 predicted bytes, XLA 2,464). With the
+indices read XLA sorts (values, iota) and both are written, as the call writes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from toast_core.ir.program import Program
+
+
+def keeps_whole_dim(prog: Program, op) -> bool:
+    """Whether `top_k` op keeps every element of its dim (k == the dim's size)."""
+    shape = prog.values[op.operands[0]].shape
+    return bool(shape) and op.param("k", 0) >= shape[op.param("axis", len(shape) - 1)]
+
+
+def sorts_values_alone(prog: Program, op) -> bool:
+    """Whether `top_k` op is XLA's sort of the values alone: it keeps its whole dim and neither
+    an op nor the program's outputs read its indices."""
+    if op.primitive != "top_k" or len(op.results) < 2 or not keeps_whole_dim(prog, op):
+        return False
+    uses, outputs = prog.uses(), set(prog.outputs)
+    return not any(uses[r] or r in outputs for r in op.results[1:])
+
+
+def whole_dim_sorts(prog: Program) -> Program:
+    """`prog` with each `top_k` that XLA sorts the values of alone making its values only: its
+    unread indices have no producer, so no buffer (same ops, values and ids otherwise)."""
+    alone = {op.index for op in prog.ops if sorts_values_alone(prog, op)}
+    if not alone:
+        return prog
+    ops = tuple(replace(op, results=op.results[:1]) if op.index in alone else op for op in prog.ops)
+    return replace(prog, ops=ops)
