@@ -610,7 +610,10 @@ def transcendental_executions(prog: Program) -> list[float]:
 
 
 def executions(
-    prog: Program, unfused: frozenset[int] = frozenset(), copied: frozenset[int] = frozenset()
+    prog: Program,
+    unfused: frozenset[int] = frozenset(),
+    copied: frozenset[int] = frozenset(),
+    reciprocals_out: dict[int, float] | None = None,
 ) -> tuple[list[float], list[float]]:
     """(`flop_executions`, `transcendental_executions`) of `prog`, sharing the work they have
     in common (the rewiring, liveness and fusions: two seconds of the evaluator's set-up at
@@ -620,7 +623,9 @@ def executions(
     then stores (XLA:CPU's tree reductions, a partitioned reduce of local size-1 dims that is
     an all-reduce: `toast_core.apply.validate.cpu_flops`); none in the cost model itself.
     `copied`: values the dots reading them read through a layout copy (XLA:CPU's;
-    `fusion.fusion_work`)."""
+    `fusion.fusion_work`). `reciprocals_out`, when given, receives per division by a spread
+    divisor the share of its jaxpr flops that is the divisor's reciprocal, computed once
+    (the cost model counts it on the divisor's shard, not the division's)."""
     from toast_core.cost.flops import op_flops, op_transcendentals
 
     simple = rewired(prog)
@@ -652,12 +657,14 @@ def executions(
     for i, readers in expanded.items():  # a special function's cheap part, in each reader
         each_flops[i] += expanded_extra_copies(simple.ops[i].primitive, readers) * factors[i]
     for op in simple.ops:  # a divisor's reciprocal is computed once, its multiply per copy
-        if op.primitive == "div" and copies[op.index] > 1 and op.results:
+        if op.primitive == "div" and copies[op.index] >= 1 and op.results:
             reciprocal = spread_divisor_elements(op, simple)
             n = simple.values[op.results[0]].size
             if reciprocal:
                 c = copies[op.index]
                 each_flops[op.index] = (c * n + reciprocal) / (n + reciprocal) * factors[op.index]
+                if reciprocals_out is not None and factors[op.index]:
+                    reciprocals_out[op.index] = reciprocal / (n + reciprocal) * factors[op.index]
         elif op.primitive in prim.SCATTERS and copies[op.index] > 1 and op.results:
             # a one-window scatter's bounds test is computed once, its select per copy
             test = one_window_test_flops(op, simple)
