@@ -215,7 +215,7 @@ def spread_divisor_elements(op: Op, program: Program) -> int:
 def spread_divisor_source(op: Op, program: Program) -> int | None:
     """The value a division's divisor is spread from (`spread_divisor_elements`), or None. Its
     reciprocal is computed on that value's shard: a softmax over a cut dim computes `1 / sum`
-    on the all-reduced sums, whole on every device (`CostModel._spread_reciprocals`)."""
+    on the all-reduced sums, whole on every device (`Evaluator._reciprocals`)."""
     producers = program.producers()
     v = program.values[op.operands[1]]
     while v.role != "literal":

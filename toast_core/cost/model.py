@@ -376,7 +376,9 @@ class Evaluator:
         self._is_mat = np.array(is_mat, dtype=bool)
         # loop fusion's duplicates and XLA's simplifier (CSE, identities, dead code, constants)
         reciprocals: dict[int, float] = {}
-        flop_runs, trans_runs = simplified_executions(prog, reciprocals_out=reciprocals)
+        flop_runs, trans_runs = simplified_executions(
+            prog, reciprocals_out=reciprocals, partitioned=mesh.n_devices > 1
+        )
         # Ops whose work reaches no output: XLA removes them with their collectives (a train
         # step's loss, whose partial sums the gradient never reads).
         self._op_live = np.array(live_ops(prog), dtype=bool)
