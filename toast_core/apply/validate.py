@@ -293,7 +293,10 @@ def cpu_flops(
     again = set(recomputed_ops(report.remat, ana))  # run twice under remat
     tree, unfused = _cpu_reduces(ana, strategy, mesh) if strategy is not None else ({}, ())
     tile = _cpu_tile_factors(ana, strategy, mesh) if strategy is not None else {}
-    fusion = _cpu_fusion_factors(program, frozenset(unfused), _cpu_copied_operands(program))
+    partitioned = mesh is not None and mesh.n_devices > 1
+    fusion = _cpu_fusion_factors(
+        program, frozenset(unfused), _cpu_copied_operands(program), partitioned
+    )
     flops = sum(
         c.flops
         / trips[c.op]
@@ -465,15 +468,15 @@ def _cpu_copied_operands(program) -> frozenset[int]:
 
 
 def _cpu_fusion_factors(
-    program, unfused: frozenset[int], copied: frozenset[int] = frozenset()
+    program, unfused: frozenset[int], copied: frozenset[int] = frozenset(), partitioned=False
 ) -> dict[int, float]:
     """Per op, XLA:CPU's flop executions with the `unfused` reductions compiled apart and the
     `copied` dot operands read through their copies, over the model's (`simplify.executions`),
-    where they differ."""
+    where they differ (`partitioned`: for more than one device, as the model's)."""
     if not unfused and not copied:
         return {}
-    base = executions(program)[0]
-    cpu = executions(program, unfused, copied)[0]
+    base = executions(program, partitioned=partitioned)[0]
+    cpu = executions(program, unfused, copied, partitioned=partitioned)[0]
     return {i: c / b for i, (b, c) in enumerate(zip(base, cpu)) if b > 0 and c != b}
 
 

@@ -208,6 +208,14 @@ def spread_divisor_elements(op: Op, program: Program) -> int:
     """Elements of what a divisor is spread from: the divisor itself when it is smaller than
     the result (a scalar, or size-1 dims the op broadcasts), or the operand of the broadcasts
     that made it; 0 when nothing is spread or it is spread from a literal."""
+    v = spread_divisor_source(op, program)
+    return 0 if v is None else program.values[v].size
+
+
+def spread_divisor_source(op: Op, program: Program) -> int | None:
+    """The value a division's divisor is spread from (`spread_divisor_elements`), or None. Its
+    reciprocal is computed on that value's shard: a softmax over a cut dim computes `1 / sum`
+    on the all-reduced sums, whole on every device (`Evaluator._reciprocals`)."""
     producers = program.producers()
     v = program.values[op.operands[1]]
     while v.role != "literal":
@@ -215,9 +223,9 @@ def spread_divisor_elements(op: Op, program: Program) -> int:
         if p is None or program.ops[p].primitive != "broadcast_in_dim":
             break
         v = program.values[program.ops[p].operands[0]]
-    if v.role == "literal":
-        return 0
-    return v.size if v.size < _result_size(op, program) else 0
+    if v.role == "literal" or v.size >= _result_size(op, program):
+        return None
+    return v.id
 
 
 @flop_rule(*sorted(prim.REDUCTIONS))

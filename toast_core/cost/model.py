@@ -60,7 +60,7 @@ from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.concat_slice import CONCAT, SLICE, STRIDE, concat_slice_sites
 from toast_core.cost.cpu_buffers import cpu_buffers, dot_broadcasts
-from toast_core.cost.flops import FOLDING, local_fold_flops, op_counts
+from toast_core.cost.flops import FOLDING, local_fold_flops, op_counts, spread_divisor_source
 from toast_core.cost.flops_measured import SORTS, sort_flops_of, window_scan_factor
 from toast_core.cost.fusion import bitcasts, fused_away, materialized
 from toast_core.cost.halo import slice_halo_permutes
@@ -376,7 +376,10 @@ class Evaluator:
         is_mat = materialized(prog)
         self._is_mat = np.array(is_mat, dtype=bool)
         # loop fusion's duplicates and XLA's simplifier (CSE, identities, dead code, constants)
-        flop_runs, trans_runs = simplified_executions(prog)
+        reciprocals: dict[int, float] = {}
+        flop_runs, trans_runs = simplified_executions(
+            prog, reciprocals_out=reciprocals, partitioned=mesh.n_devices > 1
+        )
         # Ops whose work reaches no output: XLA removes them with their collectives (a train
         # step's loss, whose partial sums the gradient never reads).
         self._op_live = np.array(live_ops(prog), dtype=bool)
@@ -388,6 +391,16 @@ class Evaluator:
         self.op_trans = np.array(trans)
         self.op_trans *= trans_executions
         self.total_flops = float(self.op_flops.sum())
+        # Divisions by a spread divisor, its value, and their reciprocals' flops (`_reciprocals`).
+        recip = [
+            (i, src, flops[i] * share * self.trip[i])
+            for i, share in sorted(reciprocals.items())
+            if self.op_flops[i] > 0
+            and (src := spread_divisor_source(prog.ops[i], prog)) is not None
+        ]
+        self._recip_ops = np.array([r[0] for r in recip], dtype=np.int64)
+        self._recip_values = np.array([r[1] for r in recip], dtype=np.int64)
+        self._recip_flops = np.array([r[2] for r in recip], dtype=np.float64)
         # Folding ops (reductions, dots) and how many times the simplifier leaves them to run:
         # their local count is not the global one's share when a folded dim is cut (`_folded`).
         base = [f if op.primitive in FOLDING else 0.0 for op, f in zip(prog.ops, flops)]
@@ -800,6 +813,7 @@ class Evaluator:
         report's times stay one model."""
         flops_local = self._windowed_scans(flops_local, value_local, op_logdeg)
         flops_local = self._local_sorts(flops_local, op_logdeg)
+        flops_local = self._reciprocals(flops_local, value_local, op_logdeg)
         if not len(self._fold_ops):
             return flops_local
         prog = self.ana.program
@@ -814,6 +828,25 @@ class Evaluator:
             i = int(self._fold_ops[j])
             local = local_fold_flops(prog.ops[i], prog, float(ways[j]), float(result_ways[j]))
             out[i] = local * self._fold_runs[j]
+        return out
+
+    def _reciprocals(self, flops_local, value_local, op_logdeg) -> np.ndarray:
+        """`flops_local` with each division's reciprocal of its spread divisor counted on the
+        divisor's shard, not the division's: a softmax over a cut dim all-reduces its sums and
+        every device computes `1 / sum` over the whole of them (measured: `softmax(x[16, 12, 8],
+        axis=0)` with dim 0 cut 8 ways, 864 flops per device, 96 of them the reciprocal; the
+        division's share counted 780, 0.90). Flops only, like `_folded`."""
+        if not len(self._recip_ops):
+            return flops_local
+        ways = np.exp2(op_logdeg[self._recip_ops])
+        src = self._recip_values
+        src_ways = self.nbytes[src] / np.maximum(value_local[src], 1e-300)
+        more = ways > src_ways * (1 + 1e-9)
+        if not more.any():
+            return flops_local
+        out = flops_local.copy()
+        extra = self._recip_flops * (1 / src_ways - 1 / ways)
+        np.add.at(out, self._recip_ops[more], extra[more])
         return out
 
     def _windowed_scans(self, flops_local, value_local, op_logdeg) -> np.ndarray:

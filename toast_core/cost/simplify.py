@@ -501,7 +501,9 @@ def clamps(prog: Program, const: list[bool]) -> set[int]:
     return out
 
 
-def moved_to_smaller(prog: Program, const: list[bool]) -> dict[int, float]:
+def moved_to_smaller(
+    prog: Program, const: list[bool], partitioned: bool = False
+) -> dict[int, float]:
     """Ops XLA's simplifier moves onto a smaller array, with the fraction of their work left:
 
     * a negation read only by a sum is taken after it (`sum(-x)` is `-sum(x)`: measured
@@ -513,6 +515,13 @@ def moved_to_smaller(prog: Program, const: list[bool]) -> dict[int, float]:
       size-1 dims the multiply broadcasts (lax's implicit broadcasting: the gradient of
       `sum(softmax(x, 0) ** 2)`, `(2 * p) * r[None]`, scales the [12, 8] `r`, measured 17,184
       flops on [16, 12, 8], where scaling `p` counted 20,160).
+
+    `partitioned`: the program is compiled for more than one device. XLA's SPMD pipeline then
+    keeps such a division a real divide (the gradient's `g / s`, on any sharding, replicated
+    too) with the scaling unmoved in its loop, while a multiply's loop still scales the
+    broadcast's source: the scaling counts the mean over its readers (measured: the softmax
+    gradient above on 8 devices, sharded 8 ways along dim 0: softmax on axis 1 2,336 flops
+    per device, moved everywhere 2,176, nowhere 2,528; on axis 0, 2,784: 2,616 and 2,976).
     """
     uses = prog.uses()
     producers = prog.producers()
@@ -527,9 +536,16 @@ def moved_to_smaller(prog: Program, const: list[bool]) -> dict[int, float]:
         if not readers or not size:
             continue
         if _scaled_operand(op, prog, const) is not None:
-            sources = [_broadcast_factor_size(prog.ops[o], k, prog, producers) for o, k in readers]
-            if None not in sources and max(sources) < size:
-                out[op.index] = max(sources) / size
+            sources = [
+                _broadcast_factor_size(prog.ops[o], k, prog, producers, partitioned)
+                for o, k in readers
+            ]
+            # partitioned: each reader is its own loop, the division's with the scaling unmoved
+            moved = sum(sources) / len(sources) if partitioned and None not in sources else None
+            if moved is None and None not in sources:
+                moved = max(sources)
+            if moved is not None and moved < size:
+                out[op.index] = moved / size
             continue
         if len(readers) != 1:
             continue
@@ -539,13 +555,17 @@ def moved_to_smaller(prog: Program, const: list[bool]) -> dict[int, float]:
     return out
 
 
-def _broadcast_factor_size(reader: Op, k: int, prog: Program, producers) -> int | None:
+def _broadcast_factor_size(
+    reader: Op, k: int, prog: Program, producers, partitioned: bool = False
+) -> int | None:
     """When `reader` multiplies its operand `k` by a broadcast (a `broadcast_in_dim`, size-1
     dims it broadcasts, or the reciprocal of a spread divisor: `div` by it is a multiply once
     XLA has rewritten it), the elements the broadcast is made from; else None."""
     if len(reader.operands) != 2 or reader.operands[0] == reader.operands[1]:
         return None
     if reader.primitive == "div" and k == 0:
+        if partitioned:
+            return prog.values[reader.operands[0]].size
         return spread_divisor_elements(reader, prog) or None
     if reader.primitive != "mul":
         return None
@@ -626,6 +646,7 @@ def _rewired_work_factors(
     live: list[bool],
     pruned: Program | None = None,
     uni: list[frozenset[int]] | None = None,
+    partitioned: bool = False,
 ) -> list[float]:
     """`work_factors` of a program already `rewired`, whose `live_ops` are `live` (and whose
     `_pruned` program and `uniform_dims` are `pruned` and `uni`, when the caller has them)."""
@@ -637,7 +658,7 @@ def _rewired_work_factors(
     if pruned is None:
         pruned = _pruned(prog, live)
     merged = merged_scalings(pruned, const) | clamps(pruned, const) | masking_converts(pruned)
-    moved = moved_to_smaller(pruned, const)
+    moved = moved_to_smaller(pruned, const, partitioned)
     out = []
     for op in prog.ops:
         if op.index in moved and live[op.index]:
@@ -673,7 +694,11 @@ def transcendental_executions(prog: Program) -> list[float]:
 
 
 def executions(
-    prog: Program, unfused: frozenset[int] = frozenset(), copied: frozenset[int] = frozenset()
+    prog: Program,
+    unfused: frozenset[int] = frozenset(),
+    copied: frozenset[int] = frozenset(),
+    reciprocals_out: dict[int, float] | None = None,
+    partitioned: bool = False,
 ) -> tuple[list[float], list[float]]:
     """(`flop_executions`, `transcendental_executions`) of `prog`, sharing the work they have
     in common (the rewiring, liveness and fusions: two seconds of the evaluator's set-up at
@@ -683,14 +708,17 @@ def executions(
     then stores (XLA:CPU's tree reductions, a partitioned reduce of local size-1 dims that is
     an all-reduce: `toast_core.apply.validate.cpu_flops`); none in the cost model itself.
     `copied`: values the dots reading them read through a layout copy (XLA:CPU's;
-    `fusion.fusion_work`)."""
+    `fusion.fusion_work`). `reciprocals_out`, when given, receives per division by a spread
+    divisor the share of its jaxpr flops that is the divisor's reciprocal, computed once
+    (the cost model counts it on the divisor's shard, not the division's). `partitioned`: compiled
+    for more than one device (`moved_to_smaller`)."""
     from toast_core.cost.flops import op_flops, op_transcendentals
 
     simple = rewired(prog)
     live = live_ops(simple)  # a dead reader (a repeat, an identity) is in no fusion
     pruned = _pruned(simple, live)
     uni = uniform_dims(simple)
-    factors = _rewired_work_factors(simple, live, pruned, uni)
+    factors = _rewired_work_factors(simple, live, pruned, uni, partitioned)
     spread = [bool(u) for u in uni]
     simple = pruned
     is_mat = materialized(simple)
@@ -715,12 +743,14 @@ def executions(
     for i, readers in expanded.items():  # a special function's cheap part, in each reader
         each_flops[i] += expanded_extra_copies(simple.ops[i].primitive, readers) * factors[i]
     for op in simple.ops:  # a divisor's reciprocal is computed once, its multiply per copy
-        if op.primitive == "div" and copies[op.index] > 1 and op.results:
+        if op.primitive == "div" and copies[op.index] >= 1 and len(op.operands) == 2:
             reciprocal = spread_divisor_elements(op, simple)
             n = simple.values[op.results[0]].size
             if reciprocal:
                 c = copies[op.index]
                 each_flops[op.index] = (c * n + reciprocal) / (n + reciprocal) * factors[op.index]
+                if reciprocals_out is not None and factors[op.index]:
+                    reciprocals_out[op.index] = reciprocal / (n + reciprocal) * factors[op.index]
         elif op.primitive in prim.SCATTERS and copies[op.index] > 1 and op.results:
             # a one-window scatter's bounds test is computed once, its select per copy
             test = one_window_test_flops(op, simple)
