@@ -5,6 +5,7 @@ many fusions, each recomputing the part of the forward tree it reads."""
 import jax
 import jax.numpy as jnp
 import pytest
+from xla_flops import replicated_ratio
 
 import toast_core as tc
 from toast_core.cost import fusion_indexing
@@ -30,16 +31,6 @@ def windows(k: int):
     return fn
 
 
-def ratio(fn, args) -> float:
-    """predicted / compiled flops of `fn` on one device (replicated)."""
-    mesh = tc.MeshSpec({"data": 1})
-    ana = tc.analyze(tc.trace(fn, *args))
-    strategy = tc.baselines.replicated(ana, mesh)
-    rep = tc.validate(fn, args, ana, strategy, tc.jax_mesh(mesh), tc.hardware("tpu-v5e"))
-    assert rep.numerics_ok
-    return rep.predicted_flops / rep.compiled_flops
-
-
 def doubled_executions(k: int) -> float:
     prog = tc.trace(windows(k), X32)
     (mul,) = [
@@ -59,7 +50,7 @@ def test_a_value_emitted_past_the_limit_roots_its_own_fusion(k, copies):
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [15, 16, 17])
 def test_windows_count_as_xla_counts_them(k):
-    assert ratio(windows(k), (X32,)) == pytest.approx(1.0)
+    assert replicated_ratio(windows(k), (X32,)) == pytest.approx(1.0)
 
 
 @pytest.mark.slow
@@ -71,4 +62,4 @@ def test_the_gradient_of_a_cumprod_recomputes_its_forward_tree():
     def grad(b):
         return jax.grad(lambda x: jnp.sum(jnp.sin(jnp.cumprod(x, axis=0))))(b["x"])
 
-    assert 0.88 <= ratio(grad, ({"x": jax.ShapeDtypeStruct((16, 8), F32)},)) <= 1.05
+    assert 0.88 <= replicated_ratio(grad, ({"x": jax.ShapeDtypeStruct((16, 8), F32)},)) <= 1.05

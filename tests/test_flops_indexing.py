@@ -6,9 +6,7 @@ loop fusion (`fusion._with_fused_gathers`), a one-window scatter (`flops.scatter
 import jax
 import jax.numpy as jnp
 import pytest
-from xla_flops import predicted_and_compiled
-
-import toast_core as tc
+from xla_flops import predicted_and_compiled, unsharded_flops
 
 F32 = jnp.float32
 
@@ -50,19 +48,6 @@ def test_a_take_with_fill_masks_on_its_result_shard_and_tests_every_index():
 
     predicted, compiled = predicted_and_compiled(fn, (lookup(64, 32, 1),), {"data": 8})
     assert predicted == compiled
-
-
-def unsharded_flops(fn, *args) -> tuple[float, float]:
-    """(the cost model's flops of one execution, XLA's `cost_analysis()` flops), unsharded."""
-    from toast_core.cost.flops import op_flops
-    from toast_core.cost.simplify import flop_executions
-
-    prog = tc.trace(fn, *args)
-    scale = flop_executions(prog)
-    predicted = sum(op_flops(op, prog) * scale[op.index] for op in prog.ops)
-    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
-    cost = cost[0] if isinstance(cost, list | tuple) else cost
-    return predicted, cost.get("flops", 0.0)
 
 
 def fan_out_through_a_gather(x, i):  # one index: a dynamic-slice

@@ -4,9 +4,7 @@ stacks, expand_dims) against XLA's `cost_analysis()` (issue 14, fuzz seed 17's l
 import jax
 import jax.numpy as jnp
 import pytest
-from xla_flops import predicted_and_compiled
-
-import toast_core as tc
+from xla_flops import predicted_and_compiled, unsharded_flops
 
 F32 = jnp.float32
 
@@ -35,19 +33,6 @@ def test_an_index_read_by_a_gather_and_a_scatter_is_computed_for_each(fn):
     args = (jax.ShapeDtypeStruct((4, 8), F32), jax.ShapeDtypeStruct((3,), jnp.int32))
     predicted, compiled = predicted_and_compiled(fn, args, {"data": 1})
     assert predicted == compiled
-
-
-def unsharded_flops(fn, *args) -> tuple[float, float]:
-    """(the cost model's flops of one execution, XLA's `cost_analysis()` flops), unsharded."""
-    from toast_core.cost.flops import op_flops
-    from toast_core.cost.simplify import flop_executions
-
-    prog = tc.trace(fn, *args)
-    scale = flop_executions(prog)
-    predicted = sum(op_flops(op, prog) * scale[op.index] for op in prog.ops)
-    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
-    cost = cost[0] if isinstance(cost, list | tuple) else cost
-    return predicted, cost.get("flops", 0.0)
 
 
 def sgd_on(loss):

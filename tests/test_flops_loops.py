@@ -7,22 +7,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 from jax import lax
+from xla_flops import replicated_ratio
 
 import toast_core as tc
 from toast_core.cost.loop_control import loop_control_flops
 
 F32 = jnp.float32
 X = {"x": jax.ShapeDtypeStruct((4, 8), F32)}
-
-
-def ratio(fn, args) -> float:
-    """predicted / compiled flops of `fn` on one device (replicated)."""
-    mesh = tc.MeshSpec({"data": 1})
-    ana = tc.analyze(tc.trace(fn, *args))
-    strategy = tc.baselines.replicated(ana, mesh)
-    rep = tc.validate(fn, args, ana, strategy, tc.jax_mesh(mesh), tc.hardware("tpu-v5e"))
-    assert rep.numerics_ok
-    return rep.predicted_flops / rep.compiled_flops
 
 
 def scan_sum(b):
@@ -72,7 +63,7 @@ def test_each_loop_adds_its_counters_flops(name):
 def test_loops_count_as_xla_counts_them(name):
     """scan(c + r) over [4, 8]: 8 adds and the counter's add and compare, 10 flops (the body
     once); a fori_loop's index wrap and counter, 13."""
-    assert ratio(LOOPS[name][0], (X,)) == pytest.approx(1.0, abs=1e-9)
+    assert replicated_ratio(LOOPS[name][0], (X,)) == pytest.approx(1.0, abs=1e-9)
 
 
 SCANS = {
@@ -90,7 +81,9 @@ def test_scans_of_constants_count_as_xla_counts_them(name, rows):
     others are folded; past 16 rows all are computed as blocked scans."""
     scan = SCANS[name]
     args = ({"x": jax.ShapeDtypeStruct((1, 4), F32)},)
-    assert ratio(lambda b: b["x"] + scan(jnp.full((rows, 4), 0.125)), args) == pytest.approx(1.0)
+    assert replicated_ratio(
+        lambda b: b["x"] + scan(jnp.full((rows, 4), 0.125)), args
+    ) == pytest.approx(1.0)
 
 
 @pytest.mark.slow
@@ -102,7 +95,7 @@ def test_the_gradient_of_a_reversed_cumsum_under_a_mean():
         return jax.grad(loss)(p["w"])
 
     args = ({"w": jax.ShapeDtypeStruct((16, 8), F32)}, {"x": jax.ShapeDtypeStruct((8, 16), F32)})
-    assert ratio(grad, args) == pytest.approx(1.0)
+    assert replicated_ratio(grad, args) == pytest.approx(1.0)
 
 
 def cell_scan(ys):
@@ -120,4 +113,6 @@ def cell_scan(ys):
 @pytest.mark.parametrize("ys", [jnp.sin, lambda c: c * 2.0, lambda c: c * c + 1.0])
 def test_a_carry_is_computed_once_whatever_reads_it_in_the_body(ys):
     """`c = 0.5 * c + x` is the carry's fusion; `ys(c)` reads that buffer (fuzz seed 41 #55)."""
-    assert ratio(cell_scan(ys), ({"x": jax.ShapeDtypeStruct((3, 8), F32)},)) == pytest.approx(1.0)
+    assert replicated_ratio(
+        cell_scan(ys), ({"x": jax.ShapeDtypeStruct((3, 8), F32)},)
+    ) == pytest.approx(1.0)

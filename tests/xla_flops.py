@@ -1,5 +1,8 @@
-"""Predicted and compiled per-device flops of a small program under the data-parallel baseline,
-for the tests that hold the cost model's counts to XLA's `cost_analysis()`."""
+"""Predicted and compiled flops of a small program (under the data-parallel baseline, replicated
+on one device, or unsharded), for the tests that hold the cost model's counts to XLA's
+`cost_analysis()`."""
+
+import jax
 
 import toast_core as tc
 
@@ -14,3 +17,26 @@ def predicted_and_compiled(fn, args, axes: dict[str, int]) -> tuple[float, float
     rep = tc.validate(fn, args, ana, strategy, tc.jax_mesh(mesh), tc.hardware("tpu-v5e"))
     assert rep.numerics_ok
     return rep.predicted_flops, rep.compiled_flops
+
+
+def replicated_ratio(fn, args) -> float:
+    """predicted / compiled flops of `fn` on one device (replicated)."""
+    mesh = tc.MeshSpec({"data": 1})
+    ana = tc.analyze(tc.trace(fn, *args))
+    strategy = tc.baselines.replicated(ana, mesh)
+    rep = tc.validate(fn, args, ana, strategy, tc.jax_mesh(mesh), tc.hardware("tpu-v5e"))
+    assert rep.numerics_ok
+    return rep.predicted_flops / rep.compiled_flops
+
+
+def unsharded_flops(fn, *args) -> tuple[float, float]:
+    """(the cost model's flops of one execution, XLA's `cost_analysis()` flops), unsharded."""
+    from toast_core.cost.flops import op_flops
+    from toast_core.cost.simplify import flop_executions
+
+    prog = tc.trace(fn, *args)
+    scale = flop_executions(prog)
+    predicted = sum(op_flops(op, prog) * scale[op.index] for op in prog.ops)
+    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    return predicted, cost.get("flops", 0.0)
