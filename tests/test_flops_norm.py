@@ -131,3 +131,36 @@ def test_a_partitioned_softmax_gradient_divides_the_scaled_rows(axis):
 
     args = ({"x": jax.ShapeDtypeStruct((16, 12, 8), F32)},)
     assert flops_ratio(fn, args, {"data": 2, "model": 4}) == pytest.approx(1.0, abs=0.02)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "shape, fn, axes",
+    [
+        ((1024, 4), lambda b: jax.nn.log_softmax(b["x"], axis=1), {"data": 1}),
+        (
+            (16, 32, 4, 2),
+            lambda b: jax.nn.log_softmax(jnp.cumsum(b["x"], axis=2), axis=2),
+            {"data": 1},
+        ),
+        ((1024, 8), lambda b: jax.nn.log_softmax(2.0 * b["x"], axis=1), {"data": 2}),
+        ((256, 64), lambda b: jax.nn.log_softmax(b["x"], axis=1), {"data": 2}),
+    ],
+)
+def test_a_library_max_stores_its_shifted_operand(shape, fn, axes):
+    """XLA:CPU runs a max over at least 4,096 local elements as a library call that also
+    returns `x - max(x)`: log_softmax's shifted rows are computed once, not in the exp's loop
+    and the final subtract's (measured: 14,336 flops on [1024, 4], counted 18,432, 1.29; the
+    cumsum then log_softmax of issue 14, 26,624 counted 30,720)."""
+    args = ({"x": jax.ShapeDtypeStruct(shape, F32)},)
+    assert flops_ratio(fn, args, axes) == pytest.approx(1.0, abs=0.02)
+
+
+@pytest.mark.slow
+def test_a_max_over_a_cut_dim_leaves_its_shift_to_each_reader():
+    """With the reduced dim cut the max is all-reduced before the subtract: no library call
+    returns the shift, and XLA computes it in both loops (measured 40,960 flops per device for
+    `log_softmax(x[256, 64], 0)` with dim 0 cut in 2)."""
+    args = ({"x": jax.ShapeDtypeStruct((256, 64), F32)},)
+    fn = lambda b: jax.nn.log_softmax(b["x"], axis=0)  # noqa: E731
+    assert flops_ratio(fn, args, {"data": 2}) == pytest.approx(1.0, abs=0.02)

@@ -73,6 +73,7 @@ from toast_core.cost.loop_control import loop_control_flops
 from toast_core.cost.model import evaluator, reduction_flops
 from toast_core.cost.simplify import (
     executions,
+    rewired,
     tiled_copies,
     tiled_operand,
     uniform_dims,
@@ -294,8 +295,9 @@ def cpu_flops(
     tree, unfused = _cpu_reduces(ana, strategy, mesh) if strategy is not None else ({}, ())
     tile = _cpu_tile_factors(ana, strategy, mesh) if strategy is not None else {}
     partitioned = mesh is not None and mesh.n_devices > 1
+    shifts = _library_shifts(ana, strategy, mesh) if strategy is not None else frozenset()
     fusion = _cpu_fusion_factors(
-        program, frozenset(unfused), _cpu_copied_operands(program), partitioned
+        program, frozenset(unfused), _cpu_copied_operands(program), partitioned, shifts
     )
     flops = sum(
         c.flops
@@ -433,6 +435,53 @@ def _library_reduced(op, prog, local: tuple, uses) -> bool:
 
 _MATMULS = frozenset({"dot_general", "conv_general_dilated"})
 
+#: Ops between a reduction and the elementwise op combining its result with its own operand
+#: that XLA:CPU's library call takes in with the reduction (a keepdims broadcast; no code).
+_SPREADS = frozenset({"broadcast_in_dim", "reshape", "stop_gradient"})
+
+
+def _library_shifts(ana: Analysis, strategy: Strategy, mesh: MeshSpec) -> frozenset[int]:
+    """Values `x op broadcast(reduce(x))` that XLA:CPU computes inside the library call of the
+    reduction (`_library_reduced`: a float max, min or sum of at least
+    `LIBRARY_REDUCE_MIN_ELEMENTS` local elements, its reduced dims uncut) and stores, so every
+    reader reads them: log_softmax's `x - max(x)` is computed once, where the model fuses it
+    into the exp's loop and into the final subtract's (measured on `log_softmax(x[1024, 4], 1)`:
+    the `__ynn_fusion` of the max returns the shifted rows, 14,336 flops, counted 18,432; on
+    [256, 4] no library call and both loops compute it, 4,608). Read on the program XLA's
+    simplifier leaves (`simplify.rewired`: `max(m, -inf)` is `m`). The CPU comparison only."""
+    prog = rewired(ana.program)
+    ops = [op for op in prog.ops if op.primitive in LIBRARY_REDUCTIONS and op.operands]
+    if not ops:
+        return frozenset()
+    space = space_of(ana, mesh)
+    masks = strategy.fine_masks(ana, mesh)
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    uses = prog.uses()
+    out = set()
+    for op in ops:
+        x = op.operands[0]
+        if not prog.values[x].dtype.startswith(("float", "bfloat")):
+            continue
+        shape = prog.values[x].shape
+        local = _local_shape(shape, space.use_axes(masks, op.index, 0), sizes)
+        reduced = tuple(op.param("axes", ()))
+        if int(np.prod(local, dtype=np.int64)) < LIBRARY_REDUCE_MIN_ELEMENTS:
+            continue
+        if any(local[d] != shape[d] for d in reduced):
+            continue  # a cut reduced dim: an all-reduce between the reduction and its readers
+        frontier = list(op.results)
+        for _ in range(4):
+            nxt = []
+            for v in frontier:
+                for o, _k in uses[v]:
+                    reader = prog.ops[o]
+                    if reader.primitive in _SPREADS:
+                        nxt += reader.results
+                    elif reader.primitive in prim.ELEMENTWISE and x in reader.operands:
+                        out.update(r for r in reader.results if len(uses[r]) > 1)
+            frontier = nxt
+    return frozenset(out)
+
 
 def _normalizes(op, prog, uses, depth: int = 4) -> bool:
     """Whether the result of reduction `op` comes back, through at most `depth` elementwise or
@@ -468,15 +517,20 @@ def _cpu_copied_operands(program) -> frozenset[int]:
 
 
 def _cpu_fusion_factors(
-    program, unfused: frozenset[int], copied: frozenset[int] = frozenset(), partitioned=False
+    program,
+    unfused: frozenset[int],
+    copied: frozenset[int] = frozenset(),
+    partitioned=False,
+    stored: frozenset[int] = frozenset(),
 ) -> dict[int, float]:
-    """Per op, XLA:CPU's flop executions with the `unfused` reductions compiled apart and the
-    `copied` dot operands read through their copies, over the model's (`simplify.executions`),
-    where they differ (`partitioned`: for more than one device, as the model's)."""
-    if not unfused and not copied:
+    """Per op, XLA:CPU's flop executions with the `unfused` reductions compiled apart, the
+    `copied` dot operands read through their copies and the `stored` values computed once, over
+    the model's (`simplify.executions`), where they differ (`partitioned`: for more than one
+    device, as the model's)."""
+    if not unfused and not copied and not stored:
         return {}
     base = executions(program, partitioned=partitioned)[0]
-    cpu = executions(program, unfused, copied, partitioned=partitioned)[0]
+    cpu = executions(program, unfused, copied, partitioned=partitioned, stored=stored)[0]
     return {i: c / b for i, (b, c) in enumerate(zip(base, cpu)) if b > 0 and c != b}
 
 

@@ -699,6 +699,7 @@ def executions(
     copied: frozenset[int] = frozenset(),
     reciprocals_out: dict[int, float] | None = None,
     partitioned: bool = False,
+    stored: frozenset[int] = frozenset(),
 ) -> tuple[list[float], list[float]]:
     """(`flop_executions`, `transcendental_executions`) of `prog`, sharing the work they have
     in common (the rewiring, liveness and fusions: two seconds of the evaluator's set-up at
@@ -711,7 +712,9 @@ def executions(
     `fusion.fusion_work`). `reciprocals_out`, when given, receives per division by a spread
     divisor the share of its jaxpr flops that is the divisor's reciprocal, computed once
     (the cost model counts it on the divisor's shard, not the division's). `partitioned`: compiled
-    for more than one device (`moved_to_smaller`)."""
+    for more than one device (`moved_to_smaller`). `stored`: values the backend computes once
+    and stores though the model would fuse them into each reader (XLA:CPU's library-call
+    outputs: `toast_core.apply.validate._library_shifts`)."""
     from toast_core.cost.flops import op_flops, op_transcendentals
 
     simple = rewired(prog)
@@ -725,11 +728,17 @@ def executions(
     for i in unfused:
         for v in simple.ops[i].operands:
             is_mat[v] = True
+    producers = simple.producers()
+    apart = set(unfused)  # a stored value's op is a fusion of its own, read by every reader
+    for v in stored:
+        is_mat[v] = True
+        if producers[v] is not None:
+            apart.add(producers[v])
     roots: list = []
     copies, expanded = fusion_work(
-        simple, is_mat, spread, frozenset(unfused), frozenset(copied), roots_out=roots
+        simple, is_mat, spread, frozenset(apart), frozenset(copied), roots_out=roots
     )
-    fuses = [fusible(op, simple) and op.index not in unfused for op in simple.ops]
+    fuses = [fusible(op, simple) and op.index not in apart for op in simple.ops]
     kept = lambda op: _kept_once(op, simple, spread)  # noqa: E731
     more = lambda op: _more_than_unary(simple, op, spread)  # noqa: E731
     for i, c in gather_copies(
