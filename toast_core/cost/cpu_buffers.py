@@ -72,6 +72,15 @@ axis, the temporaries over the result's bytes): 0 for L <= 16; 3.77, 3.2, 2.67, 
 (the scan and its totals, 1 + 1/16 + ...). Fuzz seed 23 #51: `lax.cummin` over 32 rows held
 4.3 KB of temporaries for a 2 KB result.
 
+A cumulative op whose result stays cut along its axis (m of the axis's n elements per device)
+is no blocked scan: XLA all-gathers the operand (`replicate_buffers.py` counts that buffer) and
+each device slices from it a window of n - 1 + m elements (the m it keeps and the n - 1 before
+them, zero-padded), which one reduce-window of size n scans. Measured (`jnp.cumsum` and
+`lax.cummax` of f32[L, 64] cut 8 ways on the axis, in and out): temporaries 16.5, 16.67, 16.75,
+16.875 local results for L = 16, 24, 32, 64, the gathered L rows and the window's L - 1 + L/8
+exactly. Fuzz seed 17 #935 (`cumlogsumexp` of f32[16, 4, 8, 3] on 8 devices): the gather's
+6,144 bytes and the window's f32[17, 4, 8, 3] (6,528) side by side.
+
 **Select-and-scatter.** XLA:CPU expands select-and-scatter (TPU and GPU emit it as one kernel): it rewrites
 each one (the gradient of a max-pool) into a variadic reduce-window that finds, per window, the
 winner's value and its index along every dim of the operand (one s32 iota as large as the operand
@@ -194,19 +203,24 @@ _THREEFRY_KEY_OPS = frozenset({"random_split", "random_fold_in"})
 
 
 def cpu_buffers(
-    prog: Program, is_materialized: list[bool], local_shape=None, remat: bool = False
+    prog: Program,
+    is_materialized: list[bool],
+    local_shape=None,
+    remat: bool = False,
+    value_shape=None,
 ) -> tuple[np.ndarray, ...]:
     """Every extra temporary of the CPU view as (value, first op, last op, bytes per byte of the
     value's local size, count of such buffers, count of small state buffers): the layout copies
     (`dot_operand_copies`, `conv_operand_copies`), the threefry loops (`threefry_buffers`),
     the select-and-scatter expansions (`select_and_scatter_buffers`) and the other rules of the
     module essay, one function each. `local_shape(op, pos)`:
-    an operand use's shape on one device, for the dots (their copies depend on it)."""
+    an operand use's shape on one device, for the dots (their copies depend on it);
+    `value_shape(value)`: a value's, for the cumulative ops (a cut axis is scanned in a window)."""
     copies = dot_operand_copies(prog, is_materialized, local_shape)
     rows = [(v, lo, hi, 1.0, 1, 0) for v, lo, hi in zip(*copies)]
     rows += threefry_buffers(prog)
     rows += select_and_scatter_buffers(prog)
-    rows += cumulative_buffers(prog)
+    rows += cumulative_buffers(prog, value_shape)
     rows += conv_operand_copies(prog, is_materialized)
     rows += batched_index_buffers(prog)
     rows += hoisted_constant_buffers(prog, is_materialized)
@@ -245,15 +259,21 @@ def threefry_buffers(prog: Program) -> list[tuple]:
 CUMULATIVE_BLOCK = 16
 
 
-def cumulative_buffers(prog: Program) -> list[tuple]:
+def cumulative_buffers(prog: Program, value_shape=None) -> list[tuple]:
     """(value, op, op, scale, 1, 0) of the temporaries of each cumulative op (cumsum, cummax,
-    cummin, cumprod, cumlogsumexp) whose axis is longer than a block: `scale` bytes per byte of
-    its result, at the op (module essay)."""
+    cummin, cumprod, cumlogsumexp): `scale` bytes per byte of its result, at the op (module
+    essay): the window of a result cut along its axis (`value_shape(value)`: its shape on one
+    device; default: the global shape), else the blocked scan of an axis longer than a block."""
     rows = []
     for op in prog.ops:
         if op.primitive not in prim.CUMULATIVE:
             continue
-        n = prog.values[op.results[0]].shape[op.param("axis")]
+        axis = op.param("axis")
+        n = prog.values[op.results[0]].shape[axis]
+        m = n if value_shape is None else value_shape(op.results[0])[axis]
+        if m < n:  # the n - 1 + m elements a device's reduce-window scans
+            rows.append((op.results[0], op.index, op.index, (n - 1 + m) / m, 1, 0))
+            continue
         if n <= CUMULATIVE_BLOCK:
             continue
         padded = -(-n // CUMULATIVE_BLOCK) * CUMULATIVE_BLOCK
