@@ -110,6 +110,13 @@ device to its kernel library (`__ynn_fusion` custom fusions in the compiled HLO)
 the elementwise ops feeding the reduction alone and reads the rest from memory: values that
 loop fusions recompute everywhere else (a LayerNorm's centred input, its normalized value) are
 stored for it, from their producer to the last such reduction (`library_reduction_inputs`).
+A reduction to a scalar also takes in the broadcasts and reshapes feeding it alone: it sums
+every element, so XLA reduces the reshape's operand and the call broadcasts its small operand
+itself (measured: `sum(exp(x) + b)`, `sum(exp(x) * c[:, None])`, `sum((exp(x) - b).reshape(-1))`
+on x[64, 128], no temporary; fuzz seed 17 #675, Adam on `einsum('abcd,az->bcdz')`: the loss's
+`sum(v + w)` and `sum(log_softmax(v).reshape(-1))` read `v`, `w[16]` and `log(sum)[32, 2, 16]`
+straight into their `__ynn_fusion` calls, where the model stored two 32 KiB copies, 1.81 of
+XLA's bytes).
 
 **Dot products.** XLA's algebraic simplifier rewrites a dot whose operands both have, unit
 dims aside, only batch and contracted dims (a vector dot product `einsum('a,a->')`, a batched
@@ -410,7 +417,8 @@ def library_reduction_inputs(
             continue
         if int(np.prod(local_shape(op.index, 0))) < LIBRARY_REDUCE_MIN_ELEMENTS:
             continue
-        inputs = _call_inputs(prog, op.operands[0], uses, producers)
+        whole = prog.values[op.results[0]].size == 1  # a reduction to a scalar
+        inputs = _call_inputs(prog, op.operands[0], uses, producers, whole)
         if all(v != sized or _is_spread(prog, v, producers) for v, sized in inputs):
             continue  # a reduction of broadcasts: XLA reduces their sources (`_is_spread`)
         for v, sized in inputs:
@@ -440,14 +448,22 @@ def _is_spread(prog: Program, v: int, producers) -> bool:
     return prog.values[prog.ops[p].operands[0]].size < prog.values[v].size
 
 
-def _call_inputs(prog: Program, x: int, uses, producers) -> list[tuple[int, int]]:
+#: What a library reduction to a scalar takes in besides elementwise ops (module essay).
+_TAKEN_IN_WHOLE = frozenset({"broadcast_in_dim", "reshape"})
+
+
+def _call_inputs(
+    prog: Program, x: int, uses, producers, whole: bool = False
+) -> list[tuple[int, int]]:
     """(value, value whose size its buffer has) per input a library reduction of `x` reads:
     `x` itself, or, through the elementwise ops that make it and feed nothing else, their
     operands; an operand smaller than its reader's result (a `[1, D]` scale read by `[N, D]`)
     is broadcast into a buffer of the reader's size (measured: the Flax MLP's LayerNorm scale
     and `rsqrt(var)` broadcast to [1024, 256] for its gradients' library reductions; XLA's
     scheduler made them as soon as their sources exist, 8 MB of its peak, without remat, and
-    next to the recomputation under `dots`: `library_reduction_inputs`' `hoisted`)."""
+    next to the recomputation under `dots`: `library_reduction_inputs`' `hoisted`). `whole`:
+    the reduction sums every element, so the call also takes in the broadcasts and reshapes
+    feeding it alone, and broadcasts its small operands itself (module essay)."""
     out, stack, seen = [], [x], set()
     while stack:
         v = stack.pop()
@@ -455,14 +471,14 @@ def _call_inputs(prog: Program, x: int, uses, producers) -> list[tuple[int, int]
             continue
         seen.add(v)
         p = producers[v]
-        if (
-            p is not None
-            and prog.ops[p].primitive in prim.ELEMENTWISE
-            and len(uses[v]) == 1
-            and prog.values[v].size > 1
-        ):
+        alone = p is not None and len(uses[v]) == 1 and prog.values[v].size > 1
+        if alone and whole and prog.ops[p].primitive in _TAKEN_IN_WHOLE:
+            stack.extend(prog.ops[p].operands[:1])
+        elif alone and prog.ops[p].primitive in prim.ELEMENTWISE:
             for o in prog.ops[p].operands:
-                if 1 < prog.values[o].size < prog.values[v].size:
+                if whole and prog.values[o].size < prog.values[v].size:
+                    stack.append(o)  # broadcast inside the call
+                elif 1 < prog.values[o].size < prog.values[v].size:
                     out.append((o, v))
                 else:
                     stack.append(o)
