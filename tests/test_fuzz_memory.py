@@ -256,6 +256,7 @@ def test_a_cumulative_op_cut_along_its_axis_scans_a_window_of_the_gathered_opera
     prog = tc.analyze(tc.trace(_cut_cumulative, *_cut_cumulative_args())).program
     rows = cumulative_buffers(prog, lambda v: (4, 64))
     assert [scale for *_, scale, _, _ in rows] == [35 / 4]
+    assert cumulative_buffers(prog, lambda v: (1, 64)) == []  # one row: a reduce, no window
     *_, predicted = _predicted(_cut_cumulative, _cut_cumulative_args(), MESH_2X4, "data_parallel")
     assert predicted == 3200
 

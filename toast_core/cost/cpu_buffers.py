@@ -78,7 +78,9 @@ each device slices from it a window of n - 1 + m elements (the m it keeps and th
 them, zero-padded), which one reduce-window of size n scans. Measured (`jnp.cumsum` and
 `lax.cummax` of f32[L, 64] cut 8 ways on the axis, in and out): temporaries 16.5, 16.67, 16.75,
 16.875 local results for L = 16, 24, 32, 64, the gathered L rows and the window's L - 1 + L/8
-exactly. Fuzz seed 17 #935 (`cumlogsumexp` of f32[16, 4, 8, 3] on 8 devices): the gather's
+exactly. One element per device (m = 1) needs no window: the reduce-window then has one output
+along the axis, a reduce, and its fusion reads the gathered operand at the device's offset
+(measured: L = 8, the gathered 8 rows and nothing more; fuzz seed 17 #905). Fuzz seed 17 #935 (`cumlogsumexp` of f32[16, 4, 8, 3] on 8 devices): the gather's
 6,144 bytes and the window's f32[17, 4, 8, 3] (6,528) side by side.
 
 **Select-and-scatter.** XLA:CPU expands select-and-scatter (TPU and GPU emit it as one kernel): it rewrites
@@ -278,6 +280,8 @@ def cumulative_buffers(prog: Program, value_shape=None) -> list[tuple]:
         axis = op.param("axis")
         n = prog.values[op.results[0]].shape[axis]
         m = n if value_shape is None else value_shape(op.results[0])[axis]
+        if m == 1 and n > 1:  # a reduce reading the gathered operand in place
+            continue
         if m < n:  # the n - 1 + m elements a device's reduce-window scans
             rows.append((op.results[0], op.index, op.index, (n - 1 + m) / m, 1, 0))
             continue
