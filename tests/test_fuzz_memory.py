@@ -20,6 +20,7 @@ from toast_core.cost.cpu_buffers import (
     cumulative_buffers,
     dot_operand_copies,
     hoisted_constant_buffers,
+    library_reduction_inputs,
 )
 from toast_core.cost.fusion import fused_away, materialized
 
@@ -115,6 +116,15 @@ def _cumulative_args():
         "y": jax.ShapeDtypeStruct((8, 48), jnp.float32),
     }
     return {}, batch
+
+
+def _cut_cumulative(params, batch):
+    """Fuzz seed 17 #935's class: a cumsum along the dim data parallel cuts 8 ways."""
+    return (lax.cumsum(batch["x"] * 2.0, 0),)
+
+
+def _cut_cumulative_args():
+    return {}, {"x": jax.ShapeDtypeStruct((32, 64), jnp.float32)}
 
 
 def _gathered(params, batch):
@@ -239,6 +249,34 @@ def test_a_cumulative_op_over_more_than_a_block_holds_its_blocked_scan():
     assert cumulative_buffers(short) == []
 
 
+def test_a_cumulative_op_cut_along_its_axis_scans_a_window_of_the_gathered_operand():
+    """4 of 32 rows per device: the gathered 32 rows (8 KB) and the 35-row window (8.75 KB)
+    beside the 1 KB shards; XLA's memory_analysis() 3,168 bytes. The blocked-scan rule alone
+    gave 1.07 KB of window (0.45 of XLA's bytes on seed 17 #68)."""
+    prog = tc.analyze(tc.trace(_cut_cumulative, *_cut_cumulative_args())).program
+    rows = cumulative_buffers(prog, lambda v: (4, 64))
+    assert [scale for *_, scale, _, _ in rows] == [35 / 4]
+    assert cumulative_buffers(prog, lambda v: (1, 64)) == []  # one row: a reduce, no window
+    *_, predicted = _predicted(_cut_cumulative, _cut_cumulative_args(), MESH_2X4, "data_parallel")
+    assert predicted == 3200
+
+
+def test_a_library_sum_to_a_scalar_takes_in_its_broadcasts_and_reshapes():
+    """XLA:CPU's `__ynn_fusion` for a sum of every element broadcasts `b` and reads through the
+    ravel itself (measured on x[64, 128]: no temporary for either); a sum over one dim keeps
+    the stored broadcast the LayerNorm gradients measured."""
+    x = jax.ShapeDtypeStruct((64, 128), jnp.float32)
+    b = jax.ShapeDtypeStruct((128,), jnp.float32)
+
+    def rows(f):
+        prog = tc.analyze(tc.trace(f, x, b)).program
+        return library_reduction_inputs(prog, materialized(prog))
+
+    assert rows(lambda x, b: jnp.sum(jnp.exp(x) + b)) == []
+    assert rows(lambda x, b: jnp.sum((jnp.exp(x) - b).reshape(-1))) == []
+    assert len(rows(lambda x, b: jnp.sum(jnp.exp(x) + b, 0))) == 1
+
+
 def test_stacking_ops_are_fused():
     prog = tc.analyze(tc.trace(_stacked, *_stacked_args())).program
     mat = materialized(prog)
@@ -294,6 +332,7 @@ def test_a_scatter_writes_over_the_operand_it_reads_last():
         (_flattened, _flattened_args(), MESH_2X2X2, "replicated", 0.01),
         (_unused_input, _unused_input_args(), MESH_2X4, "data_parallel", 0.0),
         (_cumulative, _cumulative_args(), MESH_2X4, "replicated", 0.05),
+        (_cut_cumulative, _cut_cumulative_args(), MESH_2X4, "data_parallel", 0.02),
         (_gathered, _gathered_args(), MESH_2X4, "replicated", 0.0),
         (_gathered, _gathered_args(), MESH_2X4, "data_parallel", 0.0),
         (_along, _along_args(), MESH_2X4, "replicated", 0.0),
@@ -307,6 +346,7 @@ def test_a_scatter_writes_over_the_operand_it_reads_last():
         "flattened-operand",
         "unused-input",
         "cumulative",
+        "cut-cumulative",
         "gathered-tile",
         "gathered-tile-data-parallel",
         "take-along-axis",

@@ -239,7 +239,13 @@ def cpu_temporaries(ev, value_local, align_bytes: int, masks=None, remat: bool =
     else:
         is_mat = ev._is_mat.tolist()
         rows = ev.live_cpu_rows(
-            cpu_buffers(ev.ana.program, is_mat, local_dot_shapes(ev, masks), remat)
+            cpu_buffers(
+                ev.ana.program,
+                is_mat,
+                local_dot_shapes(ev, masks),
+                remat,
+                local_value_shapes(ev, masks),
+            )
         )
         vals, lo, hi, scale, count, small = rows
     size = value_local[vals] * scale
@@ -264,6 +270,21 @@ def local_dot_shapes(ev, masks):
         return tuple(-(-n // int(np.prod([sizes[a] for a in ax]))) for n, ax in zip(shape, axes))
 
     return local_shape
+
+
+def local_value_shapes(ev, masks):
+    """`value_shape(value)` for `cpu_buffers`: a value's shape on one device (each dim divided
+    by the sizes of the mesh axes it is split on, rounded up as XLA pads)."""
+    space = space_of(ev.ana, ev.mesh)
+    sizes = dict(ev.mesh.axes)
+    prog = ev.ana.program
+
+    def value_shape(v: int) -> tuple:
+        shape = prog.values[v].shape
+        axes = space.value_axes(masks, v)
+        return tuple(-(-n // int(np.prod([sizes[a] for a in ax]))) for n, ax in zip(shape, axes))
+
+    return value_shape
 
 
 def _round_up(nbytes, align_bytes: int):

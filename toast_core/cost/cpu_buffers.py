@@ -72,6 +72,17 @@ axis, the temporaries over the result's bytes): 0 for L <= 16; 3.77, 3.2, 2.67, 
 (the scan and its totals, 1 + 1/16 + ...). Fuzz seed 23 #51: `lax.cummin` over 32 rows held
 4.3 KB of temporaries for a 2 KB result.
 
+A cumulative op whose result stays cut along its axis (m of the axis's n elements per device)
+is no blocked scan: XLA all-gathers the operand (`replicate_buffers.py` counts that buffer) and
+each device slices from it a window of n - 1 + m elements (the m it keeps and the n - 1 before
+them, zero-padded), which one reduce-window of size n scans. Measured (`jnp.cumsum` and
+`lax.cummax` of f32[L, 64] cut 8 ways on the axis, in and out): temporaries 16.5, 16.67, 16.75,
+16.875 local results for L = 16, 24, 32, 64, the gathered L rows and the window's L - 1 + L/8
+exactly. One element per device (m = 1) needs no window: the reduce-window then has one output
+along the axis, a reduce, and its fusion reads the gathered operand at the device's offset
+(measured: L = 8, the gathered 8 rows and nothing more; fuzz seed 17 #905). Fuzz seed 17 #935 (`cumlogsumexp` of f32[16, 4, 8, 3] on 8 devices): the gather's
+6,144 bytes and the window's f32[17, 4, 8, 3] (6,528) side by side.
+
 **Select-and-scatter.** XLA:CPU expands select-and-scatter (TPU and GPU emit it as one kernel): it rewrites
 each one (the gradient of a max-pool) into a variadic reduce-window that finds, per window, the
 winner's value and its index along every dim of the operand (one s32 iota as large as the operand
@@ -101,6 +112,13 @@ device to its kernel library (`__ynn_fusion` custom fusions in the compiled HLO)
 the elementwise ops feeding the reduction alone and reads the rest from memory: values that
 loop fusions recompute everywhere else (a LayerNorm's centred input, its normalized value) are
 stored for it, from their producer to the last such reduction (`library_reduction_inputs`).
+A reduction to a scalar also takes in the broadcasts and reshapes feeding it alone: it sums
+every element, so XLA reduces the reshape's operand and the call broadcasts its small operand
+itself (measured: `sum(exp(x) + b)`, `sum(exp(x) * c[:, None])`, `sum((exp(x) - b).reshape(-1))`
+on x[64, 128], no temporary; fuzz seed 17 #675, Adam on `einsum('abcd,az->bcdz')`: the loss's
+`sum(v + w)` and `sum(log_softmax(v).reshape(-1))` read `v`, `w[16]` and `log(sum)[32, 2, 16]`
+straight into their `__ynn_fusion` calls, where the model stored two 32 KiB copies, 1.81 of
+XLA's bytes).
 
 **Dot products.** XLA's algebraic simplifier rewrites a dot whose operands both have, unit
 dims aside, only batch and contracted dims (a vector dot product `einsum('a,a->')`, a batched
@@ -194,19 +212,24 @@ _THREEFRY_KEY_OPS = frozenset({"random_split", "random_fold_in"})
 
 
 def cpu_buffers(
-    prog: Program, is_materialized: list[bool], local_shape=None, remat: bool = False
+    prog: Program,
+    is_materialized: list[bool],
+    local_shape=None,
+    remat: bool = False,
+    value_shape=None,
 ) -> tuple[np.ndarray, ...]:
     """Every extra temporary of the CPU view as (value, first op, last op, bytes per byte of the
     value's local size, count of such buffers, count of small state buffers): the layout copies
     (`dot_operand_copies`, `conv_operand_copies`), the threefry loops (`threefry_buffers`),
     the select-and-scatter expansions (`select_and_scatter_buffers`) and the other rules of the
     module essay, one function each. `local_shape(op, pos)`:
-    an operand use's shape on one device, for the dots (their copies depend on it)."""
+    an operand use's shape on one device, for the dots (their copies depend on it);
+    `value_shape(value)`: a value's, for the cumulative ops (a cut axis is scanned in a window)."""
     copies = dot_operand_copies(prog, is_materialized, local_shape)
     rows = [(v, lo, hi, 1.0, 1, 0) for v, lo, hi in zip(*copies)]
     rows += threefry_buffers(prog)
     rows += select_and_scatter_buffers(prog)
-    rows += cumulative_buffers(prog)
+    rows += cumulative_buffers(prog, value_shape)
     rows += conv_operand_copies(prog, is_materialized)
     rows += batched_index_buffers(prog)
     rows += hoisted_constant_buffers(prog, is_materialized)
@@ -245,15 +268,23 @@ def threefry_buffers(prog: Program) -> list[tuple]:
 CUMULATIVE_BLOCK = 16
 
 
-def cumulative_buffers(prog: Program) -> list[tuple]:
+def cumulative_buffers(prog: Program, value_shape=None) -> list[tuple]:
     """(value, op, op, scale, 1, 0) of the temporaries of each cumulative op (cumsum, cummax,
-    cummin, cumprod, cumlogsumexp) whose axis is longer than a block: `scale` bytes per byte of
-    its result, at the op (module essay)."""
+    cummin, cumprod, cumlogsumexp): `scale` bytes per byte of its result, at the op (module
+    essay): the window of a result cut along its axis (`value_shape(value)`: its shape on one
+    device; default: the global shape), else the blocked scan of an axis longer than a block."""
     rows = []
     for op in prog.ops:
         if op.primitive not in prim.CUMULATIVE:
             continue
-        n = prog.values[op.results[0]].shape[op.param("axis")]
+        axis = op.param("axis")
+        n = prog.values[op.results[0]].shape[axis]
+        m = n if value_shape is None else value_shape(op.results[0])[axis]
+        if m == 1 and n > 1:  # a reduce reading the gathered operand in place
+            continue
+        if m < n:  # the n - 1 + m elements a device's reduce-window scans
+            rows.append((op.results[0], op.index, op.index, (n - 1 + m) / m, 1, 0))
+            continue
         if n <= CUMULATIVE_BLOCK:
             continue
         padded = -(-n // CUMULATIVE_BLOCK) * CUMULATIVE_BLOCK
@@ -390,7 +421,8 @@ def library_reduction_inputs(
             continue
         if int(np.prod(local_shape(op.index, 0))) < LIBRARY_REDUCE_MIN_ELEMENTS:
             continue
-        inputs = _call_inputs(prog, op.operands[0], uses, producers)
+        whole = prog.values[op.results[0]].size == 1  # a reduction to a scalar
+        inputs = _call_inputs(prog, op.operands[0], uses, producers, whole)
         if all(v != sized or _is_spread(prog, v, producers) for v, sized in inputs):
             continue  # a reduction of broadcasts: XLA reduces their sources (`_is_spread`)
         for v, sized in inputs:
@@ -420,14 +452,22 @@ def _is_spread(prog: Program, v: int, producers) -> bool:
     return prog.values[prog.ops[p].operands[0]].size < prog.values[v].size
 
 
-def _call_inputs(prog: Program, x: int, uses, producers) -> list[tuple[int, int]]:
+#: What a library reduction to a scalar takes in besides elementwise ops (module essay).
+_TAKEN_IN_WHOLE = frozenset({"broadcast_in_dim", "reshape"})
+
+
+def _call_inputs(
+    prog: Program, x: int, uses, producers, whole: bool = False
+) -> list[tuple[int, int]]:
     """(value, value whose size its buffer has) per input a library reduction of `x` reads:
     `x` itself, or, through the elementwise ops that make it and feed nothing else, their
     operands; an operand smaller than its reader's result (a `[1, D]` scale read by `[N, D]`)
     is broadcast into a buffer of the reader's size (measured: the Flax MLP's LayerNorm scale
     and `rsqrt(var)` broadcast to [1024, 256] for its gradients' library reductions; XLA's
     scheduler made them as soon as their sources exist, 8 MB of its peak, without remat, and
-    next to the recomputation under `dots`: `library_reduction_inputs`' `hoisted`)."""
+    next to the recomputation under `dots`: `library_reduction_inputs`' `hoisted`). `whole`:
+    the reduction sums every element, so the call also takes in the broadcasts and reshapes
+    feeding it alone, and broadcasts its small operands itself (module essay)."""
     out, stack, seen = [], [x], set()
     while stack:
         v = stack.pop()
@@ -435,14 +475,14 @@ def _call_inputs(prog: Program, x: int, uses, producers) -> list[tuple[int, int]
             continue
         seen.add(v)
         p = producers[v]
-        if (
-            p is not None
-            and prog.ops[p].primitive in prim.ELEMENTWISE
-            and len(uses[v]) == 1
-            and prog.values[v].size > 1
-        ):
+        alone = p is not None and len(uses[v]) == 1 and prog.values[v].size > 1
+        if alone and whole and prog.ops[p].primitive in _TAKEN_IN_WHOLE:
+            stack.extend(prog.ops[p].operands[:1])
+        elif alone and prog.ops[p].primitive in prim.ELEMENTWISE:
             for o in prog.ops[p].operands:
-                if 1 < prog.values[o].size < prog.values[v].size:
+                if whole and prog.values[o].size < prog.values[v].size:
+                    stack.append(o)  # broadcast inside the call
+                elif 1 < prog.values[o].size < prog.values[v].size:
                     out.append((o, v))
                 else:
                     stack.append(o)
