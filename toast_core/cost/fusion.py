@@ -231,7 +231,11 @@ def _fusion_work_roots(prog, fuses, is_materialized, gather_own, spread, copied,
             # when a non-fusible op or the output reads it (`x * 0.5 + 0.1` read by a dot and a
             # multiply: XLA computes it for the dot and again inside the multiply's loop;
             # `_recomputing_readers` says where).
-            if not readers or (mat and _is_loop_carry(prog, op, uses)):
+            if mat and not readers and _copied_and_read_directly(prog, op, copied, fuses):
+                # Stored for a dot reading it as it is, and computed again in the layout copy
+                # another dot reads (a placeholder root: the copy's loop fusion).
+                roots[op.index] = self_only | frozenset((_copy_root(op.index),))
+            elif not readers or (mat and _is_loop_carry(prog, op, uses)):
                 roots[op.index] = self_only
             elif mat and _read_through_copies(prog, op, copied, fuses):
                 unfused_path = len(readers) > 1 and _unfused_path(prog, op, roots)
@@ -412,6 +416,45 @@ def _read_through_copies(prog: Program, op, copied: frozenset[int], fuses) -> bo
         fuses[o] or prog.ops[o].primitive in ("dot_general", "conv_general_dilated")
         for o, _ in prog.uses()[r]
     )
+
+
+def _copy_root(op: int) -> int:
+    """The placeholder root (below zero) of the loop fusion making `op`'s result in a dot's
+    layout: the last of `op`'s 64 slots (`_root_op` maps it back to `op`; the other slots are an
+    expanded special function's, which is never a copied cheap op)."""
+    return -(op * 64 + 63 + 1)
+
+
+def _copied_and_read_directly(prog: Program, op, copied: frozenset[int], fuses) -> bool:
+    """Whether `op`'s result, read only by dots and convolutions (`_read_through_copies`), is
+    read by one dot through a layout copy and by another as it is: XLA:CPU then computes the
+    value twice, once into its own buffer and once fused into the copy (measured: gradients of
+    `mean(gelu(einsum('abc,cz->abz', x, w2) @ w4))`, x f32[2, 4, 4]: the gelu gradient's
+    chain is in `add_bitcast_fusion` for the input-gradient dot and again in
+    `copy_bitcast_fusion` for the weight-gradient dot, contracted over (0, 1): 1,810 flops, of
+    which 512 in that second copy; fuzz seed 17 #575, 0.72 of XLA's without it)."""
+    if not _read_through_copies(prog, op, copied, fuses):
+        return False
+    # Imported here: cpu_buffers builds on this module.
+    from toast_core.cost.cpu_buffers import _grouping
+
+    (r,) = op.results
+    shape = prog.values[r].shape
+    direct = copying = False
+    for o, pos in prog.uses()[r]:
+        reader = prog.ops[o]
+        if fuses[o] or reader.primitive != "dot_general":
+            continue
+        (lc, rc), (lb, rb) = reader.param("dimension_numbers")
+        contracted = (lc, rc)[pos]
+        if not contracted or all(shape[d] == 1 for d in contracted):
+            direct = True  # an outer product: a multiply reading the value
+            continue
+        if _grouping(shape, (lb, rb)[pos], contracted, pos) is None:
+            direct = True
+        else:
+            copying = True
+    return direct and copying
 
 
 def _is_loop_carry(prog: Program, op, uses) -> bool:
