@@ -127,10 +127,11 @@ def test_cpu_memory_matches_xla(name, plan, fn, shapes, tolerance):
 
 
 def test_a_library_reduction_broadcasts_its_small_operands_into_buffers():
-    """`sum(y * scale)` with scale [1, 256] over y [1024, 256]: the library call reads the scale
-    broadcast to [1024, 256] (the Flax MLP's LayerNorm scale gradient), made as soon as the scale
-    exists without remat, at the call with remat."""
-    ana, _ = _analysis(lambda y, s: jnp.sum(jnp.tanh(y) * s), (1024, 256), (1, 256))
+    """`sum(y * scale, 0)` with scale [1, 256] over y [1024, 256]: the library call reads the
+    scale broadcast to [1024, 256] (the Flax MLP's LayerNorm scale gradient, a sum over the batch),
+    made as soon as the scale exists without remat, at the call with remat. (A sum down to a
+    scalar takes its broadcasts in: `cpu_buffers._call_inputs`, `tests/test_fuzz_memory.py`.)"""
+    ana, _ = _analysis(lambda y, s: jnp.sum(jnp.tanh(y) * s, axis=0), (1024, 256), (1, 256))
     prog = ana.program
     (reduce_op,) = [op.index for op in prog.ops if op.primitive == "reduce_sum"]
     for hoisted in (True, False):
