@@ -63,3 +63,16 @@ def test_whole_dim_top_k_memory_matches_xla():
         check.predicted_memory_bytes,
         check.compiled_memory_bytes,
     )
+
+
+def test_a_dead_top_k_keeps_nothing():
+    """Fuzz seed 18 #619: a top_k only the loss reads, inside a while loop's gradient
+    accumulation, is dead; `without_dead_ops` leaves it no operand, which `whole_dim_sorts` must
+    pass over (it raised IndexError in every search and validation of the program)."""
+    from fuzz.pipeline import Front, front
+    from fuzz.programs import generate
+
+    outcomes = list(front(generate(18, 619), ["8"]))
+    assert [o for o in outcomes if not isinstance(o, Front) and o.kind != "ok"] == []
+    ana = next(o for o in outcomes if isinstance(o, Front)).ana
+    assert any(op.primitive == "top_k" for op in ana.program.ops)

@@ -18,9 +18,13 @@ from toast_core.ir.program import Program
 
 
 def keeps_whole_dim(prog: Program, op) -> bool:
-    """Whether `top_k` op keeps every element of its dim (k == the dim's size)."""
+    """Whether `top_k` op keeps every element of its dim (k == the dim's size). A dead top_k
+    (`simplify.without_dead_ops` leaves it no operand) keeps nothing."""
+    if not op.operands:
+        return False
     shape = prog.values[op.operands[0]].shape
-    return bool(shape) and op.param("k", 0) >= shape[op.param("axis", len(shape) - 1)]
+    axis = op.param("axis", len(shape) - 1)
+    return bool(shape) and -len(shape) <= axis < len(shape) and op.param("k", 0) >= shape[axis]
 
 
 def sorts_values_alone(prog: Program, op) -> bool:
