@@ -299,6 +299,12 @@ SIMPLIFIED = {
         jax.grad(lambda v: jnp.mean(jnp.einsum("abc,aec->bce", v, v) ** 2)),
         (jnp.ones((5, 7, 6)),),
     ),
+    # ...and twice for a plain matmul, whose dims XLA:CPU does not canonicalize (seed 18 #54:
+    # the gradient of mean(w @ w.T) contracts the spread cotangent's dim 0, then its dim 1)
+    "matmul_self_gradient_is_two_dots": (
+        jax.grad(lambda w: jnp.mean(jnp.einsum("ab,cb->ac", w, w))),
+        (jnp.ones((8, 4)),),
+    ),
     "repeated_clip": (lambda x: (jnp.clip(x, -0.5, 0.5), jnp.clip(x, -0.5, 0.5) * x), (X,)),
     # identities: x + 0, x - 0 (softplus is logaddexp(x, 0)), max(x, x), select(p, x, x)
     "softplus": (jax.nn.softplus, (X,)),

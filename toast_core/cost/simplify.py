@@ -361,9 +361,24 @@ def _splat_dot_key(op: Op, operands: tuple[int, ...], prog: Program) -> tuple | 
         if s is None:
             continue
         contract, batch = (rc, rb) if side == 0 else (lc, lb)
+        # a matmul (no batch dims, operands of rank <= 2) is not canonicalized by XLA:CPU's dot
+        # decomposer, so no transpose folds into its broadcast: dots contracting different
+        # dims of the spread operand stay two (fuzz seed 18 #54, the gradient of w @ w.T)
+        plain = not lb and all(prog.values[v].rank <= 2 for v in operands)
+        own = ((lc, rc), prog.values[splat].shape) if plain else ()
         rest = tuple((k, v) for k, v in op.params if k != "dimension_numbers")
         shape = prog.values[op.results[0]].shape
-        return ("dot_splat", s, other, side, tuple(sorted(contract)), tuple(batch), shape, rest)
+        return (
+            "dot_splat",
+            s,
+            other,
+            side,
+            tuple(sorted(contract)),
+            tuple(batch),
+            shape,
+            own,
+            rest,
+        )
     return None
 
 
