@@ -200,6 +200,12 @@ def test_every_primitive_with_a_factor_rule_has_a_flop_rule():
 B = lambda a, shape, dims: lax.broadcast_in_dim(a, shape, dims)  # noqa: E731
 
 
+def _checkpointed_sgd(body):
+    """An SGD step on `mean(jax.checkpoint(body)(x, w))`."""
+    f = jax.checkpoint(body)
+    return lambda w, x: w - 0.1 * jax.grad(lambda w: jnp.mean(f(x, w)))(w)
+
+
 def _accumulated_grad(w, xs):
     """Gradient accumulation inside a while loop, as the fuzzer writes it: `jax.grad` of a loss
     that also returns a value; that value (the forward's matmul) is dead, only grads return."""
@@ -454,6 +460,26 @@ SIMPLIFIED = {
         lambda x, y: (lambda s: (s * 2, s + x))(x / y),
         (X, X + 1),
     ),
+    # a differentiated `jax.checkpoint` body reads its inputs through an optimization barrier
+    # (`simplify.barred`): the cotangent splat is no constant inside it, so `ct * (0.5 * tanh)`
+    # is two multiplies (folded, the model said 0.952 of XLA's flops)...
+    "checkpoint_body_behind_a_barrier": (
+        _checkpointed_sgd(lambda t, w: (lambda u: u * (0.5 * jnp.tanh(u)))(t @ w)),
+        (jnp.ones((8, 64)), jnp.ones((32, 8))),
+    ),
+    # ...but CSE works inside the body: its two `t @ w` are one (1.309 kept apart)
+    "checkpoint_body_repeats": (
+        _checkpointed_sgd(lambda t, w: jnp.sin(t @ w) * (t @ w)),
+        (jnp.ones((8, 64)), jnp.ones((32, 8))),
+    ),
+    # a checkpoint JAX does not differentiate has no barrier: its `sin(x @ w)` is the one
+    # outside (2.78 kept apart)
+    "undifferentiated_checkpoint": (
+        lambda x, w: (
+            jax.checkpoint(lambda t, w: jnp.sin(t @ w) * jnp.cos(t @ w))(x, w) + jnp.sin(x @ w)
+        ),
+        (jnp.ones((32, 8)), jnp.ones((8, 64))),
+    ),
 }
 
 
@@ -539,11 +565,14 @@ def test_simplified_programs_count_as_xla_counts_them(name):
     assert got[1] == pytest.approx(want[1]), (name, got, want)
 
 
-def test_checkpoint_recomputation_is_merged_on_cpu_only():
-    """A program's own `jax.checkpoint` recomputes its body in the backward pass; TPU and GPU keep
-    the recomputation (an optimization barrier stops CSE); XLA:CPU merges it with the forward
-    here (not always: `validate.cpu_flops`). The model counts it; `cpu_only_repeats` names it."""
-    from toast_core.cost.simplify import cpu_only_repeats
+def test_checkpoint_recomputation_is_merged_without_barriers():
+    """A program's own `jax.checkpoint` recomputes its body in the backward pass, behind an
+    optimization barrier: TPU and GPU keep the recomputation, and so does the model. Without the
+    barrier (the program `apply.shard` replays, the body inlined: `executions(barriers=False)`)
+    XLA merges it with the forward; `cpu_only_repeats` names those ops. XLA:CPU's jit of the
+    program itself merges them too here (its CSE after fusion: the lone dot and tanh fusions
+    are equal), not at every size (`simplify.barred`)."""
+    from toast_core.cost.simplify import cpu_only_repeats, executions
 
     def step(w, x):
         f = jax.checkpoint(lambda t, w: jnp.tanh(t @ w) * 3.0)
@@ -551,16 +580,28 @@ def test_checkpoint_recomputation_is_merged_on_cpu_only():
 
     args = (jnp.ones((32, 16)), jnp.ones((8, 32)))
     prog = tc.trace(step, *args)
-    scale = flop_executions(prog)
     merged = cpu_only_repeats(prog)
     assert {prog.ops[i].primitive for i in merged} >= {"dot_general", "tanh"}
-    target = sum(op_flops(op, prog) * scale[op.index] for op in prog.ops)
-    cpu = target - sum(op_flops(prog.ops[i], prog) * scale[i] for i in merged)
+    target = sum(op_flops(op, prog) * n for op, n in zip(prog.ops, flop_executions(prog)))
+    plain = executions(prog, barriers=False)[0]
+    cpu = sum(op_flops(op, prog) * n for op, n in zip(prog.ops, plain))
     assert cpu == pytest.approx(xla_cost(step, *args)[0], rel=0.02)
-    # The recomputed matmul and `* 3.0` (tanh: a transcendental). The loss's cotangent is a
-    # broadcast of one scalar, a scaling (`simplify._constant_splat`): `ct * (2 * f)` reads the
-    # recomputed tanh past both scalings, leaving `tanh * 3.0` to CSE with the forward's.
+    # The recomputed matmul, and one [8, 16] multiply: behind the barrier the cotangent is no
+    # constant (two multiplies by it stay), without it the forward's `* 3.0` is computed in a
+    # second fusion (tanh: a transcendental).
     assert target == cpu + 2 * 8 * 32 * 16 + 8 * 16
+
+
+@pytest.mark.slow
+def test_checkpoint_replayed_counts_as_xla_compiles_it():
+    """`validate` compiles the traced program replayed, a checkpoint's body inlined (no
+    barrier): the CPU view merges its recomputation with the forward (`cpu_flops`). SGD on
+    `mean(checkpoint(gelu(x @ w)))`: 1.48 of XLA's flops counted with the recomputation."""
+    from xla_flops import replicated_ratio
+
+    step = _checkpointed_sgd(lambda t, w: jax.nn.gelu(t @ w))
+    args = (jnp.ones((128, 96)), jnp.ones((64, 128)))
+    assert replicated_ratio(step, args) == pytest.approx(1.0, abs=0.02)
 
 
 GATHERS = {

@@ -72,6 +72,7 @@ from toast_core.cost.fusion import materialized
 from toast_core.cost.loop_control import loop_control_flops
 from toast_core.cost.model import evaluator, reduction_flops
 from toast_core.cost.simplify import (
+    REMAT_CALLS,
     executions,
     rewired,
     tiled_copies,
@@ -277,11 +278,11 @@ def cpu_flops(
     tree reduction runs it on its local operand (`cost.cpu_tree_reduce`: a reduced dim longer
     than 32 padded to a multiple of 32; fuzz seed 14 #1426 reduced 48 rows: 511 flops, not 383).
 
-    The recomputation of a program's own `jax.checkpoint` body is counted, as TPU/GPU run it.
-    XLA:CPU's CSE sometimes merges it with the forward (`simplify.cpu_only_repeats`: a
-    `tanh(x @ w)` body under `value_and_grad`) and sometimes not (fuzz seed 3 #9 and #60, a
-    checkpointed `gelu(t @ w)`: counted merged they fell from 0.98 to 0.86-0.89 of XLA's
-    flops), so the CPU view does not guess.
+    The recomputation of a program's own `jax.checkpoint` body, which the model counts as
+    TPU/GPU run it (behind the barriers JAX puts before it: `simplify.barred`), is merged with
+    the forward it repeats: the program `shard` compiles replays the traced ops, the body
+    inlined, with no barrier (`_cpu_fusion_factors`; fuzz seed 18 #99, `checkpoint(gelu(x @
+    w))` under SGD: 80 flops predicted, 68 compiled; 68 once merged).
 
     Each loop's control (its counter's compare and add, `cost.loop_control`) is counted once.
 
@@ -296,7 +297,7 @@ def cpu_flops(
     tile = _cpu_tile_factors(ana, strategy, mesh) if strategy is not None else {}
     partitioned = mesh is not None and mesh.n_devices > 1
     shifts = _library_shifts(ana, strategy, mesh) if strategy is not None else frozenset()
-    fusion = _cpu_fusion_factors(
+    fusion, fusion_trans = _cpu_fusion_factors(
         program, frozenset(unfused), _cpu_copied_operands(program), partitioned, shifts
     )
     flops = sum(
@@ -309,7 +310,11 @@ def cpu_flops(
         for c in report.op_costs
     )
     transcendentals = sum(
-        c.transcendentals / trips[c.op] * (1 + (c.op in again)) * tile.get(c.op, 1.0)
+        c.transcendentals
+        / trips[c.op]
+        * (1 + (c.op in again))
+        * tile.get(c.op, 1.0)
+        * fusion_trans.get(c.op, 1.0)
         for c in report.op_costs
     )
     flops += loop_control_flops(program)
@@ -522,16 +527,24 @@ def _cpu_fusion_factors(
     copied: frozenset[int] = frozenset(),
     partitioned=False,
     stored: frozenset[int] = frozenset(),
-) -> dict[int, float]:
-    """Per op, XLA:CPU's flop executions with the `unfused` reductions compiled apart, the
-    `copied` dot operands read through their copies and the `stored` values computed once, over
-    the model's (`simplify.executions`), where they differ (`partitioned`: for more than one
-    device, as the model's)."""
-    if not unfused and not copied and not stored:
-        return {}
-    base = executions(program, partitioned=partitioned)[0]
-    cpu = executions(program, unfused, copied, partitioned=partitioned, stored=stored)[0]
-    return {i: c / b for i, (b, c) in enumerate(zip(base, cpu)) if b > 0 and c != b}
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Per op, XLA:CPU's (flop, transcendental) executions with the `unfused` reductions
+    compiled apart, the `copied` dot operands read through their copies, the `stored` values
+    computed once and no barrier before the `jax.checkpoint` bodies (the program `shard`
+    replays inlines them: a recomputation merges with the forward), over the model's
+    (`simplify.executions`), where they differ (`partitioned`: for more than one device, as
+    the model's)."""
+    remat = any(not REMAT_CALLS.isdisjoint(op.call_path) for op in program.ops)
+    if not unfused and not copied and not stored and not remat:
+        return {}, {}
+    base = executions(program, partitioned=partitioned)
+    cpu = executions(
+        program, unfused, copied, partitioned=partitioned, stored=stored, barriers=False
+    )
+    return tuple(
+        {i: c / b for i, (b, c) in enumerate(zip(base[k], cpu[k])) if b > 0 and c != b}
+        for k in (0, 1)
+    )
 
 
 def recomputed_ops(remat, ana: Analysis) -> list[int]:

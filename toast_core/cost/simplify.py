@@ -55,7 +55,7 @@ from toast_core.cost.fusion import _kept_once, _more_than_unary, fusible, fusion
 from toast_core.cost.gather_fusion import gather_copies
 from toast_core.cost.select_masks import convert_copies
 from toast_core.ir import primitives as prim
-from toast_core.ir.program import Op, Program
+from toast_core.ir.program import Op, Program, Value
 
 _CONSTANT_ROLES = ("literal", "constant")
 #: Ops that never fold: they create or draw data, or mark regions.
@@ -250,9 +250,91 @@ def _in_remat(op: Op) -> bool:
     return not REMAT_CALLS.isdisjoint(op.call_path)
 
 
-def rewired(prog: Program, merge_remat: bool = False) -> Program:
+def barred(prog: Program) -> tuple[Program, dict[int, int]]:
+    """(`prog` with each `jax.checkpoint` body reading its inputs through an optimization
+    barrier, {barrier value: the value it passes}). JAX lowers a differentiated checkpoint
+    (prevent_cse, the default) as `optimization_barrier(inputs)` then the body; one it does
+    not differentiate, or with prevent_cse=False, has no barrier (`trace.UNBARRED`). XLA's
+    simplifier and CSE see a barrier's results as opaque values: a body input made outside the
+    body (anything but a literal: a primal, the loss's cotangent splat) is read through a new
+    value of its shape (ids after `prog`'s), one per body and input; a body is a run of
+    consecutive ops in such a call (two in a row read as one).
+
+    Measured on jaxlib 0.10.2: SGD on `mean(checkpoint(gelu(x @ w)))` multiplies the
+    recomputed `0.5 * (1 + tanh)` by the cotangent 1/n in two steps inside the body (the
+    splat is a barrier's output, not a constant) where the forward folds them; x[64, 128],
+    w[128, 96]: 4,927,488 flops counted, XLA 4,921,344 (4,915,200 folded through the barrier;
+    the 6,144 left: XLA shares `x * x` between `x ** 3` and the derivative's `x ** 2`).
+    XLA:CPU expands the barriers after its CSE and runs CSE again only after fusion, where it
+    merges equal fusions alone: the recomputed dot of a small matmul ([5, 2] @ [2, 3]) with
+    the forward's, not one that YNN fused with its readers ([64, 128] @ [128, 96]); the model
+    counts the recomputation (TPU and GPU keep the barriers until after scheduling)."""
+    if not any(_in_remat(op) for op in prog.ops):
+        return prog, {}
+    producers = prog.producers()
+    values = list(prog.values)
+    run = [-1] * len(prog.ops)
+    sources: dict[int, int] = {}
+    through: dict[tuple[int, int], int] = {}
+    ops = []
+    for op in prog.ops:
+        if not _in_remat(op):
+            ops.append(op)
+            continue
+        i = op.index
+        run[i] = run[i - 1] if i and run[i - 1] >= 0 else i
+        operands = []
+        for v in op.operands:
+            p = producers[v]
+            if prog.values[v].role == "literal" or (p is not None and run[p] == run[i]):
+                operands.append(v)
+                continue
+            b = through.get((run[i], v))
+            if b is None:
+                b = through[(run[i], v)] = len(values)
+                val = prog.values[v]
+                values.append(Value(b, val.shape, val.dtype, "intermediate", f"barrier#{b}"))
+                sources[b] = v
+            operands.append(b)
+        ops.append(_with_operands(op, tuple(operands)))
+    return replace(prog, values=tuple(values), ops=tuple(ops)), sources
+
+
+def rewired(prog: Program, barriers: bool = True) -> Program:
     """`prog` with every read of a value XLA's simplifier or CSE pass replaces redirected to the
-    value it equals; the ops that made them are left unread (dead). Same ops, values and ids.
+    value it equals; the ops that made them are left unread (dead). Same ops, values and ids
+    (the rules: `_rewired`). `barriers`: whether the `jax.checkpoint` bodies read their inputs
+    through optimization barriers (`barred`, gone from the result), as JAX lowers them."""
+    if not barriers:
+        return _rewired(prog)[0]
+    return unbarred(*rewired_behind_barriers(prog), prog)
+
+
+def rewired_behind_barriers(prog: Program) -> tuple[Program, dict[int, int]]:
+    """(`barred(prog)` rewired, {barrier value: the value it passes, as rewired}): what XLA's
+    simplifier and CSE see while the checkpoint bodies' barriers stand (all of TPU's and
+    GPU's pipeline; XLA:CPU's until fusion)."""
+    work, sources = barred(prog)
+    simple, canon = _rewired(work)
+    return simple, {b: canon[v] for b, v in sources.items()}
+
+
+def unbarred(simple: Program, sources: dict[int, int], prog: Program) -> Program:
+    """The ops of `simple` (from `rewired_behind_barriers(prog)`) reading the values their
+    barriers pass, with `prog`'s values: the program the barriers' expansion leaves."""
+    if not sources:
+        return simple
+    ops = tuple(
+        _with_operands(op, tuple(sources.get(v, v) for v in op.operands))
+        if any(v in sources for v in op.operands)
+        else op
+        for op in simple.ops
+    )
+    return replace(prog, ops=ops, outputs=simple.outputs)
+
+
+def _rewired(prog: Program) -> tuple[Program, list[int]]:
+    """(`prog` rewired, per value the value it equals). Same ops, values and ids.
 
     * **Identities** (`_forwarded`): `x + 0`, `x - 0`, `x * 1`, `x / 1`, `max(x, x)`,
       `min(x, x)`, `max(x, -inf)`, `min(x, inf)`, `select(p, x, x)` are `x` (`jnp.where(x > 0.1, x, x)` computes nothing, its
@@ -264,9 +346,8 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
       literals equal by dtype, shape and value) is that op: `jnp.clip(v, -.5, .5)` written
       twice, or `gelu(x)` evaluated in two places, is computed once. Region boundaries never
       merge (each loop or branch body reads its own inputs, so nothing in two bodies merges).
-      Nor does an op of a `jax.checkpoint` body (its recomputation, behind an optimization
-      barrier), unless `merge_remat`: XLA:CPU expands the barriers before CSE and merges the
-      recomputation with the forward (docs: ENVIRONMENT.md; `cpu_only_repeats`).
+      Behind barriers (`barred`), a `jax.checkpoint` body's recomputation merges with nothing
+      outside it.
     * **Scalings in a row** (`_past_scalings`): `(x * c1) * c2` reads `x` (XLA's simplifier
       folds the constants), whether or not `x * c1` has other readers.
     """
@@ -290,8 +371,6 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
         if same is not None:
             canon[op.results[0]] = same
             continue
-        if _in_remat(op) and not merge_remat:
-            continue
         key = _splat_dot_key(op, operands, prog) or (op.primitive, op.params, operands)
         try:
             earlier = first.setdefault(key, op.index)
@@ -301,7 +380,7 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
             for r, r0 in zip(op.results, prog.ops[earlier].results):
                 canon[r] = canon[r0]
     outputs = tuple(canon[v] for v in prog.outputs)
-    return replace(prog, ops=tuple(ops), outputs=outputs)
+    return replace(prog, ops=tuple(ops), outputs=outputs), canon
 
 
 #: Ops that pass a spread scalar on as a spread of the same scalar (XLA's simplifier folds a
@@ -406,12 +485,12 @@ def _past_scalings(op: Op, operands: tuple[int, ...], ops: list[Op], prog: Progr
 
 
 def cpu_only_repeats(prog: Program) -> list[int]:
-    """Ops that XLA:CPU's CSE removes and TPU/GPU's does not: recomputations of `jax.checkpoint`
-    bodies that repeat the forward (`rewired(merge_remat=True)`), when it does merge them: not
-    always (see `toast_core.apply.validate.cpu_flops`, which therefore keeps them, as the
-    target view does). A diagnostic for the CPU comparison."""
+    """Ops of `jax.checkpoint` recomputations that XLA merges with the forward they repeat when
+    no barrier stands before them (`rewired(barriers=False)`): in the program
+    `toast_core.apply.shard` replays (the bodies inlined), as `validate.cpu_flops` counts it.
+    A diagnostic; the model counts them, as TPU and GPU run them."""
     target = live_ops(rewired(prog))
-    cpu = live_ops(rewired(prog, merge_remat=True))
+    cpu = live_ops(rewired(prog, barriers=False))
     return [i for i, (t, c) in enumerate(zip(target, cpu)) if t and not c]
 
 
@@ -644,8 +723,9 @@ def work_factors(prog: Program) -> list[float]:
     """Per op, the fraction of its jaxpr flops XLA still computes: 0 when dead (an identity and a
     repeat of an earlier op included: `rewired`), constant, merged into the next scaling or into
     a clamp, the broadcast core's share on broadcasts, else 1."""
-    simple = rewired(prog)
-    return _rewired_work_factors(simple, live_ops(simple))
+    behind, sources = rewired_behind_barriers(prog)
+    live = live_ops(unbarred(behind, sources, prog))
+    return _rewired_work_factors(behind, live)
 
 
 def _pruned(prog: Program, live: list[bool]) -> Program:
@@ -715,6 +795,7 @@ def executions(
     reciprocals_out: dict[int, float] | None = None,
     partitioned: bool = False,
     stored: frozenset[int] = frozenset(),
+    barriers: bool = True,
 ) -> tuple[list[float], list[float]]:
     """(`flop_executions`, `transcendental_executions`) of `prog`, sharing the work they have
     in common (the rewiring, liveness and fusions: two seconds of the evaluator's set-up at
@@ -729,16 +810,20 @@ def executions(
     (the cost model counts it on the divisor's shard, not the division's). `partitioned`: compiled
     for more than one device (`moved_to_smaller`). `stored`: values the backend computes once
     and stores though the model would fuse them into each reader (XLA:CPU's library-call
-    outputs: `toast_core.apply.validate._library_shifts`)."""
+    outputs: `toast_core.apply.validate._library_shifts`). `barriers`: whether the `jax.checkpoint`
+    bodies read their inputs through optimization barriers (`barred`), as JAX lowers them; not
+    in the program `toast_core.apply.shard` replays, whose bodies are inlined: XLA's simplifier
+    and CSE see through them there, and merge each recomputation with the forward."""
     from toast_core.cost.flops import op_flops, op_transcendentals
 
-    simple = rewired(prog)
+    # the simplifier's work behind the checkpoint bodies' barriers, the fusions without them
+    behind, sources = rewired_behind_barriers(prog) if barriers else (rewired(prog, False), {})
+    simple = unbarred(behind, sources, prog)
     live = live_ops(simple)  # a dead reader (a repeat, an identity) is in no fusion
-    pruned = _pruned(simple, live)
-    uni = uniform_dims(simple)
-    factors = _rewired_work_factors(simple, live, pruned, uni, partitioned)
-    spread = [bool(u) for u in uni]
-    simple = pruned
+    uni = uniform_dims(behind)
+    factors = _rewired_work_factors(behind, live, _pruned(behind, live), uni, partitioned)
+    spread = [bool(u) for u in uni[: len(prog.values)]]
+    simple = _pruned(simple, live)
     is_mat = materialized(simple)
     for i in unfused:
         for v in simple.ops[i].operands:

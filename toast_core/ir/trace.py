@@ -49,6 +49,8 @@ CALL_PRIMITIVES = frozenset(
     }
 )
 REGION_PRIMITIVES = frozenset({"scan", "while", "cond"})
+#: Suffix of the call name of a `jax.checkpoint` that JAX lowers without an optimization barrier.
+UNBARRED = "[no barrier]"
 
 
 @dataclass(frozen=True)
@@ -343,6 +345,12 @@ class _Builder:
         for var, vid in zip(inner.invars, operand_ids):
             inner_env[var] = vid
         name = str(eqn.params.get("name", eqn.primitive.name))
+        if "differentiated" in eqn.params and not (
+            eqn.params["differentiated"] and any(np.atleast_1d(eqn.params.get("prevent_cse")))
+        ):
+            # a checkpoint JAX lowers with no optimization barrier (not differentiated, or
+            # prevent_cse=False): its ops are plain ops to XLA (`simplify.barred`)
+            name += UNBARRED
         self.walk(inner, inner_env, call_path + (name,), trip_count, depth, top_level)
         for outer, inner_out in zip(eqn.outvars, inner.outvars):
             if isinstance(outer, jex.DropVar):
