@@ -12,7 +12,7 @@ import pytest
 
 import toast_core as tc
 from toast_core.ir.program import Program
-from toast_core.ir.trace import CALL_PRIMITIVES, REGION_PRIMITIVES, run_with_constraints
+from toast_core.ir.trace import CALL_PRIMITIVES, REGION_PRIMITIVES, UNBARRED, run_with_constraints
 
 
 def sds(*shape, dtype=jnp.float32) -> jax.ShapeDtypeStruct:
@@ -192,7 +192,8 @@ def test_calls_are_inlined_and_their_names_kept():
                                                  "dot_general"]  # fmt: skip
     assert prog.ops[0].call_path == ("project",)
     assert "relu" in path_of["max"] and "custom_jvp_call" in path_of["max"]
-    assert set(path_of["tanh"]) & {"checkpoint", "remat", "remat2"}
+    # not differentiated: a checkpoint JAX lowers with no optimization barrier
+    assert path_of["tanh"] == ("remat2" + UNBARRED,)
     assert "custom_vjp_call" in path_of["sin"]
     assert prog.ops[-1].call_path == ("<lambda>",)
     # Inlining keeps the data flow: the jitted projection reads the parameter directly.
