@@ -610,11 +610,47 @@ def _path_blocked(prog: Program, op, roots: list[frozenset[int]]) -> bool:
                     continue
                 if not fusible(prog.ops[x], prog):
                     return False  # see the docstring: not measured to hold across matmuls
-                if not roots[y] <= roots[x]:
+                if prog.ops[x].primitive in _REDUCTIONS:
+                    blocked = blocked or _reduction_edge_blocked(prog, x, uses)
+                elif not roots[y] <= roots[x]:
                     blocked = True
                 back.add(x)
                 stack.append(x)
     return blocked
+
+
+def _reduction_edge_blocked(prog: Program, x: int, uses) -> bool:
+    """Whether XLA's all-paths test (`CanFuseOnAllPaths`, asked before any fusion) finds the
+    edge out of reduction `x` unfusible. The reduction is expensive, so that edge is unfusible
+    when fusing would duplicate it (several readers) or when its reader reads each element
+    several times (makes more elements: a broadcast, or an elementwise op with implicit size-1
+    broadcasting, as the HLO's broadcast before it does). Its reader in the HLO is the first op
+    past keepdims reshapes and annotations (`_VANISHING`); an expensive op of the same size
+    (`_kept_once`: the log of `log(sum(exp(shifted)))`) passes the test on to its own reader.
+
+    A reduction read once by a loop of its own size is fusible in that test, though fusion
+    later keeps it apart: `var(leaky_relu(x), axis=0)`'s `mean / n` is a multiply before the
+    broadcast, and XLA computes the leaky ReLU both in the mean's fusion and in the centred
+    squares' (x[2, 2, 2, 1]: 80 flops, 57 when it was counted once; fuzz seed 18 #163, 0.77
+    of XLA's flops). A softmax's max broadcast into `x * y - max` stays blocked (tests/
+    test_flops_norm.py), and so does log_softmax's `shifted - log(sum)`."""
+    size = sum(prog.values[r].size for r in prog.ops[x].results)
+    at = x
+    while True:
+        readers = {o for r in prog.ops[at].results for o, _ in uses[r]}
+        if len(readers) != 1:
+            return len(readers) > 1
+        (at,) = readers
+        reader = prog.ops[at]
+        if sum(prog.values[r].size for r in reader.results) > size:
+            return True
+        passing = reader.primitive in _VANISHING or reader.primitive in _SIZE_KEEPING_LAYOUT
+        if not passing and not _kept_once(reader, prog):
+            return False
+
+
+#: Layout ops that keep a reduction's elements as they are (keepdims): bitcasts in the HLO.
+_SIZE_KEEPING_LAYOUT = frozenset({"broadcast_in_dim", "reshape", "expand_dims", "squeeze"})
 
 
 #: Ops between a softmax's max and its shift `x - max` that XLA's simplifier leaves as the
