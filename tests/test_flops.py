@@ -318,6 +318,12 @@ SIMPLIFIED = {
         )(jnp.where(x > 0, x, 0.01 * x)),
         (jnp.ones((16, 32)),),
     ),
+    # ...and in logsumexp(keepdims=True)'s max fusion and its exp's: `where(isfinite(max), max,
+    # 0)` reads the max's keepdims reshape, a bitcast cheap ops may share (seed 18 #516)...
+    "logsumexp_keepdims_of_two_array_producer": (
+        lambda x: jax.nn.logsumexp(jnp.where(x > 0, x, 0.01 * x), axis=1, keepdims=True),
+        (jnp.ones((16, 32)),),
+    ),
     # ...but once when the sum is broadcast straight into the subtraction (a reader that reads
     # each of the reduction's elements several times: unfusible)
     "sum_broadcast_into_two_array_producer": (

@@ -627,6 +627,9 @@ def _reduction_edge_blocked(prog: Program, x: int, uses) -> bool:
     broadcasting, as the HLO's broadcast before it does). Its reader in the HLO is the first op
     past keepdims reshapes and annotations (`_VANISHING`); an expensive op of the same size
     (`_kept_once`: the log of `log(sum(exp(shifted)))`) passes the test on to its own reader.
+    A keepdims reshape that cheap ops of its size read stays a bitcast, which they may
+    duplicate: logsumexp's `where(isfinite(max), max, 0)` reads the max so, and XLA computes
+    the softplus feeding it both in the max's fusion and in the exp's (fuzz seed 18 #516).
 
     A reduction read once by a loop of its own size is fusible in that test, though fusion
     later keeps it apart: `var(leaky_relu(x), axis=0)`'s `mean / n` is a multiply before the
@@ -635,17 +638,28 @@ def _reduction_edge_blocked(prog: Program, x: int, uses) -> bool:
     of XLA's flops). A softmax's max broadcast into `x * y - max` stays blocked (tests/
     test_flops_norm.py), and so does log_softmax's `shifted - log(sum)`."""
     size = sum(prog.values[r].size for r in prog.ops[x].results)
-    at = x
+
+    def widens(o: int) -> bool:
+        return sum(prog.values[r].size for r in prog.ops[o].results) > size
+
+    def passes(o: int) -> bool:
+        op = prog.ops[o]
+        return op.primitive in _VANISHING or op.primitive in _SIZE_KEEPING_LAYOUT
+
+    at, expensive = x, True
     while True:
         readers = {o for r in prog.ops[at].results for o, _ in uses[r]}
-        if len(readers) != 1:
-            return len(readers) > 1
+        if expensive and len(readers) > 1:
+            return True  # fusing would duplicate it
+        if not readers:
+            return False
+        if all(map(widens, readers)):
+            return True  # read through broadcasts (a keepdims reshape folds into them)
+        if len(readers) > 1:
+            return False  # a bitcast read by cheap ops: duplicating it costs nothing
         (at,) = readers
-        reader = prog.ops[at]
-        if sum(prog.values[r].size for r in reader.results) > size:
-            return True
-        passing = reader.primitive in _VANISHING or reader.primitive in _SIZE_KEEPING_LAYOUT
-        if not passing and not _kept_once(reader, prog):
+        expensive = _kept_once(prog.ops[at], prog)
+        if not expensive and not passes(at):
             return False
 
 
