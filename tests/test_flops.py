@@ -305,6 +305,21 @@ SIMPLIFIED = {
         jax.grad(lambda w: jnp.mean(jnp.einsum("ab,cb->ac", w, w))),
         (jnp.ones((8, 4)),),
     ),
+    # CSE ignores the order of a commutative op's operands, and of a dot without free dims
+    # (a multiply and a reduce on XLA:CPU; seed 18 #305: einsum("a,a->") of (x, y) and (y, x))
+    "commuted_operands": (
+        lambda x, y: (x * y, y * x, jnp.maximum(y, x), jnp.maximum(x, y)),
+        (X, X),
+    ),
+    "commuted_vector_dots": (
+        lambda x, y: (jnp.einsum("ab,ab->a", x, y), jnp.einsum("ab,ab->a", y, x)),
+        (X, X),
+    ),
+    # ...but a matvec with its operands swapped is two dots
+    "commuted_matvecs_stay_two": (
+        lambda m, v: (jnp.einsum("ab,b->a", m, v), jnp.einsum("b,ab->a", v, m)),
+        (X, jnp.ones(X.shape[1])),
+    ),
     "repeated_clip": (lambda x: (jnp.clip(x, -0.5, 0.5), jnp.clip(x, -0.5, 0.5) * x), (X,)),
     # identities: x + 0, x - 0 (softplus is logaddexp(x, 0)), max(x, x), select(p, x, x)
     "softplus": (jax.nn.softplus, (X,)),
