@@ -231,6 +231,12 @@ SIMPLIFIED = {
         lambda w, x: w - 0.1 * jax.grad(lambda w: jnp.mean(x @ w))(w),
         (jnp.ones((24, 8)), jnp.ones(24)),
     ),
+    # ...and a contraction of a size-1 dim is one (a batch of 1: the weight gradient is
+    # broadcast(x * 1/12 * 0.1), seed 18 #480's data-parallel shard)
+    "sgd_on_a_batch_of_one": (
+        lambda w, x: w - 0.1 * jax.grad(lambda w: jnp.mean(x @ w))(w),
+        (jnp.ones((8, 12)), jnp.ones((1, 8))),
+    ),
     # scalings by constants in a row are one multiply; not when the inner one is read twice
     "scalings_in_a_row": (lambda p, g: p - 0.1 * (g / 2) * 3.0, (X, X)),
     "shared_scaling": (lambda x: (x / 2 * 0.1, x / 2), (X,)),
