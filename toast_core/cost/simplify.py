@@ -204,6 +204,24 @@ def uniform_dims(prog: Program) -> list[frozenset[int]]:
     return uni
 
 
+def broadcast_work_dims(prog: Program) -> list[frozenset[int]]:
+    """Per op, the result dims along which it is computed on a broadcast: an elementwise op or
+    an outer product whose result is uniform there (`uniform_dims`, on the `rewired` program)
+    runs on the broadcast's core, so cutting such a dim does not divide its work on a device
+    (measured on jaxlib 0.10.2: `broadcast_to(x[16, 8, 1][None], (12, ...)) * w[1]` with the
+    broadcast dim cut 3 ways, 128 flops per device, the whole core, not 43; fuzz seed 18 #498).
+    Empty for any other op."""
+    simple = rewired(prog)
+    uni = uniform_dims(simple)
+    return [
+        uni[op.results[0]]
+        if len(op.results) == 1
+        and (op.primitive in prim.ELEMENTWISE or _is_outer_product(op, simple))
+        else frozenset()
+        for op in simple.ops
+    ]
+
+
 def merged_scalings(prog: Program, const: list[bool]) -> set[int]:
     """Ops XLA merges into the next one: a multiply or divide by a constant scalar whose only
     reader is another (`(g / 2) * 0.1` is one multiply by 0.05)."""
