@@ -678,6 +678,21 @@ def test_cpu_view_fuses_what_a_dot_reads_through_a_layout_copy():
     assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
 
 
+@pytest.mark.parametrize("spec", ["abc,dbc->acd", "abc,adc->bd", "abc,abd->acd"])
+def test_cpu_view_computes_a_self_dot_operand_in_each_sides_copy(spec):
+    """A dot reading `v = min(x, 0.3)` on both sides, each through a layout copy in its own
+    order: XLA:CPU computes the minimum in both copies (fuzz seed 18 #97, 0.94 of XLA's flops
+    when counted once); with one side read as it is ("abc,abd->acd") the minimum is stored
+    once and copied once, as before."""
+
+    def fn(x):
+        v = jnp.minimum(x, 0.3)
+        return jnp.einsum(spec, v, v)
+
+    args = (X[:24, :20].reshape(4, 6, 20),)
+    assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
+
+
 def test_a_reduction_read_by_a_gather_fusion_is_priced():
     """Fuzz seed 53 #28: an argmax read only by the gather fusion of a `take_along_axis` (a
     fusion with a placeholder root) crashed `fusion_work` with an IndexError; it is counted as
