@@ -514,11 +514,19 @@ def _normalizes(op, prog, uses, depth: int = 4) -> bool:
 
 def _cpu_copied_operands(program) -> frozenset[int]:
     """Values XLA:CPU copies into another layout for the dots and convolutions reading them
-    (`cost.cpu_buffers`): the copy is a loop fusion reading the value like any fusible reader."""
+    (`cost.cpu_buffers`): the copy is a loop fusion reading the value like any fusible reader.
+    With them, the values a dot reads on both sides (`fusion._copied_for_both_sides` says
+    whether each side is copied in its own order, even when the producer's fusion writes one of
+    them in place and `cpu_buffers` counts no copy's buffer)."""
     is_mat = materialized(program)
     dots = dot_operand_copies(program, is_mat)[0].tolist()
     convs = [row[0] for row in conv_operand_copies(program, is_mat)]
-    return frozenset(dots + convs)
+    both = [
+        op.operands[0]
+        for op in rewired(program).ops  # a value repeated (CSE'd) counts as the one value
+        if op.primitive == "dot_general" and len(set(op.operands)) == 1
+    ]
+    return frozenset(dots + convs + both)
 
 
 def _cpu_fusion_factors(

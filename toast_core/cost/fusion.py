@@ -248,6 +248,12 @@ def _fusion_work_roots(prog, fuses, is_materialized, gather_own, spread, copied,
                 roots[op.index] = self_only
             else:
                 roots[op.index] = readers
+            if (
+                mat
+                and _read_through_copies(prog, op, copied, fuses)
+                and _copied_for_both_sides(prog, op, fuses)
+            ):
+                roots[op.index] |= frozenset((_copy_root(op.index),))
             if not costly[op.index]:
                 roots[op.index] = indexing.limit(op, roots[op.index], roots)
             continue
@@ -455,6 +461,38 @@ def _copied_and_read_directly(prog: Program, op, copied: frozenset[int], fuses) 
         else:
             copying = True
     return direct and copying
+
+
+def _copied_for_both_sides(prog: Program, op, fuses) -> bool:
+    """Whether a dot reads `op`'s result on both sides, each through a layout copy (`_grouping`
+    not None) and with free and contracted dims on each: XLA:CPU's dot decomposer copies it
+    twice, each side in its own order (`batch, free, contracted` on the left, `batch,
+    contracted, free` on the right), and a cheap producer is computed in both copies
+    (measured on jaxlib 0.10.2: `einsum("abc,dbc->acd", v, v)` with `v = minimum(x, 0.3)` of
+    x[8, 6, 20] copies `v` into [20, 8, 6] and [20, 6, 8], each computing the minimum: 17,280
+    flops, not 16,320; also "abc,adc->bd"; fuzz seed 18 #97)."""
+    # Imported here: cpu_buffers builds on this module.
+    from toast_core.cost.cpu_buffers import _grouping
+
+    (r,) = op.results
+    shape = prog.values[r].shape
+    for o, pos in prog.uses()[r]:
+        reader = prog.ops[o]
+        if pos != 0 or fuses[o] or reader.primitive != "dot_general" or reader.operands[1] != r:
+            continue
+        dims = reader.param("dimension_numbers")
+        both = True
+        for side in (0, 1):
+            contracted, batch = dims[0][side], dims[1][side]
+            c = [d for d in contracted if shape[d] != 1]
+            free = [d for d in range(len(shape)) if d not in contracted and d not in batch]
+            if not c or not [d for d in free if shape[d] != 1]:
+                both = False
+            elif _grouping(shape, batch, contracted, side) is None:
+                both = False
+        if both:
+            return True
+    return False
 
 
 def _is_loop_carry(prog: Program, op, uses) -> bool:

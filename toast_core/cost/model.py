@@ -79,7 +79,13 @@ from toast_core.cost.reshard_keys import classify, group_by_key
 from toast_core.cost.scatter_chain import scatter_values
 from toast_core.cost.sharded_scatter import local_scatter_flops, sharded_scatters
 from toast_core.cost.simplify import executions as simplified_executions
-from toast_core.cost.simplify import live_ops, rewired, splits_as_slices, without_dead_ops
+from toast_core.cost.simplify import (
+    live_ops,
+    rewired,
+    splits_as_slices,
+    spread_dot_other,
+    without_dead_ops,
+)
 from toast_core.cost.top_k_sorts import whole_dim_sorts
 from toast_core.errors import ToastError, bad_value
 from toast_core.ir import primitives as prim
@@ -406,6 +412,8 @@ class Evaluator:
         base = [f if op.primitive in FOLDING else 0.0 for op, f in zip(prog.ops, flops)]
         self._fold_ops = np.array([i for i, b in enumerate(base) if b > 0], dtype=np.int64)
         self._fold_runs = np.array([self.op_flops[i] / base[i] for i in self._fold_ops.tolist()])
+        # per folding op, a dot's operand read beside a spread scalar, else -1 (`_folded`)
+        self._fold_spread_other = [spread_dot_other(prog.ops[i], prog) for i in self._fold_ops]
         self._scan_ops = np.array(
             [i for i, op in enumerate(prog.ops) if op.primitive in CUMULATIVE and op.results],
             dtype=np.int64,
@@ -827,6 +835,13 @@ class Evaluator:
         for j in cut.tolist():
             i = int(self._fold_ops[j])
             local = local_fold_flops(prog.ops[i], prog, float(ways[j]), float(result_ways[j]))
+            other = self._fold_spread_other[j]
+            if other >= 0 and local == prog.values[prog.ops[i].results[0]].size / result_ways[j]:
+                # an outer product on the device by a spread scalar: XLA multiplies the other
+                # operand's shard by the scalar and broadcasts that (seed 18 #480)
+                local = min(
+                    local, value_local[other] * prog.values[other].size / self.nbytes[other]
+                )
             out[i] = local * self._fold_runs[j]
         return out
 

@@ -204,6 +204,24 @@ def uniform_dims(prog: Program) -> list[frozenset[int]]:
     return uni
 
 
+def broadcast_work_dims(prog: Program) -> list[frozenset[int]]:
+    """Per op, the result dims along which it is computed on a broadcast: an elementwise op or
+    an outer product whose result is uniform there (`uniform_dims`, on the `rewired` program)
+    runs on the broadcast's core, so cutting such a dim does not divide its work on a device
+    (measured on jaxlib 0.10.2: `broadcast_to(x[16, 8, 1][None], (12, ...)) * w[1]` with the
+    broadcast dim cut 3 ways, 128 flops per device, the whole core, not 43; fuzz seed 18 #498).
+    Empty for any other op."""
+    simple = rewired(prog)
+    uni = uniform_dims(simple)
+    return [
+        uni[op.results[0]]
+        if len(op.results) == 1
+        and (op.primitive in prim.ELEMENTWISE or _is_outer_product(op, simple))
+        else frozenset()
+        for op in simple.ops
+    ]
+
+
 def merged_scalings(prog: Program, const: list[bool]) -> set[int]:
     """Ops XLA merges into the next one: a multiply or divide by a constant scalar whose only
     reader is another (`(g / 2) * 0.1` is one multiply by 0.05)."""
@@ -371,7 +389,11 @@ def _rewired(prog: Program) -> tuple[Program, list[int]]:
         if same is not None:
             canon[op.results[0]] = same
             continue
-        key = _splat_dot_key(op, operands, prog) or (op.primitive, op.params, operands)
+        key = (
+            _splat_dot_key(op, operands, prog)
+            or _commuted_key(op, operands, prog)
+            or (op.primitive, op.params, operands)
+        )
         try:
             earlier = first.setdefault(key, op.index)
         except TypeError:  # a param that does not hash: never merged
@@ -422,6 +444,21 @@ def _constant_splat(prog: Program, vid: int) -> int | None:
     return vid
 
 
+def spread_dot_other(op: Op, prog: Program) -> int:
+    """For a dot_general one of whose operands is a spread scalar (`_splat_source`), the other
+    operand's value id, else -1. Where the dot contracts nothing of size > 1 on a device (a cut
+    batch dim of the weight gradient `x.T @ broadcast(1/N)`), XLA multiplies that operand's
+    shard by the scalar and broadcasts the product: one flop per element of the shard, not per
+    result element (measured on jaxlib 0.10.2: Adam on `mean(x[8, 8] @ w[8, 12])`, data
+    parallel on 8 devices, 8 flops for the gradient on each, not 96; fuzz seed 18 #480)."""
+    if op.primitive != "dot_general" or len(op.operands) != 2:
+        return -1
+    for splat, other in (op.operands, op.operands[::-1]):
+        if _splat_source(prog, splat) is not None:
+            return other
+    return -1
+
+
 def _splat_dot_key(op: Op, operands: tuple[int, ...], prog: Program) -> tuple | None:
     """A CSE key for a dot_general one of whose operands is a spread scalar `s`: each result
     element is `s` times a sum of the other operand's elements, so the dot is fixed by `s`,
@@ -459,6 +496,36 @@ def _splat_dot_key(op: Op, operands: tuple[int, ...], prog: Program) -> tuple | 
             rest,
         )
     return None
+
+
+#: Elementwise ops whose operands commute, by the HLO opcode they lower to (`add_any`, the
+#: cotangent sum, is an `add`).
+_COMMUTATIVE = {"add": "add", "add_any": "add", "mul": "mul", "max": "max", "min": "min"}
+_COMMUTATIVE.update({"and": "and", "or": "or", "xor": "xor"})
+
+
+def _commuted_key(op: Op, operands: tuple[int, ...], prog: Program) -> tuple | None:
+    """A CSE key that ignores operand order, for ops XLA's CSE merges whichever way round their
+    operands come: commutative elementwise ops (`x * y` and `y * x`), and a dot_general without
+    free dims on either side (each operand's dims all batch or contracted, as in `x . y`,
+    `einsum("ab,ab->a")`), which XLA:CPU rewrites as a multiply and a reduce (measured on
+    jaxlib 0.10.2: `(x * y, y * x)` costs 64 flops on [64], not 128; `(dot(x, y), dot(y, x))`
+    127, not 254; a matvec or matmul with its operands swapped stays two dots; fuzz seed 18
+    #305). None for any other op."""
+    if len(operands) != 2 or len(op.results) != 1:
+        return None
+    if op.primitive in _COMMUTATIVE:
+        return ("commuted", _COMMUTATIVE[op.primitive], op.params, tuple(sorted(operands)))
+    if op.primitive != "dot_general":
+        return None
+    (lc, rc), (lb, rb) = op.param("dimension_numbers")
+    ranks = [prog.values[v].rank for v in operands]
+    if ranks != [len(lc) + len(lb), len(rc) + len(rb)]:
+        return None
+    rest = tuple((k, v) for k, v in op.params if k != "dimension_numbers")
+    sides = sorted([(operands[0], tuple(lc), tuple(lb)), (operands[1], tuple(rc), tuple(rb))])
+    # the pairing of dims is kept: the i-th contracted (batch) dims of both sides go together
+    return ("commuted_dot", tuple(sides), rest)
 
 
 def _past_scalings(op: Op, operands: tuple[int, ...], ops: list[Op], prog: Program, const):
@@ -766,7 +833,7 @@ def _rewired_work_factors(
             or (op.results and False not in map(const.__getitem__, op.results))
         ):
             out.append(0.0)
-        elif op.primitive in prim.ELEMENTWISE or _is_outer_product(op):
+        elif op.primitive in prim.ELEMENTWISE or _is_outer_product(op, prog):
             out.append(_core_fraction(prog.values[op.results[0]].shape, uni[op.results[0]]))
         elif op.primitive in prim.REDUCTIONS:
             out.append(_reduction_fraction(op, prog, uni))
@@ -1099,9 +1166,9 @@ def _pad_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
 
 
 def _dot_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
-    """Only an outer product (no contracted dims) stays a broadcast: XLA rewrites it into an
-    elementwise multiply of its two operands broadcast to the result."""
-    if not _is_outer_product(op):
+    """Only an outer product (nothing contracted of size > 1) stays a broadcast: XLA rewrites it
+    into an elementwise multiply of its two operands broadcast to the result."""
+    if not _is_outer_product(op, prog):
         return frozenset()
     lhs_side, rhs_side = _outer_operand_uniform(op, prog, uni)
     return lhs_side & rhs_side
@@ -1133,26 +1200,37 @@ _UNIFORM_RULES = {
 # --- remaining work -------------------------------------------------------------------------------
 
 
-def _is_outer_product(op: Op) -> bool:
+def _is_outer_product(op: Op, prog: Program) -> bool:
+    """A dot_general that contracts nothing, or only dims of size 1: XLA's simplifier rewrites
+    it as a multiply of two broadcasts (measured on jaxlib 0.10.2: SGD on `mean(x[1, 8] @
+    w[8, 12])`, whose weight gradient `x.T @ broadcast(1/12)` contracts the batch dim of size
+    1, multiplies `x` by `1/12` and the learning rate, 8 flops each, and broadcasts: 316 flops
+    in all, where a full outer product and scaling counted 492)."""
     if op.primitive != "dot_general":
         return False
     (lc, _), _ = op.param("dimension_numbers")
-    return not lc
+    lhs = prog.values[op.operands[0]].shape
+    return all(lhs[d] == 1 for d in lc)
 
 
 def _outer_operand_uniform(op: Op, prog: Program, uni) -> tuple[frozenset[int], frozenset[int]]:
-    """For an outer product `[batch..., lhs free..., rhs free...]`: the result dims along which
-    each operand, broadcast to the result, is uniform."""
-    (_, _), (lb, rb) = op.param("dimension_numbers")
+    """For an outer product `[batch..., lhs free..., rhs free...]` (its contracted dims of
+    size 1 dropped): the result dims along which each operand, broadcast to the result, is
+    uniform."""
+    (lc, rc), (lb, rb) = op.param("dimension_numbers")
     lhs, rhs = prog.values[op.operands[0]], prog.values[op.operands[1]]
-    lfree = [d for d in range(lhs.rank) if d not in lb]
-    rfree = [d for d in range(rhs.rank) if d not in rb]
+    lfree = [d for d in range(lhs.rank) if d not in lb and d not in lc]
+    rfree = [d for d in range(rhs.rank) if d not in rb and d not in rc]
     nb = len(lb)
     l_out = {d: nb + i for i, d in enumerate(lfree)} | {d: i for i, d in enumerate(lb)}
     r_out = {d: nb + len(lfree) + i for i, d in enumerate(rfree)} | {d: i for i, d in enumerate(rb)}
     rank = nb + len(lfree) + len(rfree)
-    lhs_side = set(range(rank)) - set(l_out.values()) | {l_out[d] for d in uni[lhs.id]}
-    rhs_side = set(range(rank)) - set(r_out.values()) | {r_out[d] for d in uni[rhs.id]}
+    lhs_side = set(range(rank)) - set(l_out.values()) | {
+        l_out[d] for d in uni[lhs.id] if d in l_out
+    }
+    rhs_side = set(range(rank)) - set(r_out.values()) | {
+        r_out[d] for d in uni[rhs.id] if d in r_out
+    }
     return frozenset(lhs_side), frozenset(rhs_side)
 
 

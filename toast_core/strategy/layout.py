@@ -96,12 +96,19 @@ def layout(ana: Analysis) -> Layout:
         flat = chain.from_iterable
         use_fine = _csr([list(flat(use_dim_fine[k])) for k in use_keys], ana.n_fine)
     # Region boundaries (scan_start...) do no work; replicate factors do not divide it.
+    # Nor do the cuts of the dims along which an op runs on a broadcast's core.
+    from toast_core.cost.simplify import broadcast_work_dims  # cost imports strategy
+
     kind = nda.atom_kind
+    whole = [
+        {f for d in dims for f in value_dim_fine[op.results[0]][d]}
+        for op, dims in zip(ana.program.ops, broadcast_work_dims(ana.program))
+    ]
     work_rows = [
         []
         if op.primitive in REGION_BOUNDARIES
-        else [fine_of(a) for a in atoms if kind[a] != "replicate"]
-        for op, atoms in zip(ana.program.ops, nda.op_atoms)
+        else [fine_of(a) for a in atoms if kind[a] != "replicate" and fine_of(a) not in skip]
+        for op, atoms, skip in zip(ana.program.ops, nda.op_atoms, whole)
     ]
     split_dims = tuple(
         (vid, d, fines)
