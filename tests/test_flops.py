@@ -316,6 +316,10 @@ SIMPLIFIED = {
         jax.grad(lambda p: jnp.mean(jnp.pad(p, ((1, 0), (2, 0)), mode="edge"))),
         (jnp.ones((8, 8)),),
     ),
+    "edge_pad_one_side_of_dim_gradient": (  # dim 0's empty side: its add is dropped
+        jax.grad(lambda p: jnp.mean(jnp.pad(p, ((1, 0), (0, 0)), mode="edge"))),
+        (jnp.ones((8, 8)),),
+    ),
     "edge_pad_3d_gradient": (
         jax.grad(lambda p: jnp.mean(jnp.pad(p, ((2, 2), (0, 0), (0, 0)), mode="edge"))),
         (jnp.ones((4, 6, 5)),),
