@@ -308,6 +308,21 @@ SIMPLIFIED = {
     # an edge pad's gradient: a dim left unpadded reduces two empty slices, broadcasts of zero
     # XLA pads and adds (kept: 440 flops, the model counted 64; seed 18 #397); a dim padded on
     # one side folds its empty side; a reduction of an empty array is no flops (it was -40)
+    # a prefix scan of a constant over whole 16-element blocks (no pad) folds: 2,060 flops
+    # counted for cummax over 32 rows; a forward cumsum keeps 7 flops per element and the
+    # block totals' scan; the gradient of mean(cumsum(x)) scans the constant cotangent
+    "constant_cummax_of_whole_blocks_folds": (
+        lambda x: x + jax.lax.cummax(jnp.full((32, 4), 0.125), axis=0),
+        (jnp.ones((32, 4)),),
+    ),
+    "constant_cumsum_of_whole_blocks": (
+        lambda x: x + jnp.cumsum(jnp.full((48, 4), 0.125), axis=0),
+        (jnp.ones((48, 4)),),
+    ),
+    "cumsum_gradient_of_whole_blocks": (
+        lambda p, x: p - 0.1 * jax.grad(lambda p: jnp.mean(jnp.cumsum(p * x, axis=1)))(p),
+        (jnp.ones((8, 32)), jnp.ones((8, 32))),
+    ),
     "edge_pad_unpadded_dim_gradient": (
         jax.grad(lambda p: jnp.mean(jnp.pad(p, ((1, 2), (0, 0)), mode="edge"))),
         (jnp.ones((8, 8)),),

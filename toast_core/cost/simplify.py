@@ -50,7 +50,7 @@ from math import prod
 from toast_core.analysis.factors import mixed_radix_groups
 from toast_core.cost.constant_scalars import chosen_case, constant_scalars
 from toast_core.cost.flops import one_window_test_flops, spread_divisor_elements
-from toast_core.cost.flops_measured import expanded_extra_copies
+from toast_core.cost.flops_measured import expanded_extra_copies, scan_combines
 from toast_core.cost.fusion import _kept_once, _more_than_unary, fusible, fusion_work, materialized
 from toast_core.cost.gather_fusion import gather_copies
 from toast_core.cost.select_masks import convert_copies
@@ -188,32 +188,44 @@ _FOLDED_SCAN = 16
 
 
 def _unfolded_scan(op: Op, prog: Program) -> bool:
-    """Whether XLA computes a prefix scan of a constant at run time: every scan of more than 16
-    elements (blocked), and a forward `cumsum` of up to 16, which XLA's simplifier rewrites as
-    `c * (iota + 1)` (`constant_scan_fraction`). Measured on `f(jnp.full((n, 4), 0.125))`:
-    cumsum of 2 and 16 rows 3 flops per element, reversed cumsum, cumprod and cummax none;
-    of 17 and 40 rows all four count `scan_combines` in full (2,060 and 3,104 flops). The
-    gradient of `mean(cumsum(v, reverse=True))` is such a cumsum of the mean's constant
-    cotangent (fuzz seed 16 #34: 24 flops on [8, 1] missing)."""
+    """Whether XLA computes a prefix scan of a constant at run time: a scan of more than 16
+    elements that is not a multiple of 16 (blocked, its operand padded to whole blocks: a pad of
+    a broadcast, which the constant folder skips, `_padded_broadcast`), and a forward `cumsum`
+    of more than one element, which XLA's simplifier rewrites as `c * (iota + 1)` within each
+    block (`constant_scan_fraction`). Measured on `x + f(jnp.full((n, 4), 0.125))`: cumsum of
+    2 and 16 rows 3 flops per element, reversed cumsum, cumprod and cummax none; of 17, 33 and
+    257 rows all four count `scan_combines` in full (2,060 flops for 17); of 32, 48, 64, 256
+    and 512 rows (no pad) reversed cumsum, cumprod and cummax none, cumsum 9 flops per element
+    fewer than in full. The gradient of `mean(cumsum(v, reverse=True))` is such a cumsum of the
+    mean's constant cotangent (fuzz seed 16 #34: 24 flops on [8, 1] missing; on [8, 32] along
+    dim 1, folded, the model counted 4,120 flops more than XLA's 768)."""
     if op.primitive not in prim.CUMULATIVE or not op.operands:
         return False
+    n = _scan_length(op, prog)
+    forward_cumsum = op.primitive == "cumsum" and not op.param("reverse", False)
+    return (n > _FOLDED_SCAN and n % _FOLDED_SCAN != 0) or (forward_cumsum and n > 1)
+
+
+def _scan_length(op: Op, prog: Program) -> int:
     shape = prog.values[op.operands[0]].shape
-    n = shape[op.param("axis", 0)] if shape else 1
-    return n > _FOLDED_SCAN or (
-        op.primitive == "cumsum" and not op.param("reverse", False) and n > 1
-    )
+    return shape[op.param("axis", 0)] if shape else 1
 
 
 def constant_scan_fraction(op: Op, prog: Program) -> float:
     """Share of a prefix scan's counted combines (`scan_combines`) XLA spends on it when its
-    operand is a constant (`_unfolded_scan`): all of them past 16 elements; for a forward
-    cumsum of n <= 16, the add, convert and multiply of `c * (iota + 1)` per element, 3 of the
-    row's n - 1 combines; else none (folded)."""
-    shape = prog.values[op.operands[0]].shape
-    n = shape[op.param("axis", 0)] if shape else 1
-    if n > _FOLDED_SCAN:
+    operand is a constant (`_unfolded_scan`): all of them past 16 elements but for a multiple
+    of 16; for a forward cumsum of n <= 16, the add, convert and multiply of `c * (iota + 1)`
+    per element, 3 of the row's n - 1 combines; of a longer multiple of 16, 9 combines per
+    element fewer than in full (measured: n = 32, 48, 64, 256, 512); else none (folded)."""
+    n = _scan_length(op, prog)
+    if not _unfolded_scan(op, prog):
+        return 0.0
+    if n > _FOLDED_SCAN and n % _FOLDED_SCAN != 0:
         return 1.0
-    return 3.0 / (n - 1) if _unfolded_scan(op, prog) else 0.0
+    if n <= _FOLDED_SCAN:
+        return 3.0 / (n - 1)
+    full = scan_combines(n)
+    return (full - 9 * n) / full
 
 
 def uniform_dims(prog: Program) -> list[frozenset[int]]:
