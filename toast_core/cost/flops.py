@@ -281,7 +281,10 @@ def gather_flops(op, program):
 
 
 def _folded(op: Op, program: Program) -> int:
-    return program.values[op.operands[0]].size - program.values[op.results[0]].size
+    """Elements folded in: none for a reduction of an empty array, which XLA's simplifier
+    rewrites as a broadcast of its init value (it counted minus the result's size: jnp.pad's
+    edge mode on [4, 6, 5] reduces an empty [8, 1, 0, 5] slice to [8, 5], -40 flops each)."""
+    return max(program.values[op.operands[0]].size - program.values[op.results[0]].size, 0)
 
 
 @flop_rule(

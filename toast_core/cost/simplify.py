@@ -50,7 +50,7 @@ from math import prod
 from toast_core.analysis.factors import mixed_radix_groups
 from toast_core.cost.constant_scalars import chosen_case, constant_scalars
 from toast_core.cost.flops import one_window_test_flops, spread_divisor_elements
-from toast_core.cost.flops_measured import expanded_extra_copies
+from toast_core.cost.flops_measured import expanded_extra_copies, scan_combines
 from toast_core.cost.fusion import _kept_once, _more_than_unary, fusible, fusion_work, materialized
 from toast_core.cost.gather_fusion import gather_copies
 from toast_core.cost.select_masks import convert_copies
@@ -130,9 +130,9 @@ def _padded_broadcast(op: Op, prog: Program) -> bool:
     `0.1 * g` is computed on the pad's [8] core (72 flops, not 64). A pad that only slices
     (jax's transpose of a pad) is a slice of a broadcast, which XLA folds.
 
-    Not modelled: the gradient of an edge pad leaving a dim unpadded pads a reduction of an
-    empty array, which XLA rewrites as a broadcast of zero and keeps (`mean(jnp.pad(p, ((1, 2),
-    (0, 0)), mode="edge"))`: 440 flops, predicted 64), while with every dim padded it folds."""
+    The gradient of an edge pad leaving a dim unpadded pads a reduction of an empty array,
+    which XLA's simplifier rewrites as a broadcast of the init value and keeps
+    (`_kept_broadcast`)."""
     if op.primitive != "pad":
         return False
     if all(lo <= 0 and hi <= 0 and not mid for lo, hi, mid in op.param("padding_config", ())):
@@ -144,17 +144,42 @@ def _kept_broadcast(prog: Program, vid: int) -> bool:
     """Whether XLA sees constant `vid` as a broadcast op: one that grows its operand, reached
     through layout ops (`_SPLAT_PIECES`, which XLA's simplifier folds into the broadcast). A
     reduction of a broadcast is folded to a literal constant first (an edge pad of every dim
-    of `p` folds its whole gradient, whose pads read such reductions: 64 flops)."""
+    of `p` folds its whole gradient, whose pads read such reductions: 64 flops); a reduction of
+    an EMPTY array to more than one element is a broadcast of its init value to XLA's
+    simplifier, kept like any (`_empty_reduction_kept`)."""
     producers = prog.producers()
     while (p := producers[vid]) is not None and prog.ops[p].operands:
         op = prog.ops[p]
         src = prog.values[op.operands[0]]
         if op.primitive == "broadcast_in_dim" and src.size < prog.values[vid].size:
             return True
+        if op.primitive in prim.REDUCTIONS and src.size == 0 and prog.values[vid].size > 1:
+            return _empty_reduction_kept(prog, src.id)
         if op.primitive not in _SPLAT_PIECES:
             return False
         vid = src.id
     return False
+
+
+def _empty_reduction_kept(prog: Program, vid: int) -> bool:
+    """Whether XLA keeps the broadcast of zero that a reduction of empty `vid` becomes, padded
+    and added by the reader: jnp.pad's edge mode reduces an empty slice for each side of a dim
+    it does not pad, and the gradient pads that reduction's cotangent and adds it. Measured
+    (jaxlib 0.10.2 CPU, the SGD step of `mean(jnp.pad(p, pads, mode="edge"))`): a dim whose
+    two sides are both empty (pads (0, 0): a `split` with two empty pieces) keeps both, an add
+    over the whole padded cotangent each (`p[8, 8]`, `((1, 2), (0, 0))`: 440 flops, the model
+    counted 64; `((0, 0), (3, 1))` on [16, 32]: 2048, counted 512; fuzz seed 18 #397, a conv's
+    output edge-padded on one of four dims, 0.33); the empty side of a dim padded on one side
+    only (pads (1, 0)) is folded away (`((1, 0), (2, 0))`: 64 flops, the update alone; with
+    (1, 0) on dim 0 and (0, 0) on dim 1: 336 = dim 1's two adds on [9, 8], dim 0's one and the
+    update). Why the lone empty side folds was not traced in XLA's passes: the rule is the
+    measured split, and an empty array from anything else than a split is taken as kept."""
+    producers = prog.producers()
+    while (p := producers[vid]) is not None and prog.ops[p].primitive == "reshape":
+        vid = prog.ops[p].operands[0]
+    if p is None or prog.ops[p].primitive not in ("split", "slice"):
+        return True
+    return sum(prog.values[r].size == 0 for r in prog.ops[p].results) > 1
 
 
 #: Longest prefix scan of a constant XLA folds: a longer one is lowered to blocked scans first,
@@ -163,32 +188,44 @@ _FOLDED_SCAN = 16
 
 
 def _unfolded_scan(op: Op, prog: Program) -> bool:
-    """Whether XLA computes a prefix scan of a constant at run time: every scan of more than 16
-    elements (blocked), and a forward `cumsum` of up to 16, which XLA's simplifier rewrites as
-    `c * (iota + 1)` (`constant_scan_fraction`). Measured on `f(jnp.full((n, 4), 0.125))`:
-    cumsum of 2 and 16 rows 3 flops per element, reversed cumsum, cumprod and cummax none;
-    of 17 and 40 rows all four count `scan_combines` in full (2,060 and 3,104 flops). The
-    gradient of `mean(cumsum(v, reverse=True))` is such a cumsum of the mean's constant
-    cotangent (fuzz seed 16 #34: 24 flops on [8, 1] missing)."""
+    """Whether XLA computes a prefix scan of a constant at run time: a scan of more than 16
+    elements that is not a multiple of 16 (blocked, its operand padded to whole blocks: a pad of
+    a broadcast, which the constant folder skips, `_padded_broadcast`), and a forward `cumsum`
+    of more than one element, which XLA's simplifier rewrites as `c * (iota + 1)` within each
+    block (`constant_scan_fraction`). Measured on `x + f(jnp.full((n, 4), 0.125))`: cumsum of
+    2 and 16 rows 3 flops per element, reversed cumsum, cumprod and cummax none; of 17, 33 and
+    257 rows all four count `scan_combines` in full (2,060 flops for 17); of 32, 48, 64, 256
+    and 512 rows (no pad) reversed cumsum, cumprod and cummax none, cumsum 9 flops per element
+    fewer than in full. The gradient of `mean(cumsum(v, reverse=True))` is such a cumsum of the
+    mean's constant cotangent (fuzz seed 16 #34: 24 flops on [8, 1] missing; on [8, 32] along
+    dim 1, folded, the model counted 4,120 flops more than XLA's 768)."""
     if op.primitive not in prim.CUMULATIVE or not op.operands:
         return False
+    n = _scan_length(op, prog)
+    forward_cumsum = op.primitive == "cumsum" and not op.param("reverse", False)
+    return (n > _FOLDED_SCAN and n % _FOLDED_SCAN != 0) or (forward_cumsum and n > 1)
+
+
+def _scan_length(op: Op, prog: Program) -> int:
     shape = prog.values[op.operands[0]].shape
-    n = shape[op.param("axis", 0)] if shape else 1
-    return n > _FOLDED_SCAN or (
-        op.primitive == "cumsum" and not op.param("reverse", False) and n > 1
-    )
+    return shape[op.param("axis", 0)] if shape else 1
 
 
 def constant_scan_fraction(op: Op, prog: Program) -> float:
     """Share of a prefix scan's counted combines (`scan_combines`) XLA spends on it when its
-    operand is a constant (`_unfolded_scan`): all of them past 16 elements; for a forward
-    cumsum of n <= 16, the add, convert and multiply of `c * (iota + 1)` per element, 3 of the
-    row's n - 1 combines; else none (folded)."""
-    shape = prog.values[op.operands[0]].shape
-    n = shape[op.param("axis", 0)] if shape else 1
-    if n > _FOLDED_SCAN:
+    operand is a constant (`_unfolded_scan`): all of them past 16 elements but for a multiple
+    of 16; for a forward cumsum of n <= 16, the add, convert and multiply of `c * (iota + 1)`
+    per element, 3 of the row's n - 1 combines; of a longer multiple of 16, 9 combines per
+    element fewer than in full (measured: n = 32, 48, 64, 256, 512); else none (folded)."""
+    n = _scan_length(op, prog)
+    if not _unfolded_scan(op, prog):
+        return 0.0
+    if n > _FOLDED_SCAN and n % _FOLDED_SCAN != 0:
         return 1.0
-    return 3.0 / (n - 1) if _unfolded_scan(op, prog) else 0.0
+    if n <= _FOLDED_SCAN:
+        return 3.0 / (n - 1)
+    full = scan_combines(n)
+    return (full - 9 * n) / full
 
 
 def uniform_dims(prog: Program) -> list[frozenset[int]]:
@@ -573,7 +610,13 @@ def _literal(prog: Program, vid: int) -> float | None:
 
 
 #: (left, right) neutral operand of each binary op: `0 + x`, `x + 0`, `x - 0`, `1 * x`...
-_NEUTRAL = {"add": (0.0, 0.0), "sub": (None, 0.0), "mul": (1.0, 1.0), "div": (None, 1.0)}
+_NEUTRAL = {
+    "add": (0.0, 0.0),
+    "add_any": (0.0, 0.0),
+    "sub": (None, 0.0),
+    "mul": (1.0, 1.0),
+    "div": (None, 1.0),
+}
 #: The bound that `max` and `min` ignore: `max(x, -inf)` (the `initial=-inf` of softmax's,
 #: log_softmax's and logsumexp's max) is `x`.
 _UNBOUNDED = {"max": float("-inf"), "min": float("inf")}
@@ -587,17 +630,46 @@ _MAY_FORWARD = frozenset(_NEUTRAL) | frozenset(_UNBOUNDED) | {"max", "min", "sel
 _SPREADS = frozenset({"broadcast_in_dim", "copy"})
 
 
+#: The init value a reduction of an empty array is: what XLA's simplifier spreads instead.
+_EMPTY_REDUCTION = {
+    "reduce_sum": 0.0,
+    "reduce_max": float("-inf"),
+    "reduce_min": float("inf"),
+    "reduce_prod": 1.0,
+}
+
+
 def _splats(prog: Program) -> dict[int, float]:
     """Values that are a scalar literal spread unchanged (`broadcast_in_dim 1.0`, a copy of
     one), with that scalar: XLA's simplifier sees through the broadcast, so `x * [1.0, ...]` is
-    `x` as `x * 1.0` is."""
+    `x` as `x * 1.0` is. Also a reduction of an empty array that XLA folds
+    (`_empty_reduction_kept`), its init value spread, and a pad of it by that same value: the
+    cotangent of a one-sided edge pad's empty side, whose add XLA drops (measured: the SGD step
+    of `mean(jnp.pad(p[8, 8], ((1, 0), (0, 0)), mode="edge"))` is 336 flops, 400 with the add;
+    on [4, 6, 5] with ((0, 0), (1, 0), (0, 0)), 880, not 1000)."""
     out: dict[int, float] = {}
+    folded: set[int] = set()  # the spread folded empty reductions
     for op in prog.ops:
-        if op.primitive in _SPREADS and len(op.operands) == 1 and len(op.results) == 1:
-            src = op.operands[0]
+        if len(op.results) != 1 or not op.operands:
+            continue
+        (r,) = op.results
+        src = op.operands[0]
+        if op.primitive in _SPREADS and len(op.operands) == 1:
             val = out[src] if src in out else _literal(prog, src)
             if val is not None:
-                out[op.results[0]] = val
+                out[r] = val
+                if src in folded:
+                    folded.add(r)
+        elif (
+            op.primitive in _EMPTY_REDUCTION
+            and prog.values[src].size == 0
+            and not _empty_reduction_kept(prog, src)
+        ):
+            out[r] = _EMPTY_REDUCTION[op.primitive]
+            folded.add(r)
+        elif op.primitive == "pad" and src in folded and _literal(prog, op.operands[1]) == out[src]:
+            out[r] = out[src]
+            folded.add(r)
     return out
 
 
