@@ -317,31 +317,6 @@ SIMPLIFIED = {
         jax.grad(lambda w: jnp.mean(jnp.einsum("ab,cb->ac", w, w))),
         (jnp.ones((8, 4)),),
     ),
-    # a producer of several arrays read by a mean and by the centred values: the mean's path
-    # (reduce, then a multiply by 1/n, then the broadcast) passes XLA's all-paths test, so the
-    # producer is computed in both fusions (seed 18 #163: var of a leaky ReLU, 0.70 before)...
-    "var_of_two_array_producer": (
-        lambda x: jnp.var(jnp.where(x > 0, x, 0.01 * x), axis=0),
-        (jnp.ones((16, 32)),),
-    ),
-    "layer_norm_of_two_array_producer": (
-        lambda x: (
-            lambda h: (h - h.mean(-1, keepdims=True)) * jax.lax.rsqrt(h.var(-1) + 1e-5)[:, None]
-        )(jnp.where(x > 0, x, 0.01 * x)),
-        (jnp.ones((16, 32)),),
-    ),
-    # ...and in logsumexp(keepdims=True)'s max fusion and its exp's: `where(isfinite(max), max,
-    # 0)` reads the max's keepdims reshape, a bitcast cheap ops may share (seed 18 #516)...
-    "logsumexp_keepdims_of_two_array_producer": (
-        lambda x: jax.nn.logsumexp(jnp.where(x > 0, x, 0.01 * x), axis=1, keepdims=True),
-        (jnp.ones((16, 32)),),
-    ),
-    # ...but once when the sum is broadcast straight into the subtraction (a reader that reads
-    # each of the reduction's elements several times: unfusible)
-    "sum_broadcast_into_two_array_producer": (
-        lambda x: (lambda h: h - h.sum(1, keepdims=True))(jnp.where(x > 0, x, 0.01 * x)),
-        (jnp.ones((16, 32)),),
-    ),
     # CSE ignores the order of a commutative op's operands, and of a dot without free dims
     # (a multiply and a reduce on XLA:CPU; seed 18 #305: einsum("a,a->") of (x, y) and (y, x))
     "commuted_operands": (

@@ -648,61 +648,11 @@ def _path_blocked(prog: Program, op, roots: list[frozenset[int]]) -> bool:
                     continue
                 if not fusible(prog.ops[x], prog):
                     return False  # see the docstring: not measured to hold across matmuls
-                if prog.ops[x].primitive in _REDUCTIONS:
-                    blocked = blocked or _reduction_edge_blocked(prog, x, uses)
-                elif not roots[y] <= roots[x]:
+                if not roots[y] <= roots[x]:
                     blocked = True
                 back.add(x)
                 stack.append(x)
     return blocked
-
-
-def _reduction_edge_blocked(prog: Program, x: int, uses) -> bool:
-    """Whether XLA's all-paths test (`CanFuseOnAllPaths`, asked before any fusion) finds the
-    edge out of reduction `x` unfusible. The reduction is expensive, so that edge is unfusible
-    when fusing would duplicate it (several readers) or when its reader reads each element
-    several times (makes more elements: a broadcast, or an elementwise op with implicit size-1
-    broadcasting, as the HLO's broadcast before it does). Its reader in the HLO is the first op
-    past keepdims reshapes and annotations (`_VANISHING`); an expensive op of the same size
-    (`_kept_once`: the log of `log(sum(exp(shifted)))`) passes the test on to its own reader.
-    A keepdims reshape that cheap ops of its size read stays a bitcast, which they may
-    duplicate: logsumexp's `where(isfinite(max), max, 0)` reads the max so, and XLA computes
-    the softplus feeding it both in the max's fusion and in the exp's (fuzz seed 18 #516).
-
-    A reduction read once by a loop of its own size is fusible in that test, though fusion
-    later keeps it apart: `var(leaky_relu(x), axis=0)`'s `mean / n` is a multiply before the
-    broadcast, and XLA computes the leaky ReLU both in the mean's fusion and in the centred
-    squares' (x[2, 2, 2, 1]: 80 flops, 57 when it was counted once; fuzz seed 18 #163, 0.77
-    of XLA's flops). A softmax's max broadcast into `x * y - max` stays blocked (tests/
-    test_flops_norm.py), and so does log_softmax's `shifted - log(sum)`."""
-    size = sum(prog.values[r].size for r in prog.ops[x].results)
-
-    def widens(o: int) -> bool:
-        return sum(prog.values[r].size for r in prog.ops[o].results) > size
-
-    def passes(o: int) -> bool:
-        op = prog.ops[o]
-        return op.primitive in _VANISHING or op.primitive in _SIZE_KEEPING_LAYOUT
-
-    at, expensive = x, True
-    while True:
-        readers = {o for r in prog.ops[at].results for o, _ in uses[r]}
-        if expensive and len(readers) > 1:
-            return True  # fusing would duplicate it
-        if not readers:
-            return False
-        if all(map(widens, readers)):
-            return True  # read through broadcasts (a keepdims reshape folds into them)
-        if len(readers) > 1:
-            return False  # a bitcast read by cheap ops: duplicating it costs nothing
-        (at,) = readers
-        expensive = _kept_once(prog.ops[at], prog)
-        if not expensive and not passes(at):
-            return False
-
-
-#: Layout ops that keep a reduction's elements as they are (keepdims): bitcasts in the HLO.
-_SIZE_KEEPING_LAYOUT = frozenset({"broadcast_in_dim", "reshape", "expand_dims", "squeeze"})
 
 
 #: Ops between a softmax's max and its shift `x - max` that XLA's simplifier leaves as the
