@@ -132,6 +132,16 @@ EXPANDED_CASES = {
     "top_k_whole_dim": (lambda x: lax.top_k(x, 2)[0], jnp.ones((12, 16, 6, 2))),
     "top_k_whole_dim_8": (lambda x: jnp.sum(lax.top_k(x, 8)[1]), jnp.ones((4, 8))),
     "top_k_fewer": (lambda x: jnp.sum(lax.top_k(x, 3)[0]), jnp.ones((12, 8))),
+    # a slice of the values that cuts a batch dim, or starts past 0 in the top-k dim, is merged
+    # into the expansion's slice and XLA no longer matches it to TopK: the whole sort stays (fuzz
+    # seed 18 #256, a batchnorm of `top_k(x, 2)[0][:, :, :-1]`: 1,132 predicted of 6,892)
+    "top_k_sliced_in_a_batch_dim": (
+        lambda x: lax.top_k(x, 2)[0][:, :, :-1],
+        jnp.ones((3, 3, 8, 8)),
+    ),
+    "top_k_second_of_k": (lambda x: lax.top_k(x, 2)[0][..., 1], jnp.ones((3, 3, 8, 8))),
+    "top_k_indices_sliced": (lambda x: lax.top_k(x, 3)[1][:4], jnp.ones((12, 32))),
+    "top_k_first_of_k": (lambda x: jnp.sum(lax.top_k(x, 2)[0][..., :1]), jnp.ones((3, 3, 8, 8))),
 }
 
 
