@@ -385,6 +385,16 @@ SIMPLIFIED = {
         (jnp.ones((8, 6)), jnp.ones((8, 6)), jnp.ones((8, 6)), jnp.arange(8.0)),
     ),
     "sort_rows_of_one": (lambda x: jnp.sort(x, axis=1), (jnp.ones((4, 1)),)),
+    # a reduction of size-1 dims is a reshape: `y - max(y) + sum(y)` along one is one loop, its
+    # producers computed once (fuzz seed 18 #224: a take of one index, normalized: 19 predicted of 9)
+    "centred_along_a_size_1_dim": (
+        lambda x: (lambda y: y - jnp.max(y, axis=0) + jnp.sum(y, axis=0))(jnp.sin(x) * 2),
+        (jnp.ones((1, 64)),),
+    ),
+    "softmax_of_a_take_of_one_index": (
+        lambda x, i: jax.nn.softmax(jnp.take(x, i, axis=0), axis=0),
+        (jnp.ones((16, 64)), jnp.array([3], jnp.int32)),
+    ),
     # a tile of a broadcast is a broadcast (fuzz seed 21 #40: 5.2x XLA's flops)
     "tile_of_a_broadcast": (
         lambda a: jnp.exp(jnp.tile(B(a, (12, 2), (1,)), (2, 1)) * a),

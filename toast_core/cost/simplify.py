@@ -269,6 +269,8 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
       recomputation with the forward (docs: ENVIRONMENT.md; `cpu_only_repeats`).
     * **Scalings in a row** (`_past_scalings`): `(x * c1) * c2` reads `x` (XLA's simplifier
       folds the constants), whether or not `x * c1` has other readers.
+    * **Reductions of size-1 dims** (`_reshaping_reduction`) are reshapes (the one op whose
+      primitive changes): a layout op fused into its readers' loops, not a fusion root.
     """
     canon = list(range(len(prog.values)))
     literal_key: dict = {}
@@ -283,6 +285,7 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
     const = constant_values(prog)
     for op in prog.ops:
         operands = _past_scalings(op, tuple(map(canon.__getitem__, op.operands)), ops, prog, const)
+        op = _reshaping_reduction(op, prog) or op
         ops.append(_with_operands(op, operands) if operands != op.operands else op)
         if not op.results or op.primitive in boundaries:
             continue
@@ -302,6 +305,29 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
                 canon[r] = canon[r0]
     outputs = tuple(canon[v] for v in prog.outputs)
     return replace(prog, ops=tuple(ops), outputs=outputs)
+
+
+def _reshaping_reduction(op: Op, prog: Program) -> Op | None:
+    """A `reshape` in place of reduction `op` when every dim it reduces has size 1, else None.
+
+    XLA's simplifier rewrites such a reduce as a reshape (a bitcast), so nothing makes it a
+    fusion root: `log_softmax` along a size-1 dim is one loop (`x - max(x)` is `x - x`), where
+    the model had a max's and a sum's fusion each computing the producers again (measured on
+    XLA:CPU: `log_softmax(tanh(x[1, 64]) * 2, axis=0)` counts 192 flops, predicted 256; fuzz
+    seed 18 #224 and #353, `log_softmax(jnp.take(x, i[1]), axis=0)`: the take's mask and
+    index normalization in three fusions, 19 flops of 9)."""
+    if op.primitive not in prim.FUSED_REDUCTIONS or len(op.results) != 1 or not op.operands:
+        return None
+    shape = prog.values[op.operands[0]].shape
+    axes = op.param("axes", ())
+    if not axes or any(shape[a] != 1 for a in axes):
+        return None
+    new = prog.values[op.results[0]].shape
+    return replace(
+        op,
+        primitive="reshape",
+        params=(("new_sizes", new), ("dimensions", None), ("sharding", None)),
+    )
 
 
 #: Ops that pass a spread scalar on as a spread of the same scalar (XLA's simplifier folds a
