@@ -387,6 +387,16 @@ SIMPLIFIED = {
     "sort_rows_of_one": (lambda x: jnp.sort(x, axis=1), (jnp.ones((4, 1)),)),
     # a reduction of size-1 dims is a reshape: `y - max(y) + sum(y)` along one is one loop, its
     # producers computed once (fuzz seed 18 #224: a take of one index, normalized: 19 predicted of 9)
+    # a cheap value a gather and a scatter read: the gather's fusion computes it again, with the
+    # ops fused into it (fuzz seed 18 #49: `one_hot(i, 4) * 1.5`'s compare, 40 predicted of 48)
+    "one_hot_read_by_a_gather_and_its_scatter_add": (
+        lambda i, j: (lambda v: v.at[:, j].add(jnp.tanh(v[:, j])))(jax.nn.one_hot(i, 64) * 1.5),
+        (jnp.arange(32, dtype=jnp.int32), jnp.arange(8, dtype=jnp.int32)),
+    ),
+    "abs_read_by_a_gather_and_its_scatter_add": (
+        lambda x, j: (lambda v: v.at[:, j].add(jnp.tanh(v[:, j])))(jnp.abs(x) * 1.5),
+        (jnp.ones((32, 64)), jnp.arange(8, dtype=jnp.int32)),
+    ),
     "centred_along_a_size_1_dim": (
         lambda x: (lambda y: y - jnp.max(y, axis=0) + jnp.sum(y, axis=0))(jnp.sin(x) * 2),
         (jnp.ones((1, 64)),),
