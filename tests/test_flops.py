@@ -397,6 +397,16 @@ SIMPLIFIED = {
         lambda x, j: (lambda v: v.at[:, j].add(jnp.tanh(v[:, j])))(jnp.abs(x) * 1.5),
         (jnp.ones((32, 64)), jnp.arange(8, dtype=jnp.int32)),
     ),
+    # an argsort of rows of one is its iota, zeros: the index normalization and the take's mask
+    # fold (fuzz seed 18 #741: 7,200 predicted of 32); a take at literal indices has no mask
+    "take_along_an_argsort_of_rows_of_one": (
+        lambda x: jnp.tanh(jnp.take_along_axis(x * 2, jnp.argsort(x, axis=1), axis=1)),
+        (jnp.ones((32, 1)),),
+    ),
+    "take_at_literal_indices": (
+        lambda x: jnp.take(x, jnp.array([1, 5, 2]), axis=0) * 2,
+        (jnp.ones((16, 8)),),
+    ),
     "centred_along_a_size_1_dim": (
         lambda x: (lambda y: y - jnp.max(y, axis=0) + jnp.sum(y, axis=0))(jnp.sin(x) * 2),
         (jnp.ones((1, 64)),),

@@ -111,7 +111,9 @@ def constant_values(prog: Program) -> list[bool]:
     alone)."""
     const = [v.role in _CONSTANT_ROLES for v in prog.values]
     for op in prog.ops:
-        if op.operands and op.primitive not in _NEVER_CONSTANT:
+        if op.primitive == "iota" and op.results and _along_size_1(op, prog):
+            const[op.results[0]] = True  # zeros: XLA's simplifier makes it a broadcast of 0
+        elif op.operands and op.primitive not in _NEVER_CONSTANT:
             if (
                 False not in map(const.__getitem__, op.operands)
                 and not _unfolded_scan(op, prog)
@@ -120,6 +122,14 @@ def constant_values(prog: Program) -> list[bool]:
                 for r in op.results:
                     const[r] = True
     return const
+
+
+def _along_size_1(op: Op, prog: Program) -> bool:
+    """Whether iota `op` counts along a dim of size 1 (all zeros: the argsort of rows of one,
+    `_sorts_rows_of_one`)."""
+    shape = prog.values[op.results[0]].shape
+    dim = op.param("dimension", 0)
+    return bool(shape) and 0 <= dim < len(shape) and shape[dim] == 1
 
 
 def _padded_broadcast(op: Op, prog: Program) -> bool:
@@ -269,6 +279,8 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
       recomputation with the forward (docs: ENVIRONMENT.md; `cpu_only_repeats`).
     * **Scalings in a row** (`_past_scalings`): `(x * c1) * c2` reads `x` (XLA's simplifier
       folds the constants), whether or not `x * c1` has other readers.
+    * **Sorts of rows of one element** (`_sorts_rows_of_one`) are their operands: an argsort
+      along a size-1 dim is its iota, a constant.
     * **Reductions of size-1 dims** (`_reshaping_reduction`) are reshapes (the one op whose
       primitive changes): a layout op fused into its readers' loops, not a fusion root.
     """
@@ -289,6 +301,10 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
         ops.append(_with_operands(op, operands) if operands != op.operands else op)
         if not op.results or op.primitive in boundaries:
             continue
+        if _sorts_rows_of_one(op, prog):
+            for r, x in zip(op.results, operands):
+                canon[r] = x
+            continue
         same = _forwarded(op, operands, prog, splats, scalars)
         if same is not None:
             canon[op.results[0]] = same
@@ -305,6 +321,17 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
                 canon[r] = canon[r0]
     outputs = tuple(canon[v] for v in prog.outputs)
     return replace(prog, ops=tuple(ops), outputs=outputs)
+
+
+def _sorts_rows_of_one(op: Op, prog: Program) -> bool:
+    """Whether `op` sorts along a dim of size 1, which XLA removes: each result is its operand
+    (measured on XLA:CPU: `take_along_axis(x, argsort(x, axis=3), axis=3)` of x[16, 4, 16, 1]
+    counts 0 flops: the argsort is its iota, a constant, so are the index normalization and the
+    take's mask; predicted 7,200, fuzz seed 18 #741)."""
+    if op.primitive != "sort" or not op.operands or len(op.results) != len(op.operands):
+        return False
+    shape = prog.values[op.operands[0]].shape
+    return bool(shape) and shape[op.param("dimension", 0)] == 1
 
 
 def _reshaping_reduction(op: Op, prog: Program) -> Op | None:
@@ -710,8 +737,9 @@ def _rewired_work_factors(
             not live[op.index]
             or op.index in merged
             or (op.results and False not in map(const.__getitem__, op.results))
+            or (op.primitive == "gather" and len(op.operands) > 1 and const[op.operands[1]])
         ):
-            out.append(0.0)
+            out.append(0.0)  # a gather at constant indices: its fill mask is a constant
         elif op.primitive in prim.ELEMENTWISE or _is_outer_product(op):
             out.append(_core_fraction(prog.values[op.results[0]].shape, uni[op.results[0]]))
         elif op.primitive in prim.REDUCTIONS:
