@@ -403,6 +403,10 @@ SIMPLIFIED = {
         lambda x: jnp.tanh(jnp.take_along_axis(x * 2, jnp.argsort(x, axis=1), axis=1)),
         (jnp.ones((32, 1)),),
     ),
+    "take_along_an_argmax_of_rows_of_one": (
+        lambda x: jnp.take_along_axis(x, jnp.argmax(x, axis=0, keepdims=True), axis=0) * 3,
+        (jnp.ones((1, 64)),),
+    ),
     "take_at_literal_indices": (
         lambda x: jnp.take(x, jnp.array([1, 5, 2]), axis=0) * 2,
         (jnp.ones((16, 8)),),
