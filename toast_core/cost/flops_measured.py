@@ -234,13 +234,45 @@ def sort_flops(op, program):
 
 @flop_rule("top_k")
 def top_k_flops(op, program):
-    """Zero while k < the dim (XLA:CPU calls its TopK library routine, a custom call that
-    `cost_analysis()` does not count); a top_k that keeps the whole dim is a sort of (values,
-    iota) and is counted as one, N * ceil(log2 N) over all N elements (measured: `lax.top_k(x,
-    2)` of x[12, 16, 6, 2] sorts in 27,648 flops, of x[4, 8] with k=8 in 160; k=3 of x[12, 16,
-    6, 8] zero; fuzz seed 14 #696, a `top_k` of the whole last dim, predicted 1,728 of 29,376)."""
+    """A sort of all N elements, N * ceil(log2 N), unless XLA:CPU calls its TopK library routine
+    (a custom call `cost_analysis()` does not count: zero here). XLA expands `top_k` into a sort
+    and slices of its first k, then matches that pattern back into the call; the simplifier runs
+    in between and merges a slice of the result into the expansion's, so a result read by a
+    unit-stride slice that cuts another dim or starts past 0 in the top-k dim no longer matches
+    and the whole sort stays (`top_k_stays_a_sort`). The call is for f32 only; a top_k that keeps
+    the whole dim is a sort of (values, iota). Measured: `lax.top_k(x, 2)[0]` of x[3, 3, 8, 8]
+    calls TopK, `...[:, :, :-1]` or `[..., 1]` sorts 5,760 flops, `[..., :1]` or `[..., ::2]` (not
+    merged) still calls; of x[12, 16, 6, 2] (whole dim) sorts 27,648; fuzz seed 18 #256, a
+    batchnorm of `top_k(x, 2)[0][:, :, :-1]`, predicted 1,132 of 6,892; seed 14 #696, a `top_k`
+    of the whole last dim, 1,728 of 29,376."""
     shape = program.values[op.operands[0]].shape
     axis = op.param("axis", len(shape) - 1)
-    if not shape or op.param("k", 0) < shape[axis] or shape[axis] == 1:
+    if not shape or shape[axis] == 1 or not top_k_stays_a_sort(op, program):
         return 0.0, 0.0
     return float(sort_flops_of(_size(program, op.operands[0]))), 0.0
+
+
+def top_k_stays_a_sort(op, program) -> bool:
+    """Whether XLA:CPU leaves `top_k` op a sort rather than its TopK call (`top_k_flops`): it keeps
+    its whole dim, sorts a non-f32 operand, or a result is read by a unit-stride slice XLA merges
+    into the expansion's (cutting a dim other than the top-k one, or starting past 0 in it)."""
+    operand = program.values[op.operands[0]]
+    shape = operand.shape
+    axis = op.param("axis", len(shape) - 1) % len(shape)
+    if op.param("k", 0) >= shape[axis] or str(operand.dtype) != "float32":
+        return True
+    uses = program.uses()
+    for r in op.results:
+        for user, _ in uses[r]:
+            reader = program.ops[user]
+            if reader.primitive != "slice" or any(
+                s not in (None, 1) for s in reader.param("strides") or ()
+            ):
+                continue
+            starts, limits = reader.param("start_indices"), reader.param("limit_indices")
+            out = program.values[r].shape
+            if starts[axis] != 0 or any(
+                d != axis and (starts[d] != 0 or limits[d] != out[d]) for d in range(len(out))
+            ):
+                return True
+    return False

@@ -77,6 +77,15 @@ def gather_copies(
         if gathers and len(readers) > len(gathers) and not more_than_unary(op):
             into[op.index] = gathers
             out[op.index] = len(roots[op.index]) + len(gathers)
+    # The cheap ops fused into such a value's own fusion go with it into each gather's (measured:
+    # `(one_hot(i[2], 4) * 1.5)` read by `x[:, j]` and a scatter-add computes its compare in
+    # both fusions, 48 flops, counted 40; fuzz seed 18 #49).
+    for op in prog.ops if into else ():
+        if op.index in into or not fuses[op.index] or kept_once(op):
+            continue
+        hosts = roots[op.index] & into.keys()
+        if hosts:
+            out[op.index] = len(roots[op.index]) + sum(len(into[h]) for h in hosts)
     reach: dict[int, int] = {}  # per terminal gather or scatter: the fusions computing its index
     for op in prog.ops:
         if op.primitive not in _INDEXED or len(op.operands) < 2:

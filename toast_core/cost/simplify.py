@@ -111,7 +111,11 @@ def constant_values(prog: Program) -> list[bool]:
     alone)."""
     const = [v.role in _CONSTANT_ROLES for v in prog.values]
     for op in prog.ops:
-        if op.operands and op.primitive not in _NEVER_CONSTANT:
+        if op.primitive == "iota" and op.results and _along_size_1(op, prog):
+            const[op.results[0]] = True  # zeros: XLA's simplifier makes it a broadcast of 0
+        elif op.primitive in prim.ARG_REDUCTIONS and op.results and _over_size_1(op, prog):
+            const[op.results[0]] = True  # the index of one element: zeros
+        elif op.operands and op.primitive not in _NEVER_CONSTANT:
             if (
                 False not in map(const.__getitem__, op.operands)
                 and not _unfolded_scan(op, prog)
@@ -120,6 +124,24 @@ def constant_values(prog: Program) -> list[bool]:
                 for r in op.results:
                     const[r] = True
     return const
+
+
+def _along_size_1(op: Op, prog: Program) -> bool:
+    """Whether iota `op` counts along a dim of size 1 (all zeros: the argsort of rows of one,
+    `_sorts_rows_of_one`)."""
+    shape = prog.values[op.results[0]].shape
+    dim = op.param("dimension", 0)
+    return bool(shape) and 0 <= dim < len(shape) and shape[dim] == 1
+
+
+def _over_size_1(op: Op, prog: Program) -> bool:
+    """Whether arg reduction `op` reduces only dims of size 1: its result is zeros, which XLA
+    folds with what reads it (measured on XLA:CPU: `take_along_axis(x, argmax(x, axis=0,
+    keepdims=True), axis=0)` of x[1] counts nothing; the model counted its index normalization
+    and the take's mask, fuzz seed 18 #613)."""
+    shape = prog.values[op.operands[0]].shape if op.operands else ()
+    axes = op.param("axes", ())
+    return bool(axes) and all(shape[a] == 1 for a in axes)
 
 
 def _padded_broadcast(op: Op, prog: Program) -> bool:
@@ -405,6 +427,10 @@ def _rewired(prog: Program) -> tuple[Program, list[int]]:
       outside it.
     * **Scalings in a row** (`_past_scalings`): `(x * c1) * c2` reads `x` (XLA's simplifier
       folds the constants), whether or not `x * c1` has other readers.
+    * **Sorts of rows of one element** (`_sorts_rows_of_one`) are their operands: an argsort
+      along a size-1 dim is its iota, a constant.
+    * **Reductions of size-1 dims** (`_reshaping_reduction`) are reshapes (the one op whose
+      primitive changes): a layout op fused into its readers' loops, not a fusion root.
     """
     canon = list(range(len(prog.values)))
     literal_key: dict = {}
@@ -419,8 +445,13 @@ def _rewired(prog: Program) -> tuple[Program, list[int]]:
     const = constant_values(prog)
     for op in prog.ops:
         operands = _past_scalings(op, tuple(map(canon.__getitem__, op.operands)), ops, prog, const)
+        op = _reshaping_reduction(op, prog) or op
         ops.append(_with_operands(op, operands) if operands != op.operands else op)
         if not op.results or op.primitive in boundaries:
+            continue
+        if _sorts_rows_of_one(op, prog):
+            for r, x in zip(op.results, operands):
+                canon[r] = x
             continue
         same = _forwarded(op, operands, prog, splats, scalars)
         if same is not None:
@@ -440,6 +471,40 @@ def _rewired(prog: Program) -> tuple[Program, list[int]]:
                 canon[r] = canon[r0]
     outputs = tuple(canon[v] for v in prog.outputs)
     return replace(prog, ops=tuple(ops), outputs=outputs), canon
+
+
+def _sorts_rows_of_one(op: Op, prog: Program) -> bool:
+    """Whether `op` sorts along a dim of size 1, which XLA removes: each result is its operand
+    (measured on XLA:CPU: `take_along_axis(x, argsort(x, axis=3), axis=3)` of x[16, 4, 16, 1]
+    counts 0 flops: the argsort is its iota, a constant, so are the index normalization and the
+    take's mask; predicted 7,200, fuzz seed 18 #741)."""
+    if op.primitive != "sort" or not op.operands or len(op.results) != len(op.operands):
+        return False
+    shape = prog.values[op.operands[0]].shape
+    return bool(shape) and shape[op.param("dimension", 0)] == 1
+
+
+def _reshaping_reduction(op: Op, prog: Program) -> Op | None:
+    """A `reshape` in place of reduction `op` when every dim it reduces has size 1, else None.
+
+    XLA's simplifier rewrites such a reduce as a reshape (a bitcast), so nothing makes it a
+    fusion root: `log_softmax` along a size-1 dim is one loop (`x - max(x)` is `x - x`), where
+    the model had a max's and a sum's fusion each computing the producers again (measured on
+    XLA:CPU: `log_softmax(tanh(x[1, 64]) * 2, axis=0)` counts 192 flops, predicted 256; fuzz
+    seed 18 #224 and #353, `log_softmax(jnp.take(x, i[1]), axis=0)`: the take's mask and
+    index normalization in three fusions, 19 flops of 9)."""
+    if op.primitive not in prim.FUSED_REDUCTIONS or len(op.results) != 1 or not op.operands:
+        return None
+    shape = prog.values[op.operands[0]].shape
+    axes = op.param("axes", ())
+    if not axes or any(shape[a] != 1 for a in axes):
+        return None
+    new = prog.values[op.results[0]].shape
+    return replace(
+        op,
+        primitive="reshape",
+        params=(("new_sizes", new), ("dimensions", None), ("sharding", None)),
+    )
 
 
 #: Ops that pass a spread scalar on as a spread of the same scalar (XLA's simplifier folds a
@@ -903,8 +968,9 @@ def _rewired_work_factors(
             not live[op.index]
             or op.index in merged
             or (op.results and False not in map(const.__getitem__, op.results))
+            or (op.primitive == "gather" and len(op.operands) > 1 and const[op.operands[1]])
         ):
-            out.append(0.0)
+            out.append(0.0)  # a gather at constant indices: its fill mask is a constant
         elif op.primitive in prim.ELEMENTWISE or _is_outer_product(op, prog):
             out.append(_core_fraction(prog.values[op.results[0]].shape, uni[op.results[0]]))
         elif op.primitive in prim.REDUCTIONS:
