@@ -331,6 +331,19 @@ SIMPLIFIED = {
     # max(x, -inf) (softmax's `initial`) is x; the division by the broadcast sum is a reciprocal
     # of the sums and a multiply (504, not 624 nor 496)
     "softmax": (jax.nn.softmax, (X[:8, :16],)),
+    # costly work read through a broadcast is stored, not fused: the cheap op reading it is
+    # duplicated into each reader (`fusion._costly_cones`; seed 18 #171, a log_softmax read by a
+    # cond and its predicate's sum)
+    "costly_work_behind_a_broadcast_is_stored": (
+        lambda x, c: (lambda v: (v, jnp.sum(v)))(x - jnp.log(c)[None]),
+        (X.reshape(4, 16, 16), X[:16, :16]),
+    ),
+    "log_softmax_read_by_a_cond_and_its_predicate": (
+        lambda x: (lambda v: lax.cond(jnp.sum(v) > 0, lambda t: 2.0 * t, jnp.tanh, v))(
+            jax.nn.log_softmax(x, axis=0)
+        ),
+        (X.reshape(4, 16, 16),),
+    ),
     "logsumexp_one_fusion": (lambda x: jax.nn.logsumexp(x, axis=2), (jnp.ones((4, 4, 12, 3)),)),
     # x / s: one reciprocal of the spread divisor, then multiplies
     "division_by_a_scalar": (lambda x, s: x / s, (X[:8, :16], jnp.float32(2.0))),
