@@ -338,6 +338,14 @@ SIMPLIFIED = {
         lambda x, c: (lambda v: (v, jnp.sum(v)))(x - jnp.log(c)[None]),
         (X.reshape(4, 16, 16), X[:16, :16]),
     ),
+    # the gradient of a parameter read only through stop_gradient is a broadcast of 0: SGD's
+    # `w - 0.1 * g` folds to `w` (seed 18 #319, a while_loop over stop_gradient(w))
+    "sgd_on_a_stopped_gradient": (
+        lambda w, x: (lambda lg: (lg[0], w - 0.1 * lg[1]))(
+            jax.value_and_grad(lambda w: jnp.mean(jnp.tanh(lax.stop_gradient(w)) * x))(w)
+        ),
+        (X[:16, :16], X[16:, 16:]),
+    ),
     "log_softmax_read_by_a_cond_and_its_predicate": (
         lambda x: (lambda v: lax.cond(jnp.sum(v) > 0, lambda t: 2.0 * t, jnp.tanh, v))(
             jax.nn.log_softmax(x, axis=0)
