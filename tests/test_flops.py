@@ -346,6 +346,19 @@ SIMPLIFIED = {
         ),
         (X[:16, :16], X[16:, 16:]),
     ),
+    # stop_gradient is its operand: `where(x > 1, 2 * x, y)` read by an output's expand_dims and, through
+    # stop_gradient, by a while loop is as when the loop reads it directly (seed 18 #250)
+    "stop_gradient_is_its_operand": (
+        lambda x, y: (
+            lambda v: (
+                jnp.expand_dims(v, 1),
+                lax.while_loop(
+                    lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] * 0.5), (0, lax.stop_gradient(v))
+                )[1],
+            )
+        )(jnp.where(x > 1.0, x * 2.0, y)),
+        (X[:16, :16], X[16:, 16:]),
+    ),
     "log_softmax_read_by_a_cond_and_its_predicate": (
         lambda x: (lambda v: lax.cond(jnp.sum(v) > 0, lambda t: 2.0 * t, jnp.tanh, v))(
             jax.nn.log_softmax(x, axis=0)

@@ -267,6 +267,10 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
       Nor does an op of a `jax.checkpoint` body (its recomputation, behind an optimization
       barrier), unless `merge_remat`: XLA:CPU expands the barriers before CSE and merges the
       recomputation with the forward (docs: ENVIRONMENT.md; `cpu_only_repeats`).
+    * **`stop_gradient`** is its operand: JAX lowers it to nothing, so what reads it reads the
+      operand in the HLO (fuzz seed 18 #250: a dropout read by an output's `expand_dims` and,
+      through `stop_gradient`, by a `while_loop` is computed once, as for any value a loop
+      reads; counted in both fusions it was 1.24 of XLA's flops on [64]).
     * **Scalings in a row** (`_past_scalings`): `(x * c1) * c2` reads `x` (XLA's simplifier
       folds the constants), whether or not `x * c1` has other readers.
     """
@@ -434,7 +438,9 @@ _UNBOUNDED = {"max": float("-inf"), "min": float("inf")}
 
 
 #: The primitives `_forwarded` may find an identity (any other op is asked nothing more).
-_MAY_FORWARD = frozenset(_NEUTRAL) | frozenset(_UNBOUNDED) | {"max", "min", "select_n"}
+_MAY_FORWARD = (
+    frozenset(_NEUTRAL) | frozenset(_UNBOUNDED) | {"max", "min", "select_n", "stop_gradient"}
+)
 
 #: Ops that spread or pass a constant scalar unchanged: `broadcast_in_dim(1.0)` then `copy` is
 #: how `jax.grad` seeds the cotangent of a `sum`.
@@ -488,6 +494,8 @@ def _forwarded(
         return splats[vid] if vid in splats else _literal(prog, vid)
 
     shape = prog.values[op.results[0]].shape
+    if op.primitive == "stop_gradient" and len(operands) == 1:
+        return operands[0]
     if op.primitive in _NEUTRAL and len(operands) == 2:
         left, right = _NEUTRAL[op.primitive]
         a, b = operands
