@@ -359,6 +359,12 @@ SIMPLIFIED = {
         )(jnp.where(x > 1.0, x * 2.0, y)),
         (X[:16, :16], X[16:, 16:]),
     ),
+    # CSE compares a commutative op's operands in either order: the transpose of `v * v` makes
+    # `ct * v` and `v * ct`, one multiply in XLA (seed 18 #725)
+    "commutative_repeat": (
+        jax.grad(lambda v, x: jnp.mean(x / (1.0 + v * v))),
+        (X[:16, :16], X[16:, 16:]),
+    ),
     "log_softmax_read_by_a_cond_and_its_predicate": (
         lambda x: (lambda v: lax.cond(jnp.sum(v) > 0, lambda t: 2.0 * t, jnp.tanh, v))(
             jax.nn.log_softmax(x, axis=0)

@@ -260,7 +260,8 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
       cost nothing: measured 6 flops per element, not 8). A select whose predicate is a scalar
       of literals alone is its chosen case (`constant_scalars`: `jnp.var`'s ddof guard).
     * **Common subexpressions**: an op with the same primitive and params as an earlier one, on
-      the same operands (once earlier repeats are merged, so a repeated chain goes whole;
+      the same operands (in either order for a commutative op: `_COMMUTATIVE`; once earlier
+      repeats are merged, so a repeated chain goes whole;
       literals equal by dtype, shape and value) is that op: `jnp.clip(v, -.5, .5)` written
       twice, or `gelu(x)` evaluated in two places, is computed once. Region boundaries never
       merge (each loop or branch body reads its own inputs, so nothing in two bodies merges).
@@ -296,7 +297,8 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
             continue
         if _in_remat(op) and not merge_remat:
             continue
-        key = _splat_dot_key(op, operands, prog) or (op.primitive, op.params, operands)
+        same_operands = tuple(sorted(operands)) if op.primitive in _COMMUTATIVE else operands
+        key = _splat_dot_key(op, operands, prog) or (op.primitive, op.params, same_operands)
         try:
             earlier = first.setdefault(key, op.index)
         except TypeError:  # a param that does not hash: never merged
@@ -306,6 +308,12 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
                 canon[r] = canon[r0]
     outputs = tuple(canon[v] for v in prog.outputs)
     return replace(prog, ops=tuple(ops), outputs=outputs)
+
+
+#: Binary ops whose operands CSE compares in either order: `ct * v` and `v * ct` are one op
+#: (the transpose of `v * v` makes both, then adds them: measured on an accumulated SGD step of
+#: `x / (1 + v * v)`, fuzz seed 18 #725: XLA computes the product once, `add(m, m)`).
+_COMMUTATIVE = frozenset({"add", "add_any", "mul", "max", "min", "and", "or", "xor", "eq", "ne"})
 
 
 #: Ops that pass a spread scalar on as a spread of the same scalar (XLA's simplifier folds a
