@@ -365,6 +365,14 @@ SIMPLIFIED = {
         jax.grad(lambda v, x: jnp.mean(x / (1.0 + v * v))),
         (X[:16, :16], X[16:, 16:]),
     ),
+    # a scan of one step is inlined: `0.5 * c + x` on the zero initial carry is `x` (seed 18
+    # #1129)
+    "scan_of_one_step_is_inlined": (
+        lambda xs: lax.scan(
+            lambda c, x: (lambda c2: (c2, jnp.sin(c2) * x))(0.5 * c + x), jnp.zeros_like(xs[0]), xs
+        )[1],
+        (X.reshape(1, 32, 32),),
+    ),
     "log_softmax_read_by_a_cond_and_its_predicate": (
         lambda x: (lambda v: lax.cond(jnp.sum(v) > 0, lambda t: 2.0 * t, jnp.tanh, v))(
             jax.nn.log_softmax(x, axis=0)

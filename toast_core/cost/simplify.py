@@ -268,6 +268,9 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
       Nor does an op of a `jax.checkpoint` body (its recomputation, behind an optimization
       barrier), unless `merge_remat`: XLA:CPU expands the barriers before CSE and merges the
       recomputation with the forward (docs: ENVIRONMENT.md; `cpu_only_repeats`).
+    * **A scan of one step** is inlined (XLA's while-loop simplifier): its body reads the
+      initial carry and consts themselves, so `0.5 * c + x` on a zero initial carry is `x`
+      (fuzz seed 18 #1129, a one-step `_decay_scan` beside two dots: 1.22 of XLA's flops).
     * **`stop_gradient`** is its operand: JAX lowers it to nothing, so what reads it reads the
       operand in the HLO (fuzz seed 18 #250: a dropout read by an output's `expand_dims` and,
       through `stop_gradient`, by a `while_loop` is computed once, as for any value a loop
@@ -289,6 +292,11 @@ def rewired(prog: Program, merge_remat: bool = False) -> Program:
     for op in prog.ops:
         operands = _past_scalings(op, tuple(map(canon.__getitem__, op.operands)), ops, prog, const)
         ops.append(_with_operands(op, operands) if operands != op.operands else op)
+        if op.primitive == prim.SCAN_START and op.param("length") == 1:
+            # XLA inlines a loop of one trip: the body reads the initial carry (and consts)
+            n = int(op.param("num_consts", 0)) + int(op.param("num_carry", 0))
+            for r, v in zip(op.results[:n], operands[:n]):
+                canon[r] = v
         if not op.results or op.primitive in boundaries:
             continue
         same = _forwarded(op, operands, prog, splats, scalars)
@@ -468,6 +476,12 @@ def _splats(prog: Program) -> dict[int, float]:
         return out[vid] if vid in out else _literal(prog, vid)
 
     for op in prog.ops:
+        if op.primitive == prim.SCAN_START and op.param("length") == 1:  # inlined (`rewired`)
+            n = int(op.param("num_consts", 0)) + int(op.param("num_carry", 0))
+            for r, v in zip(op.results[:n], op.operands[:n]):
+                if value(v) is not None:
+                    out[r] = value(v)
+            continue
         if len(op.results) != 1:
             continue
         if op.primitive in _SPREADS and len(op.operands) == 1:
