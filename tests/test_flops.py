@@ -373,6 +373,19 @@ SIMPLIFIED = {
         )[1],
         (X.reshape(1, 32, 32),),
     ),
+    # ...and the cotangents its transpose accumulates start from zero: `add_any(0, g)` is `g`
+    "gradient_of_a_scan_of_one_step": (
+        jax.grad(
+            lambda w, xs: jnp.mean(
+                lax.scan(
+                    lambda h, x: (lambda h2: (h2, h2))(jnp.tanh(x @ w + h)),
+                    jnp.ones_like(xs[0]),
+                    xs,
+                )[1]
+            )
+        ),
+        (X[:16, :16], X.reshape(1, 64, 16)),
+    ),
     "log_softmax_read_by_a_cond_and_its_predicate": (
         lambda x: (lambda v: lax.cond(jnp.sum(v) > 0, lambda t: 2.0 * t, jnp.tanh, v))(
             jax.nn.log_softmax(x, axis=0)

@@ -447,7 +447,13 @@ def _literal(prog: Program, vid: int) -> float | None:
 
 
 #: (left, right) neutral operand of each binary op: `0 + x`, `x + 0`, `x - 0`, `1 * x`...
-_NEUTRAL = {"add": (0.0, 0.0), "sub": (None, 0.0), "mul": (1.0, 1.0), "div": (None, 1.0)}
+_NEUTRAL = {
+    "add": (0.0, 0.0),
+    "add_any": (0.0, 0.0),
+    "sub": (None, 0.0),
+    "mul": (1.0, 1.0),
+    "div": (None, 1.0),
+}
 #: The bound that `max` and `min` ignore: `max(x, -inf)` (the `initial=-inf` of softmax's,
 #: log_softmax's and logsumexp's max) is `x`.
 _UNBOUNDED = {"max": float("-inf"), "min": float("inf")}
