@@ -402,6 +402,67 @@ SIMPLIFIED = {
     # max(x, -inf) (softmax's `initial`) is x; the division by the broadcast sum is a reciprocal
     # of the sums and a multiply (504, not 624 nor 496)
     "softmax": (jax.nn.softmax, (X[:8, :16],)),
+    # costly work read through a broadcast is stored, not fused: the cheap op reading it is
+    # duplicated into each reader (`fusion._costly_cones`; seed 18 #171, a log_softmax read by a
+    # cond and its predicate's sum)
+    "costly_work_behind_a_broadcast_is_stored": (
+        lambda x, c: (lambda v: (v, jnp.sum(v)))(x - jnp.log(c)[None]),
+        (X.reshape(4, 16, 16), X[:16, :16]),
+    ),
+    # the gradient of a parameter read only through stop_gradient is a broadcast of 0: SGD's
+    # `w - 0.1 * g` folds to `w` (seed 18 #319, a while_loop over stop_gradient(w))
+    "sgd_on_a_stopped_gradient": (
+        lambda w, x: (lambda lg: (lg[0], w - 0.1 * lg[1]))(
+            jax.value_and_grad(lambda w: jnp.mean(jnp.tanh(lax.stop_gradient(w)) * x))(w)
+        ),
+        (X[:16, :16], X[16:, 16:]),
+    ),
+    # stop_gradient is its operand: `where(x > 1, 2 * x, y)` read by an output's expand_dims and, through
+    # stop_gradient, by a while loop is as when the loop reads it directly (seed 18 #250)
+    "stop_gradient_is_its_operand": (
+        lambda x, y: (
+            lambda v: (
+                jnp.expand_dims(v, 1),
+                lax.while_loop(
+                    lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] * 0.5), (0, lax.stop_gradient(v))
+                )[1],
+            )
+        )(jnp.where(x > 1.0, x * 2.0, y)),
+        (X[:16, :16], X[16:, 16:]),
+    ),
+    # CSE compares a commutative op's operands in either order: the transpose of `v * v` makes
+    # `ct * v` and `v * ct`, one multiply in XLA (seed 18 #725)
+    "commutative_repeat": (
+        jax.grad(lambda v, x: jnp.mean(x / (1.0 + v * v))),
+        (X[:16, :16], X[16:, 16:]),
+    ),
+    # a scan of one step is inlined: `0.5 * c + x` on the zero initial carry is `x` (seed 18
+    # #1129)
+    "scan_of_one_step_is_inlined": (
+        lambda xs: lax.scan(
+            lambda c, x: (lambda c2: (c2, jnp.sin(c2) * x))(0.5 * c + x), jnp.zeros_like(xs[0]), xs
+        )[1],
+        (X.reshape(1, 32, 32),),
+    ),
+    # ...and the cotangents its transpose accumulates start from zero: `add_any(0, g)` is `g`
+    "gradient_of_a_scan_of_one_step": (
+        jax.grad(
+            lambda w, xs: jnp.mean(
+                lax.scan(
+                    lambda h, x: (lambda h2: (h2, h2))(jnp.tanh(x @ w + h)),
+                    jnp.ones_like(xs[0]),
+                    xs,
+                )[1]
+            )
+        ),
+        (X[:16, :16], X.reshape(1, 64, 16)),
+    ),
+    "log_softmax_read_by_a_cond_and_its_predicate": (
+        lambda x: (lambda v: lax.cond(jnp.sum(v) > 0, lambda t: 2.0 * t, jnp.tanh, v))(
+            jax.nn.log_softmax(x, axis=0)
+        ),
+        (X.reshape(4, 16, 16),),
+    ),
     "logsumexp_one_fusion": (lambda x: jax.nn.logsumexp(x, axis=2), (jnp.ones((4, 4, 12, 3)),)),
     # x / s: one reciprocal of the spread divisor, then multiplies
     "division_by_a_scalar": (lambda x, s: x / s, (X[:8, :16], jnp.float32(2.0))),

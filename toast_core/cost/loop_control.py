@@ -10,6 +10,8 @@ over x[4, 8] counts 10 flops (8 adds, the counter's add and compare), two such s
   `i` and `i + 1`) adds only the compare: XLA merges the two induction variables into one, whose
   add is the program's own (`fori_loop(0, 4, lambda i, c: c + x[i], ...)`: 13 flops = 8 adds,
   the index wrap's compare, add and select, the counter's add and the loop's compare).
+* A `scan` of one step adds nothing: XLA's while-loop simplifier inlines its body (fuzz seed
+  18 #1129: a one-step scan beside two dots counts the dots' flops alone).
 * A `while_loop`'s counter step is the program's own op; its condition is a jaxpr the trace
   does not walk, counted here as the one compare of `i < n` (the form of gradient-accumulation
   loops; fuzz seed 16's `accum_while` programs).
@@ -36,6 +38,8 @@ def loop_control_flops(program: Program) -> float:
     for op in program.ops:
         if op.primitive == prim.WHILE_END:
             total += COUNTER_FLOPS - 1  # the condition's compare; the step is a body op
+        elif op.primitive == prim.SCAN_END and op.param("length") == 1:
+            continue  # inlined: no loop left (`simplify.rewired`)
         elif op.primitive == prim.SCAN_END:
             merged = _steps_an_int_counter(program, op, producers)
             total += COUNTER_FLOPS - 1 if merged else COUNTER_FLOPS

@@ -419,12 +419,20 @@ def _rewired(prog: Program) -> tuple[Program, list[int]]:
       cost nothing: measured 6 flops per element, not 8). A select whose predicate is a scalar
       of literals alone is its chosen case (`constant_scalars`: `jnp.var`'s ddof guard).
     * **Common subexpressions**: an op with the same primitive and params as an earlier one, on
-      the same operands (once earlier repeats are merged, so a repeated chain goes whole;
+      the same operands (in either order for a commutative op: `_commuted_key`; once earlier
+      repeats are merged, so a repeated chain goes whole;
       literals equal by dtype, shape and value) is that op: `jnp.clip(v, -.5, .5)` written
       twice, or `gelu(x)` evaluated in two places, is computed once. Region boundaries never
       merge (each loop or branch body reads its own inputs, so nothing in two bodies merges).
       Behind barriers (`barred`), a `jax.checkpoint` body's recomputation merges with nothing
       outside it.
+    * **A scan of one step** is inlined (XLA's while-loop simplifier): its body reads the
+      initial carry and consts themselves, so `0.5 * c + x` on a zero initial carry is `x`
+      (fuzz seed 18 #1129, a one-step `_decay_scan` beside two dots: 1.22 of XLA's flops).
+    * **`stop_gradient`** is its operand: JAX lowers it to nothing, so what reads it reads the
+      operand in the HLO (fuzz seed 18 #250: a dropout read by an output's `expand_dims` and,
+      through `stop_gradient`, by a `while_loop` is computed once, as for any value a loop
+      reads; counted in both fusions it was 1.24 of XLA's flops on [64]).
     * **Scalings in a row** (`_past_scalings`): `(x * c1) * c2` reads `x` (XLA's simplifier
       folds the constants), whether or not `x * c1` has other readers.
     * **Sorts of rows of one element** (`_sorts_rows_of_one`) are their operands: an argsort
@@ -447,6 +455,11 @@ def _rewired(prog: Program) -> tuple[Program, list[int]]:
         operands = _past_scalings(op, tuple(map(canon.__getitem__, op.operands)), ops, prog, const)
         op = _reshaping_reduction(op, prog) or op
         ops.append(_with_operands(op, operands) if operands != op.operands else op)
+        if op.primitive == prim.SCAN_START and op.param("length") == 1:
+            # XLA inlines a loop of one trip: the body reads the initial carry (and consts)
+            n = int(op.param("num_consts", 0)) + int(op.param("num_carry", 0))
+            for r, v in zip(op.results[:n], operands[:n]):
+                canon[r] = v
         if not op.results or op.primitive in boundaries:
             continue
         if _sorts_rows_of_one(op, prog):
@@ -601,7 +614,8 @@ def _splat_dot_key(op: Op, operands: tuple[int, ...], prog: Program) -> tuple | 
 
 
 #: Elementwise ops whose operands commute, by the HLO opcode they lower to (`add_any`, the
-#: cotangent sum, is an `add`).
+#: cotangent sum, is an `add`). The transpose of `v * v` makes `ct * v` and `v * ct`, one op in
+#: XLA (fuzz seed 18 #725, an accumulated SGD step of `x / (1 + v * v)`: `add(m, m)`).
 _COMMUTATIVE = {"add": "add", "add_any": "add", "mul": "mul", "max": "max", "min": "min"}
 _COMMUTATIVE.update({"and": "and", "or": "or", "xor": "xor"})
 
@@ -688,7 +702,9 @@ _UNBOUNDED = {"max": float("-inf"), "min": float("inf")}
 
 
 #: The primitives `_forwarded` may find an identity (any other op is asked nothing more).
-_MAY_FORWARD = frozenset(_NEUTRAL) | frozenset(_UNBOUNDED) | {"max", "min", "select_n"}
+_MAY_FORWARD = (
+    frozenset(_NEUTRAL) | frozenset(_UNBOUNDED) | {"max", "min", "select_n", "stop_gradient"}
+)
 
 #: Ops that spread or pass a constant scalar unchanged: `broadcast_in_dim(1.0)` then `copy` is
 #: how `jax.grad` seeds the cotangent of a `sum`.
@@ -707,24 +723,42 @@ _EMPTY_REDUCTION = {
 def _splats(prog: Program) -> dict[int, float]:
     """Values that are a scalar literal spread unchanged (`broadcast_in_dim 1.0`, a copy of
     one), with that scalar: XLA's simplifier sees through the broadcast, so `x * [1.0, ...]` is
-    `x` as `x * 1.0` is. Also a reduction of an empty array that XLA folds
-    (`_empty_reduction_kept`), its init value spread, and a pad of it by that same value: the
-    cotangent of a one-sided edge pad's empty side, whose add XLA drops (measured: the SGD step
-    of `mean(jnp.pad(p[8, 8], ((1, 0), (0, 0)), mode="edge"))` is 336 flops, 400 with the add;
-    on [4, 6, 5] with ((0, 0), (1, 0), (0, 0)), 880, not 1000)."""
+    `x` as `x * 1.0` is. An add, subtract or multiply of two such values is one too (XLA folds
+    it to a constant): the gradient of a parameter read only through `stop_gradient` is a
+    broadcast of 0, so SGD's `p - 0.1 * g` is `p - 0`, which is `p` (fuzz seed 18 #319, a
+    `while_loop` over `stop_gradient(w)` under SGD: 53 flops predicted, XLA 50). Also a
+    reduction of an empty array that XLA folds (`_empty_reduction_kept`), its init value
+    spread, and a pad of it by that same value: the cotangent of a one-sided edge pad's empty
+    side, whose add XLA drops (measured: the SGD step of `mean(jnp.pad(p[8, 8], ((1, 0), (0,
+    0)), mode="edge"))` is 336 flops, 400 with the add; on [4, 6, 5] with ((0, 0), (1, 0),
+    (0, 0)), 880, not 1000)."""
     out: dict[int, float] = {}
     folded: set[int] = set()  # the spread folded empty reductions
+
+    def value(vid: int) -> float | None:
+        return out[vid] if vid in out else _literal(prog, vid)
+
     for op in prog.ops:
+        if op.primitive == prim.SCAN_START and op.param("length") == 1:  # inlined (`rewired`)
+            n = int(op.param("num_consts", 0)) + int(op.param("num_carry", 0))
+            for r, v in zip(op.results[:n], op.operands[:n]):
+                if value(v) is not None:
+                    out[r] = value(v)
+            continue
         if len(op.results) != 1 or not op.operands:
             continue
         (r,) = op.results
         src = op.operands[0]
         if op.primitive in _SPREADS and len(op.operands) == 1:
-            val = out[src] if src in out else _literal(prog, src)
+            val = value(src)
             if val is not None:
                 out[r] = val
                 if src in folded:
                     folded.add(r)
+        elif op.primitive in _FOLDED and len(op.operands) == 2:
+            x, y = map(value, op.operands)
+            if x is not None and y is not None:
+                out[r] = _FOLDED[op.primitive](x, y)
         elif (
             op.primitive in _EMPTY_REDUCTION
             and prog.values[src].size == 0
@@ -736,6 +770,10 @@ def _splats(prog: Program) -> dict[int, float]:
             out[r] = out[src]
             folded.add(r)
     return out
+
+
+#: Binary ops whose result on two spread literals `_splats` folds.
+_FOLDED = {"add": float.__add__, "sub": float.__sub__, "mul": float.__mul__}
 
 
 def _forwarded(
@@ -754,6 +792,8 @@ def _forwarded(
         return splats[vid] if vid in splats else _literal(prog, vid)
 
     shape = prog.values[op.results[0]].shape
+    if op.primitive == "stop_gradient" and len(operands) == 1:
+        return operands[0]
     if op.primitive in _NEUTRAL and len(operands) == 2:
         left, right = _NEUTRAL[op.primitive]
         a, b = operands
