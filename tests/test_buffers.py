@@ -77,8 +77,14 @@ def test_a_temporary_borrows_an_idle_output_allocation():
     outputs, block = place_in_output_allocations(size, start, end, is_out, 10)
     assert outputs == 110.0
     # 120 fits no allocation; 80 borrows output 0's (idle until op 8); 60 overlaps 80 there and
-    # is bigger than output 1: block; 50 lives into op 8, where output 0 is made: it borrows
-    # output 0's allocation too, its reader writing the output over it in place.
+    # is bigger than output 1: block; 50 lives into op 8, where output 0 is made, and is not
+    # its size: XLA writes no 100-byte result over it, block.
+    want = timeline_of(size[[3, 4, 5]], start[[3, 4, 5]], end[[3, 4, 5]], 10)
+    np.testing.assert_array_equal(block, want)
+    # Of output 0's size, its reader writes the output over it in place: it borrows the
+    # allocation too, beside 80.
+    size[5] = 100.0
+    _, block = place_in_output_allocations(size, start, end, is_out, 10)
     want = timeline_of(size[[3, 4]], start[[3, 4]], end[[3, 4]], 10)
     np.testing.assert_array_equal(block, want)
     # One op later it would be live with output 0: block.

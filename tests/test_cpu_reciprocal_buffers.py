@@ -39,9 +39,10 @@ def _adam_args():
 def test_the_bias_corrections_are_stored_as_reciprocals():
     prog = tc.analyze(tc.trace(_adam, *_adam_args())).program
     rows = reciprocal_buffers(prog, materialized(prog))
-    # c1 and c2: scalars, each from its making to the division reading it
+    # c1 and c2: scalars, each from its making to the update its division is fused into
     assert sorted(prog.values[r[0]].shape for r in rows) == [(), ()]
-    assert all(prog.ops[r[2]].primitive == "div" and r[1] < r[2] for r in rows)
+    update = next(op for op in reversed(prog.ops) if op.primitive == "sub")
+    assert all(r[2] == update.index and r[1] < r[2] for r in rows)
 
 
 def test_a_constant_or_stored_divisor_adds_nothing():
@@ -58,8 +59,9 @@ def test_adam_memory_matches_xla():
     ana = tc.analyze(tc.trace(_adam, *args))
     strategy = tc.baselines.all(ana, MESH_2X3)["data_parallel"][0]
     check = tc.validate(_adam, args, ana, strategy, tc.jax_mesh(MESH_2X3), HW, check_numerics=False)
-    # measured 220 bytes; the model had 152 (0.69)
-    assert abs(check.predicted_memory_bytes / check.compiled_memory_bytes - 1) <= 0.15, (
+    # measured 208 bytes (both reciprocals live until the update: a 68-byte block); the model
+    # had 152 without them (0.73), 144 with them dying at their divisions
+    assert abs(check.predicted_memory_bytes / check.compiled_memory_bytes - 1) <= 0.05, (
         check.predicted_memory_bytes,
         check.compiled_memory_bytes,
     )

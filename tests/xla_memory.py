@@ -3,8 +3,8 @@ tests that hold the CPU memory view to XLA's `memory_analysis()`."""
 
 import toast_core as tc
 
-#: XLA sizes its temporary block up to the end of its top buffer, not to that buffer's 64-byte
-#: aligned end as the model does: under 64 bytes over (the block's last padding).
+#: XLA sizes its temporary block up to the end of its top buffer; the model ends it at its
+#: smallest buffer's end (`buffers.top_padding`), under 64 bytes off when XLA's top is another.
 ALIGN_SLACK = 64
 
 

@@ -550,12 +550,13 @@ def _reshaped_from(prog: Program, x: int, producers, fused) -> list[int] | None:
 
 
 def reciprocal_buffers(prog: Program, is_materialized: list[bool]) -> list[tuple]:
-    """(divisor, its producer, last division, 1, 1, 0) per value that divisions spread over
-    their results (`flops.spread_divisor_elements`) divide by, when the model fuses it away and
-    it is no constant: XLA stores its reciprocal (module essay)."""
+    """(divisor, its producer, last op of the last division's fusion, 1, 1, 0) per value that
+    divisions spread over their results (`flops.spread_divisor_elements`) divide by, when the
+    model fuses it away and it is no constant: XLA stores its reciprocal (module essay)."""
     fused = fused_away(prog, is_materialized)
     const = constant_values(prog)
     producers = prog.producers()
+    uses = prog.uses()
     last: dict[int, int] = {}
     for op in prog.ops:
         if op.primitive != "div" or len(op.operands) != 2 or not op.results:
@@ -568,8 +569,27 @@ def reciprocal_buffers(prog: Program, is_materialized: list[bool]) -> list[tuple
         while producers[d] is not None and prog.ops[producers[d]].primitive == "broadcast_in_dim":
             d = prog.ops[producers[d]].operands[0]
         if fused[d] and not const[d] and producers[d] is not None:
-            last[d] = op.index
+            last[d] = max(last.get(d, -1), _fused_until(prog, op.results[0], fused, uses))
     return [(d, producers[d], hi, 1.0, 1, 0) for d, hi in last.items()]
+
+
+def _fused_until(prog: Program, v: int, fused: list[bool], uses) -> int:
+    """The last op whose fusion computes `v`: its producer when stored, else (fused away into
+    its readers) the last such op of its readers' results. The reciprocal lives until there:
+    Adam's bias corrections until the update that the divisions fuse into (measured: XLA's
+    two reciprocals side by side in the block, `test_cpu_reciprocal_buffers.py`)."""
+    end, todo, seen = prog.producers()[v] or 0, [v], set()
+    while todo:
+        x = todo.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if not fused[x]:
+            continue
+        for op_index, _ in uses[x]:
+            end = max(end, op_index)
+            todo.extend(prog.ops[op_index].results)
+    return end
 
 
 #: Buffers of up to 64 bytes a loop's state holds on XLA:CPU: the tuple's table, the counter.
