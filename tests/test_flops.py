@@ -274,6 +274,17 @@ SIMPLIFIED = {
         ),
         (jnp.ones((2, 16, 4)),),
     ),
+    # a select of broadcasts with a broadcast predicate is computed in full (the predicate's
+    # element type differs: fuzz seed 18 #253, a leaky relu of a broadcast, 0.12 of XLA's
+    # flops), and so is a sum over it; with a splat predicate it runs on the core
+    "select_of_broadcasts": (
+        lambda a, s: (
+            jax.nn.leaky_relu(B(a, (24, 8, 16), (1, 2))),
+            jnp.where(B(a, (24, 8, 16), (1, 2)) > 0, B(a, (24, 8, 16), (1, 2)), 1.0).sum(0),
+            jnp.where(s > 0, B(a, (24, 8, 16), (1, 2)), B(a * 2, (24, 8, 16), (1, 2))),
+        ),
+        (jnp.ones((8, 16)), jnp.float32(1.0)),
+    ),
     # jax's elementwise ops broadcast size-1 dims themselves: the cotangent of mean(a[.., None]
     # * b) wrt b multiplies a broadcast scalar by b[1, 1, 12]: 12 multiplies, 11 adds
     "size_one_dims_broadcast_in_the_op": (

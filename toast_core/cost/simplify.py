@@ -942,11 +942,20 @@ def _elementwise_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
     share (measured on f32 [32, 2, 16, 4], `b = broadcast(a[2, 16, 4])`: `tanh(b)` and `b + b2`
     count 128, `b - b.max(axis=2, keepdims=True)`, uniform along dims {0} and {0, 2}, 4,096 +
     the max; `log_softmax(b, axis=2)` 16,248 flops, where the core counted 624: fuzz seed 16
-    #285, 0.53 of XLA's flops)."""
+    #285, 0.53 of XLA's flops).
+
+    A select whose predicate is such a broadcast (not a splat) is computed in full when a value
+    it selects is one too: the sunk op's non-splat operands must have one element type, and the
+    predicate's is `pred` (measured: `jnp.where(b > 0, b, 0.01 * b)` with `b` a [24, 8, 16]
+    broadcast of `x[8, 16]`, a leaky relu, counts 128 + 128 + 3,072 flops, and a sum over dim 0
+    of such a select 2,944 more; with a splat predicate, or splat values, the select runs on the
+    core: fuzz seed 18 #253, predicted 0.12 of XLA's flops)."""
     values = prog.values
     shape = values[op.results[0]].shape
     wide = frozenset(d for d, n in enumerate(shape) if n > 1)
     sets, splats = [], []
+    if op.primitive == "select_n" and _mixed_type_broadcasts(op, prog, uni, wide):
+        return frozenset()
     for v in op.operands:
         vshape = values[v].shape
         if not vshape:  # a scalar: uniform along every dim (`_scalar_or`)
@@ -965,6 +974,21 @@ def _elementwise_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
     if any(s != sets[0] for s in sets[1:]):
         return frozenset()
     return sets[0]
+
+
+def _mixed_type_broadcasts(op: Op, prog: Program, uni, wide: frozenset[int]) -> bool:
+    """A select's predicate and one of its values are both broadcasts that are not splats."""
+
+    def non_splat(v: int) -> bool:
+        val = prog.values[v]
+        if not val.shape:
+            return False
+        s = uni[v]
+        if len(val.shape) == len(prog.values[op.results[0]].shape):
+            s = s | {d for d, n in enumerate(val.shape) if n == 1 and d in wide}
+        return bool(s) and not wide <= s
+
+    return non_splat(op.operands[0]) and any(non_splat(v) for v in op.operands[1:])
 
 
 def _broadcast_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
