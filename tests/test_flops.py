@@ -139,7 +139,7 @@ EXPANDED_CASES = {
 }
 
 
-#: XLA's algebraic simplifier drops bernoulli's `* (maxval - minval) + minval` with constants 1, 0.
+#: Not simplified here (`rewired` drops uniform's `* (maxval - minval) + minval`: SIMPLIFIED).
 LOOSER = {"dropout": 0.04}
 
 
@@ -277,6 +277,13 @@ SIMPLIFIED = {
             jax.nn.log_softmax(B(a, (8, 2, 16, 4), (1, 2, 3)), axis=2),
         ),
         (jnp.ones((2, 16, 4)),),
+    ),
+    # uniform's `u * (maxval - minval) + minval` with the default bounds, f32[1]s folded from
+    # literals, is `u` (fuzz seed 18 #229, a dropout, 2 flops per element too many)
+    "uniform_default_bounds": (lambda k: jax.random.uniform(k, (16,)), (jax.random.key(0),)),
+    "dropout_of_a_vector": (
+        lambda x, k: jnp.where(jax.random.bernoulli(k, 0.9, x.shape), x / 0.9, 0),
+        (jnp.ones(16), jax.random.key(0)),
     ),
     # a select of broadcasts with a broadcast predicate is computed in full (the predicate's
     # element type differs: fuzz seed 18 #253, a leaky relu of a broadcast, 0.12 of XLA's
