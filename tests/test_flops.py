@@ -278,6 +278,18 @@ SIMPLIFIED = {
         ),
         (jnp.ones((2, 16, 4)),),
     ),
+    # reductions read by one loop share it, chained or not: their producers are computed once
+    # (fuzz seed 18 #8: the mean of a gelu and of its pad, 2.0 of XLA's flops); not when the
+    # loop writes more than they make (a sum over rows broadcast against one over columns)
+    "sibling_reductions_share_a_loop": (
+        lambda x: (
+            jnp.mean(jax.nn.gelu(x, approximate=False))
+            + jnp.mean(jnp.pad(jax.nn.gelu(x, approximate=False), [(1, 2), (0, 0)])),
+            jnp.sum(jnp.sum(x * 2 + 1, 1) * 2) + jnp.sum(x * 2 + 1),
+            jnp.sum(jnp.cos(x) * 3, 0)[None] + jnp.sum(jnp.cos(x) * 3, 1)[:, None],
+        ),
+        (X[:16, :32],),
+    ),
     # uniform's `u * (maxval - minval) + minval` with the default bounds, f32[1]s folded from
     # literals, is `u` (fuzz seed 18 #229, a dropout, 2 flops per element too many)
     "uniform_default_bounds": (lambda k: jax.random.uniform(k, (16,)), (jax.random.key(0),)),
