@@ -50,7 +50,11 @@ from math import prod
 from toast_core.analysis.factors import mixed_radix_groups
 from toast_core.cost.constant_scalars import chosen_case, constant_scalars
 from toast_core.cost.flops import one_window_test_flops, spread_divisor_elements
-from toast_core.cost.flops_measured import expanded_extra_copies
+from toast_core.cost.flops_measured import (
+    EXPANDED,
+    EXPANDED_ON_BROADCAST,
+    expanded_extra_copies,
+)
 from toast_core.cost.fusion import _kept_once, _more_than_unary, fusible, fusion_work, materialized
 from toast_core.cost.gather_fusion import gather_copies
 from toast_core.cost.select_masks import convert_copies
@@ -699,7 +703,9 @@ def _rewired_work_factors(
         ):
             out.append(0.0)
         elif op.primitive in prim.ELEMENTWISE or _is_outer_product(op):
-            out.append(_core_fraction(prog.values[op.results[0]].shape, uni[op.results[0]]))
+            # a special function on a broadcast: its core (`executions` adds the whole part)
+            u = _expanded_on_broadcast(op, prog, uni) or uni[op.results[0]]
+            out.append(_core_fraction(prog.values[op.results[0]].shape, u))
         elif op.primitive in prim.REDUCTIONS:
             out.append(_reduction_fraction(op, prog, uni))
         else:
@@ -776,6 +782,11 @@ def executions(
         copies[i] = c
     each = [c * w for c, w in zip(copies, factors)]
     each_flops = list(each)
+    for op in simple.ops:  # a special function on a broadcast: its selects on the whole result
+        f = expanded_factors(op, simple, uni) if live[op.index] else None
+        if f is not None and factors[op.index]:
+            each_flops[op.index] = copies[op.index] * f[0]
+            each[op.index] = copies[op.index] * f[1]
     for i, readers in expanded.items():  # a special function's cheap part, in each reader
         each_flops[i] += expanded_extra_copies(simple.ops[i].primitive, readers) * factors[i]
     for op in simple.ops:  # a divisor's reciprocal is computed once, its multiply per copy
@@ -968,6 +979,8 @@ def _elementwise_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
     sets, splats = [], []
     if op.primitive == "select_n" and _mixed_type_broadcasts(op, prog, uni, wide):
         return frozenset()
+    if _expanded_on_broadcast(op, prog, uni):
+        return frozenset()  # its selects run on the whole result
     for v in op.operands:
         vshape = values[v].shape
         if not vshape:  # a scalar: uniform along every dim (`_scalar_or`)
@@ -986,6 +999,35 @@ def _elementwise_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
     if any(s != sets[0] for s in sets[1:]):
         return frozenset()
     return sets[0]
+
+
+def _expanded_on_broadcast(op: Op, prog: Program, uni) -> frozenset[int]:
+    """The uniform dims of the operand of a special function XLA expands with selects
+    (`flops_measured.EXPANDED_ON_BROADCAST`) when that operand is a broadcast but not a splat
+    (its core is then larger than one element); else empty."""
+    if op.primitive not in EXPANDED_ON_BROADCAST or len(op.operands) != 1:
+        return frozenset()
+    val = prog.values[op.operands[0]]
+    u = uni[op.operands[0]]
+    if not u or not val.shape or all(d in u for d, n in enumerate(val.shape) if n > 1):
+        return frozenset()
+    return u
+
+
+def expanded_factors(op: Op, prog: Program, uni) -> tuple[float, float] | None:
+    """For a special function on a broadcast (`_expanded_on_broadcast`), the fractions of its
+    flops and of its transcendentals XLA counts: part on the core, the selects (and what follows
+    them) on the whole result (`flops_measured.EXPANDED_ON_BROADCAST`); else None."""
+    u = _expanded_on_broadcast(op, prog, uni)
+    if not u:
+        return None
+    fraction = _core_fraction(prog.values[op.operands[0]].shape, u)
+    out = []
+    for (core, whole), per_element in zip(
+        EXPANDED_ON_BROADCAST[op.primitive], EXPANDED[op.primitive]
+    ):
+        out.append((core * fraction + whole) / per_element if per_element else 0.0)
+    return out[0], out[1]
 
 
 def _mixed_type_broadcasts(op: Op, prog: Program, uni, wide: frozenset[int]) -> bool:
