@@ -78,6 +78,29 @@ if set(EXPANDED_DUPLICATED) != prim.EXPANDED_TRANSCENDENTAL:
     raise AssertionError(sorted(set(EXPANDED_DUPLICATED) ^ prim.EXPANDED_TRANSCENDENTAL))
 
 
+#: (Flops, transcendentals) per element of the core and of the whole result of a one-operand
+#: special function run on a broadcast (not of a scalar): XLA's simplifier sinks the broadcast past the cheap ops of
+#: the expansion, not past its selects, whose predicate has another element type
+#: (`simplify._elementwise_uniform`), so the selects and what follows them run on the whole
+#: result (which is no broadcast then) and the rest on the core. Measured: `f(broadcast(x))`,
+#: x f32[16, 32] in [0.5, 1.5], broadcast 4 and 8 times along a new dim 0 (erfc: 58 x 512 +
+#: 6 x 2,048 = 41,984 flops at 4 times, where the model counted 60 x 512; fuzz seed 18 #306,
+#: a gelu of a broadcast, 0.78 of XLA's flops). Those that sink whole (acos, asin, cosh,
+#: logistic, exp2) and those of several operands are not listed.
+EXPANDED_ON_BROADCAST = {
+    "acosh": ((6, 1), (4, 0)),
+    "asinh": ((12, 2), (3, 0)),
+    "atanh": ((5, 1), (2, 0)),
+    "bessel_i0e": ((84, 1), (1, 0)),
+    "bessel_i1e": ((82, 2), (1, 0)),
+    "digamma": ((20, 59), (2, 1)),
+    "erf_inv": ((20, 19), (2, 0)),
+    "erfc": ((58, 6), (1, 0)),
+    "lgamma": ((9, 43), (0, 4)),
+    "sinh": ((9, 1), (3, 0)),
+}
+
+
 def expanded_extra_copies(primitive: str, reader_fusions: int) -> float:
     """How many more times than once XLA counts the flops of a special function read by
     `reader_fusions` loop fusions (`EXPANDED_DUPLICATED`, as a fraction of `EXPANDED`'s
@@ -118,12 +141,22 @@ def bitcast_convert_type_flops(op, program):
 
 @flop_rule("random_bits")
 def random_bits_flops(op, program):
-    """Threefry: 47 integer ops per element of 32-bit bits (u32[32, 32]: 48,205; u32[64, 64]:
-    192,653); 48 for 8- and 16-bit bits (narrowed, u8[32, 32]: 49,229); 50 for 64-bit bits (one
-    threefry pair joined, u64[64, 64] with x64 on: 204,941)."""
+    """Threefry on 32-bit bits: 45 integer ops per element and 13 once, for one dim longer than
+    1 (u32[n]: 45 n + 13, n = 2 .. 4,096; a single element 53). Each further such dim adds 2 per
+    element and 2 per index of every such dim but the last: the counter is the element's linear
+    index, summed from one iota per dim (u32[2, 8]: 769, [8, 2]: 781, [32, 32]: 48,205,
+    [2, 3, 4]: 1,199, [8, 8, 8]: 25,133, [2, 2, 2, 2]: 841; fuzz seed 18 #229, the dropout of
+    an f32[16], counted 47 per element: 1.06 of XLA's flops). 8- and 16-bit bits add 1 per
+    element (narrowed, u8[32, 32]: 49,229), 64-bit bits 3 (a threefry pair joined, u64[64, 64]
+    with x64 on: 204,941)."""
     width = op.param("bit_width", 32)
-    per_element = 47 + (1 if width < 32 else 3 if width == 64 else 0)
-    return float(per_element * _size(program, op.results[0])), 0.0
+    extra = 1 if width < 32 else 3 if width == 64 else 0
+    n = _size(program, op.results[0])
+    dims = [d for d in program.values[op.results[0]].shape if d > 1]
+    if not dims:
+        return float(53 + extra), 0.0
+    linear_index = 2 * n * (len(dims) - 1) + 2 * sum(dims[:-1])
+    return float((45 + extra) * n + 13 + linear_index), 0.0
 
 
 @flop_rule("random_split")

@@ -50,7 +50,12 @@ from math import prod
 from toast_core.analysis.factors import mixed_radix_groups
 from toast_core.cost.constant_scalars import chosen_case, constant_scalars
 from toast_core.cost.flops import one_window_test_flops, spread_divisor_elements
-from toast_core.cost.flops_measured import expanded_extra_copies, scan_combines
+from toast_core.cost.flops_measured import (
+    EXPANDED,
+    EXPANDED_ON_BROADCAST,
+    expanded_extra_copies,
+    scan_combines,
+)
 from toast_core.cost.fusion import _kept_once, _more_than_unary, fusible, fusion_work, materialized
 from toast_core.cost.gather_fusion import gather_copies
 from toast_core.cost.select_masks import convert_copies
@@ -445,8 +450,8 @@ def _rewired(prog: Program) -> tuple[Program, list[int]]:
     for v in prog.values:
         if v.role == "literal":
             canon[v.id] = literal_key.setdefault((v.name, v.dtype, v.shape), v.id)
-    splats = _splats(prog)
     scalars = constant_scalars(prog)
+    splats = _splats(prog, scalars)
     first: dict = {}
     ops = []
     boundaries = prim.REGION_BOUNDARIES
@@ -720,19 +725,32 @@ _EMPTY_REDUCTION = {
 }
 
 
-def _splats(prog: Program) -> dict[int, float]:
-    """Values that are a scalar literal spread unchanged (`broadcast_in_dim 1.0`, a copy of
-    one), with that scalar: XLA's simplifier sees through the broadcast, so `x * [1.0, ...]` is
-    `x` as `x * 1.0` is. An add, subtract or multiply of two such values is one too (XLA folds
-    it to a constant): the gradient of a parameter read only through `stop_gradient` is a
-    broadcast of 0, so SGD's `p - 0.1 * g` is `p - 0`, which is `p` (fuzz seed 18 #319, a
-    `while_loop` over `stop_gradient(w)` under SGD: 53 flops predicted, XLA 50). Also a
-    reduction of an empty array that XLA folds (`_empty_reduction_kept`), its init value
-    spread, and a pad of it by that same value: the cotangent of a one-sided edge pad's empty
-    side, whose add XLA drops (measured: the SGD step of `mean(jnp.pad(p[8, 8], ((1, 0), (0,
-    0)), mode="edge"))` is 336 flops, 400 with the add; on [4, 6, 5] with ((0, 0), (1, 0),
-    (0, 0)), 880, not 1000)."""
-    out: dict[int, float] = {}
+def _number(value) -> float | None:
+    """A folded scalar as a number; None for a predicate (`True * x` is no identity)."""
+    return None if value is None or isinstance(value, bool) else float(value)
+
+
+def _splats(prog: Program, scalars: dict[int, float | bool]) -> dict[int, float]:
+    """Values that are a constant scalar (a literal, or one folded from literals:
+    `constant_scalars`) spread unchanged (`broadcast_in_dim 1.0`, a copy of one), with that
+    scalar: XLA's simplifier sees through the broadcast, so `x * [1.0, ...]` is `x` as
+    `x * 1.0` is, and it folds the constants first: `jax.random.uniform`'s
+    `u * (maxval - minval) + minval` with its default bounds, `f32[1]` broadcasts of the
+    converted literals 1 and 0, is `u` (measured: the uniform draw of an f32[16] counts 813
+    flops, the threefry bits and 5 per element; fuzz seed 18 #229, a dropout, counted 2 more
+    per element).
+
+    An add, subtract or multiply of two such values is one too (XLA folds it to a constant):
+    the gradient of a parameter read only through `stop_gradient` is a broadcast of 0, so
+    SGD's `p - 0.1 * g` is `p - 0`, which is `p` (fuzz seed 18 #319, a `while_loop` over
+    `stop_gradient(w)` under SGD: 53 flops predicted, XLA 50). Also a reduction of an empty
+    array that XLA folds (`_empty_reduction_kept`), its init value spread, and a pad of it by
+    that same value: the cotangent of a one-sided edge pad's empty side, whose add XLA drops
+    (measured: the SGD step of `mean(jnp.pad(p[8, 8], ((1, 0), (0, 0)), mode="edge"))` is 336
+    flops, 400 with the add; on [4, 6, 5] with ((0, 0), (1, 0), (0, 0)), 880, not 1000)."""
+    out: dict[int, float] = {
+        v: x for v, x in ((v, _number(x)) for v, x in scalars.items()) if x is not None
+    }
     folded: set[int] = set()  # the spread folded empty reductions
 
     def value(vid: int) -> float | None:
@@ -1012,7 +1030,9 @@ def _rewired_work_factors(
         ):
             out.append(0.0)  # a gather at constant indices: its fill mask is a constant
         elif op.primitive in prim.ELEMENTWISE or _is_outer_product(op, prog):
-            out.append(_core_fraction(prog.values[op.results[0]].shape, uni[op.results[0]]))
+            # a special function on a broadcast: its core (`executions` adds the whole part)
+            u = _expanded_on_broadcast(op, prog, uni) or uni[op.results[0]]
+            out.append(_core_fraction(prog.values[op.results[0]].shape, u))
         elif op.primitive in prim.REDUCTIONS:
             out.append(_reduction_fraction(op, prog, uni))
         else:
@@ -1094,6 +1114,11 @@ def executions(
         copies[i] = c
     each = [c * w for c, w in zip(copies, factors)]
     each_flops = list(each)
+    for op in simple.ops:  # a special function on a broadcast: its selects on the whole result
+        f = expanded_factors(op, simple, uni) if live[op.index] else None
+        if f is not None and factors[op.index]:
+            each_flops[op.index] = copies[op.index] * f[0]
+            each[op.index] = copies[op.index] * f[1]
     for i, readers in expanded.items():  # a special function's cheap part, in each reader
         each_flops[i] += expanded_extra_copies(simple.ops[i].primitive, readers) * factors[i]
     for op in simple.ops:  # a divisor's reciprocal is computed once, its multiply per copy
@@ -1272,11 +1297,22 @@ def _elementwise_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
     share (measured on f32 [32, 2, 16, 4], `b = broadcast(a[2, 16, 4])`: `tanh(b)` and `b + b2`
     count 128, `b - b.max(axis=2, keepdims=True)`, uniform along dims {0} and {0, 2}, 4,096 +
     the max; `log_softmax(b, axis=2)` 16,248 flops, where the core counted 624: fuzz seed 16
-    #285, 0.53 of XLA's flops)."""
+    #285, 0.53 of XLA's flops).
+
+    A select whose predicate is such a broadcast (not a splat) is computed in full when a value
+    it selects is one too: the sunk op's non-splat operands must have one element type, and the
+    predicate's is `pred` (measured: `jnp.where(b > 0, b, 0.01 * b)` with `b` a [24, 8, 16]
+    broadcast of `x[8, 16]`, a leaky relu, counts 128 + 128 + 3,072 flops, and a sum over dim 0
+    of such a select 2,944 more; with a splat predicate, or splat values, the select runs on the
+    core: fuzz seed 18 #253, predicted 0.12 of XLA's flops)."""
     values = prog.values
     shape = values[op.results[0]].shape
     wide = frozenset(d for d, n in enumerate(shape) if n > 1)
     sets, splats = [], []
+    if op.primitive == "select_n" and _mixed_type_broadcasts(op, prog, uni, wide):
+        return frozenset()
+    if _expanded_on_broadcast(op, prog, uni):
+        return frozenset()  # its selects run on the whole result
     for v in op.operands:
         vshape = values[v].shape
         if not vshape:  # a scalar: uniform along every dim (`_scalar_or`)
@@ -1295,6 +1331,50 @@ def _elementwise_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
     if any(s != sets[0] for s in sets[1:]):
         return frozenset()
     return sets[0]
+
+
+def _expanded_on_broadcast(op: Op, prog: Program, uni) -> frozenset[int]:
+    """The uniform dims of the operand of a special function XLA expands with selects
+    (`flops_measured.EXPANDED_ON_BROADCAST`) when that operand is a broadcast but not a splat
+    (its core is then larger than one element); else empty."""
+    if op.primitive not in EXPANDED_ON_BROADCAST or len(op.operands) != 1:
+        return frozenset()
+    val = prog.values[op.operands[0]]
+    u = uni[op.operands[0]]
+    if not u or not val.shape or all(d in u for d, n in enumerate(val.shape) if n > 1):
+        return frozenset()
+    return u
+
+
+def expanded_factors(op: Op, prog: Program, uni) -> tuple[float, float] | None:
+    """For a special function on a broadcast (`_expanded_on_broadcast`), the fractions of its
+    flops and of its transcendentals XLA counts: part on the core, the selects (and what follows
+    them) on the whole result (`flops_measured.EXPANDED_ON_BROADCAST`); else None."""
+    u = _expanded_on_broadcast(op, prog, uni)
+    if not u:
+        return None
+    fraction = _core_fraction(prog.values[op.operands[0]].shape, u)
+    out = []
+    for (core, whole), per_element in zip(
+        EXPANDED_ON_BROADCAST[op.primitive], EXPANDED[op.primitive]
+    ):
+        out.append((core * fraction + whole) / per_element if per_element else 0.0)
+    return out[0], out[1]
+
+
+def _mixed_type_broadcasts(op: Op, prog: Program, uni, wide: frozenset[int]) -> bool:
+    """A select's predicate and one of its values are both broadcasts that are not splats."""
+
+    def non_splat(v: int) -> bool:
+        val = prog.values[v]
+        if not val.shape:
+            return False
+        s = uni[v]
+        if len(val.shape) == len(prog.values[op.results[0]].shape):
+            s = s | {d for d, n in enumerate(val.shape) if n == 1 and d in wide}
+        return bool(s) and not wide <= s
+
+    return non_splat(op.operands[0]) and any(non_splat(v) for v in op.operands[1:])
 
 
 def _broadcast_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
