@@ -258,7 +258,8 @@ def test_a_cumulative_op_cut_along_its_axis_scans_a_window_of_the_gathered_opera
     assert [scale for *_, scale, _, _ in rows] == [35 / 4]
     assert cumulative_buffers(prog, lambda v: (1, 64)) == []  # one row: a reduce, no window
     *_, predicted = _predicted(_cut_cumulative, _cut_cumulative_args(), MESH_2X4, "data_parallel")
-    assert predicted == 3200
+    # XLA's 3,168 (3,200 before the block's top padding was taken off, `buffers.top_padding`)
+    assert predicted == pytest.approx(3168, rel=0.02)
 
 
 def test_a_library_sum_to_a_scalar_takes_in_its_broadcasts_and_reshapes():
