@@ -420,6 +420,41 @@ SIMPLIFIED = {
         jax.grad(lambda p: jnp.mean(jnp.pad(p, ((2, 2), (0, 0), (0, 0)), mode="edge"))),
         (jnp.ones((4, 6, 5)),),
     ),
+    # a producer of several arrays read by a mean and by the centred values: the mean's path
+    # (reduce, then a multiply by 1/n, then the broadcast) passes XLA's all-paths test, so the
+    # producer is computed in both fusions (seed 18 #163: var of a leaky ReLU, 0.70 before; the
+    # mean, broadcast into `h - mean`, stays out of the second sum's loop though both are [32])...
+    "var_of_two_array_producer": (
+        lambda x: jnp.var(jnp.where(x > 0, x, 0.01 * x), axis=0),
+        (jnp.ones((16, 32)),),
+    ),
+    "layer_norm_of_two_array_producer": (
+        lambda x: (
+            lambda h: (h - h.mean(-1, keepdims=True)) * jax.lax.rsqrt(h.var(-1) + 1e-5)[:, None]
+        )(jnp.where(x > 0, x, 0.01 * x)),
+        (jnp.ones((16, 32)),),
+    ),
+    # ...and in logsumexp(keepdims=True)'s max fusion and its exp's: `where(isfinite(max), max,
+    # 0)` reads the max's keepdims reshape, a bitcast cheap ops may share (seed 18 #516)...
+    "logsumexp_keepdims_of_two_array_producer": (
+        lambda x: jax.nn.logsumexp(jnp.where(x > 0, x, 0.01 * x), axis=1, keepdims=True),
+        (jnp.ones((16, 32)),),
+    ),
+    # ...but once when the mean is XLA:CPU's library call (a float sum of >= 4,096 elements,
+    # `__ynn_fusion`, which no producer fuses into: the zoo GPT's residual adds into its layer
+    # norms; 1.67 of XLA's flops counted in both fusions)...
+    "layer_norm_of_two_array_producer_library_mean": (
+        lambda x: (
+            lambda h: (h - h.mean(-1, keepdims=True)) * jax.lax.rsqrt(h.var(-1) + 1e-5)[:, None]
+        )(jnp.where(x > 0, x, 0.01 * x)),
+        (jnp.ones((64, 128)),),
+    ),
+    # ...and once when the sum is broadcast straight into the subtraction (a reader that reads
+    # each of the reduction's elements several times: unfusible)
+    "sum_broadcast_into_two_array_producer": (
+        lambda x: (lambda h: h - h.sum(1, keepdims=True))(jnp.where(x > 0, x, 0.01 * x)),
+        (jnp.ones((16, 32)),),
+    ),
     "repeated_clip": (lambda x: (jnp.clip(x, -0.5, 0.5), jnp.clip(x, -0.5, 0.5) * x), (X,)),
     # identities: x + 0, x - 0 (softplus is logaddexp(x, 0)), max(x, x), select(p, x, x)
     "softplus": (jax.nn.softplus, (X,)),

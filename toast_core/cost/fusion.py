@@ -278,13 +278,18 @@ def _fusion_work_roots(prog, fuses, is_materialized, gather_own, spread, copied,
             # `mean(gelu(x)) + mean(pad(gelu(x)))` 33,889, the erfc once: fuzz seed 18 #8, 2.0
             # of XLA's flops, and #896, #968, #1181). One of another shape stays apart, as
             # does a loop writing more than they make (`sum(e, 0)[None] + sum(e, 1)[:, None]`:
-            # 3,536, `e` twice). Not modelled: XLA also fuses a reduction feeding another
+            # 3,536, `e` twice), or one read into more elements on its way (`_read_wider`).
+            # Not modelled: XLA also fuses a reduction feeding another
             # (`sum(sum(e, 1) * 2) + sum(e)`: 2,063, `e` once); allowing every shape made seed
             # 18 #602, a cumprod's gradient, 0.92 -> 0.86 of XLA's flops.
             (root,) = readers
             shape = prog.values[op.results[0]].shape
             held = holds_reduction.get(root)
-            own = (held is not None and held != shape) or _widens(prog, op, readers)
+            own = (
+                (held is not None and held != shape)
+                or _widens(prog, op, readers)
+                or _read_wider(prog, op, root, roots, uses)
+            )
             if not own:
                 holds_reduction[root] = shape
         roots[op.index] = self_only if own or not readers else readers
@@ -659,11 +664,82 @@ def _path_blocked(prog: Program, op, roots: list[frozenset[int]]) -> bool:
                     continue
                 if not fusible(prog.ops[x], prog):
                     return False  # see the docstring: not measured to hold across matmuls
-                if not roots[y] <= roots[x]:
+                if prog.ops[x].primitive in _REDUCTIONS:
+                    blocked = blocked or _reduction_edge_blocked(prog, x, uses)
+                elif not roots[y] <= roots[x]:
                     blocked = True
                 back.add(x)
                 stack.append(x)
     return blocked
+
+
+def _reduction_edge_blocked(prog: Program, x: int, uses) -> bool:
+    """Whether XLA's all-paths test (`CanFuseOnAllPaths`, asked before any fusion) finds the
+    edge out of reduction `x` unfusible. The reduction is expensive, so that edge is unfusible
+    when fusing would duplicate it (several readers) or when its reader reads each element
+    several times (makes more elements: a broadcast, or an elementwise op with implicit size-1
+    broadcasting, as the HLO's broadcast before it does). Its reader in the HLO is the first op
+    past keepdims reshapes and annotations (`_VANISHING`); an expensive op of the same size
+    (`_kept_once`: the log of `log(sum(exp(shifted)))`) passes the test on to its own reader.
+    A keepdims reshape that cheap ops of its size read stays a bitcast, which they may
+    duplicate: logsumexp's `where(isfinite(max), max, 0)` reads the max so, and XLA computes
+    the softplus feeding it both in the max's fusion and in the exp's (fuzz seed 18 #516).
+
+    A reduction read once by a loop of its own size is fusible in that test, though fusion
+    later keeps it apart: `var(leaky_relu(x), axis=0)`'s `mean / n` is a multiply before the
+    broadcast, and XLA computes the leaky ReLU both in the mean's fusion and in the centred
+    squares' (x[2, 2, 2, 1]: 80 flops, 57 when it was counted once; fuzz seed 18 #163, 0.77
+    of XLA's flops). A softmax's max broadcast into `x * y - max` stays blocked (tests/
+    test_flops_norm.py), and so does log_softmax's `shifted - log(sum)`."""
+    if _library_call(prog, prog.ops[x]):
+        return True
+    size = sum(prog.values[r].size for r in prog.ops[x].results)
+
+    def widens(o: int) -> bool:
+        return sum(prog.values[r].size for r in prog.ops[o].results) > size
+
+    def passes(o: int) -> bool:
+        op = prog.ops[o]
+        return op.primitive in _VANISHING or op.primitive in _SIZE_KEEPING_LAYOUT
+
+    at, expensive = x, True
+    while True:
+        readers = {o for r in prog.ops[at].results for o, _ in uses[r]}
+        if expensive and len(readers) > 1:
+            return True  # fusing would duplicate it
+        if not readers:
+            return False
+        if all(map(widens, readers)):
+            return True  # read through broadcasts (a keepdims reshape folds into them)
+        if len(readers) > 1:
+            return False  # a bitcast read by cheap ops: duplicating it costs nothing
+        (at,) = readers
+        expensive = _kept_once(prog.ops[at], prog)
+        if not expensive and not passes(at):
+            return False
+
+
+def _library_call(prog: Program, op) -> bool:
+    """Whether XLA:CPU hands reduction `op` to its kernel library (a float sum, max or min of
+    at least `cpu_buffers.LIBRARY_REDUCE_MIN_ELEMENTS` elements: a `__ynn_fusion` custom
+    fusion), a call no producer fuses into: a producer it reads is stored, not copied into the
+    fusions of the reduction's readers. The zoo GPT's residual adds feeding a LayerNorm
+    ([8, 32, 64] per device) are each computed once in XLA's HLO, their mean a `__ynn_fusion`;
+    counting them in each fusion took its predicted/XLA flops from 1.013 to 1.018 (data
+    parallel on 8). Sizes are the program's (global unless the program is a device's)."""
+    from toast_core.cost.cpu_buffers import LIBRARY_REDUCE_MIN_ELEMENTS, LIBRARY_REDUCTIONS
+
+    if op.primitive not in LIBRARY_REDUCTIONS or not op.operands:
+        return False
+    operand = prog.values[op.operands[0]]
+    return (
+        operand.dtype.startswith(("float", "bfloat"))
+        and operand.size >= LIBRARY_REDUCE_MIN_ELEMENTS
+    )
+
+
+#: Layout ops that keep a reduction's elements as they are (keepdims): bitcasts in the HLO.
+_SIZE_KEEPING_LAYOUT = frozenset({"broadcast_in_dim", "reshape", "expand_dims", "squeeze"})
 
 
 #: Ops between a softmax's max and its shift `x - max` that XLA's simplifier leaves as the
@@ -921,6 +997,31 @@ def _widens(prog: Program, op, readers: frozenset[int]) -> bool:
         for root in map(lambda x: _root_op(prog, x), readers)
         for r in prog.ops[root].results
     )
+
+
+def _read_wider(prog: Program, op, root: int, roots, uses) -> bool:
+    """Whether reduction `op`, before it reaches the reader loop `root` it would share, is read
+    into more elements than it makes (a broadcast, an implicit size-1 broadcast) by an op of that
+    loop: XLA does not fuse an expensive producer into a consumer that reuses its elements
+    (`ReusesOperandElements`), so the reduction stays apart. `var(leaky_relu(x), axis=0)`: the
+    mean is broadcast into `h - mean`, whose squares the second sum reduces to the mean's shape;
+    XLA computes the leaky ReLU in the mean's fusion and in the sum's (x[16, 32]: 5,120 flops;
+    3,585 when the mean shared the sum's loop: fuzz seed 18 #163)."""
+    size = max(prog.values[r].size for r in op.results)
+    stack, seen = [op.index], {op.index}
+    while stack:
+        i = stack.pop()
+        for r in prog.ops[i].results:
+            for o, _ in uses[r]:
+                if o in seen or roots[o] != frozenset((root,)):
+                    continue
+                if any(prog.values[v].size > size for v in prog.ops[o].results):
+                    return True
+                seen.add(o)
+                stack.append(o)
+        if len(seen) > _PATH_WALK_LIMIT:
+            return False  # as `_unfused_path`: the walk stays linear on large programs
+    return False
 
 
 def _root_op(prog: Program, root: int) -> int:
