@@ -127,7 +127,8 @@ reduction; XLA:CPU leaves every dot with a free dim a dot: measured, `x[2] @ w[2
 `w[16, 16] @ x[16]` stay dots, `x[64] @ w[64, 1]` is a `reduce` fusion). That reduce fuses the
 elementwise ops making its operands, and its one elementwise reader fuses it, as any reduction:
 the values the model stores only because the dot reads them, or only as the dot's result, are
-not stored (`dot_product_fused`). Fuzz seed 16 #1367: `v = checkpoint(sin(x) * tanh(x))` read
+not stored (`dot_product_fused`; the test and the rewrite are `cost.dot_products`', which the
+flops view shares: there the dot's operands' cheap producers are computed in each fusion). Fuzz seed 16 #1367: `v = checkpoint(sin(x) * tanh(x))` read
 by `v @ w` with x [2], w [2, 8]: data parallelism splitting w's free dim 8 ways leaves
 `x[2] @ w[2, 1]` on each device, one `reduce_bitcast_fusion` reading x and w in XLA's buffer
 assignment, no temporaries, where the model stored v (64 bytes; 1.64 of XLA's 100). Only
