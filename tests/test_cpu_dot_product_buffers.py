@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import pytest
 
 import toast_core as tc
-from toast_core.cost.cpu_buffers import dot_product_fused, is_dot_product
+from toast_core.cost.cpu_buffers import dot_product_fused
+from toast_core.cost.dot_products import is_dot_product
 from toast_core.cost.fusion import fused_away, materialized
 
 HW = tc.hardware("tpu-v5e")

@@ -555,6 +555,20 @@ SIMPLIFIED = {
         jax.value_and_grad(lambda w, x: jnp.mean(jnp.einsum("ab,ab->a", x @ w, x @ w))),
         (jnp.ones((1, 8)), jnp.ones((12, 1))),
     ),
+    # a dot product is a multiply and a fusible reduce (`dot_products`): the cheap ops making
+    # its operands are computed in its fusion and again in each other fusion reading them
+    # (fuzz seed 18 #214: `x * w` in the pad's loop and the vector dot's, 0.75 of XLA's counted
+    # once; #4: a dropout mask in the forward's outer product and the unit weight's gradient)
+    "dot_product_operand_read_by_a_pad": (
+        lambda x, w: (lambda v: (lax.pad(v, 0.0, [(1, 0, 1)]), jnp.einsum("a,a->", v, x)))(x * w),
+        (jnp.ones(64), jnp.ones(64)),
+    ),
+    "dot_product_gradient_of_a_unit_weight": (
+        jax.value_and_grad(
+            lambda w, x: jnp.mean(jnp.einsum("abc,bz->acz", jnp.where(x > 0.5, x * 2.0, 0.0), w))
+        ),
+        (jnp.ones((1, 1)), jnp.ones((8, 1, 16))),
+    ),
     # a cheap value read by a dot is stored, and recomputed inside the multiply reading it
     "cheap_value_read_by_a_dot_and_a_multiply": (
         lambda x, w, v: (lambda h: (h @ w, h * v))(x * 0.5 + 0.1),

@@ -127,7 +127,8 @@ reduction; XLA:CPU leaves every dot with a free dim a dot: measured, `x[2] @ w[2
 `w[16, 16] @ x[16]` stay dots, `x[64] @ w[64, 1]` is a `reduce` fusion). That reduce fuses the
 elementwise ops making its operands, and its one elementwise reader fuses it, as any reduction:
 the values the model stores only because the dot reads them, or only as the dot's result, are
-not stored (`dot_product_fused`). Fuzz seed 16 #1367: `v = checkpoint(sin(x) * tanh(x))` read
+not stored (`dot_product_fused`; the test and the rewrite are `cost.dot_products`', which the
+flops view shares: there the dot's operands' cheap producers are computed in each fusion). Fuzz seed 16 #1367: `v = checkpoint(sin(x) * tanh(x))` read
 by `v @ w` with x [2], w [2, 8]: data parallelism splitting w's free dim 8 ways leaves
 `x[2] @ w[2, 1]` on each device, one `reduce_bitcast_fusion` reading x and w in XLA's buffer
 assignment, no temporaries, where the model stored v (64 bytes; 1.64 of XLA's 100). Only
@@ -181,11 +182,10 @@ reads; fuzz seed 14 #1038: three such broadcasts and an iota at the start of the
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from toast_core.cost.cpu_tree_reduce import CPU_REDUCE_WINDOW, CPU_TREE_MAX_ELEMENTS
+from toast_core.cost.dot_products import as_sums
 from toast_core.cost.flops import spread_divisor_elements
 from toast_core.cost.fusion import FUSIBLE, fused_away, fusible, materialized
 from toast_core.cost.reshaped_dots import canonical_dot_dims
@@ -628,40 +628,15 @@ def top_k_buffers(prog: Program) -> list[tuple]:
     return rows
 
 
-def is_dot_product(op, local_shape) -> bool:
-    """Whether XLA's simplifier rewrites dot `op` into a multiply and a reduce (module essay):
-    something contracted, and no free dim over 1 on either side, on one device
-    (`local_shape(op, pos)`)."""
-    if op.primitive != "dot_general":
-        return False
-    (lc, rc), (lb, rb) = op.param("dimension_numbers")
-    if not lc:
-        return False
-    for pos, (batch, contracted) in enumerate(((lb, lc), (rb, rc))):
-        shape = local_shape(op.index, pos)
-        if any(n != 1 for d, n in enumerate(shape) if d not in batch and d not in contracted):
-            return False
-    return True
-
-
 def dot_product_fused(prog: Program, stored: list[bool], local_shape=None) -> list[int]:
     """The values the model stores (`stored` [values]: not `fusion.fused_away`) that XLA:CPU
     does not, its dot products being fused reductions (module essay): those `fused_away` finds
     once each dot product is the sum it becomes (a fusible reduction of its operands, kept once
     like one). `local_shape(op, pos)`: an operand use's shape on one device (default: the
     global one)."""
-    if local_shape is None:
-
-        def local_shape(op: int, pos: int) -> tuple:
-            return prog.values[prog.ops[op].operands[pos]].shape
-
-    ops = list(prog.ops)
-    for op in prog.ops:
-        if not fusible(op, prog) and is_dot_product(op, local_shape):
-            ops[op.index] = dataclasses.replace(op, primitive="reduce_sum", params=())
-    if ops == list(prog.ops):
+    summed = as_sums(prog, local_shape)
+    if summed is prog:
         return []
-    summed = dataclasses.replace(prog, ops=tuple(ops))
     fused = fused_away(summed, materialized(summed))
     uses = summed.uses()
     if any(not s and not f and uses[v] for v, (s, f) in enumerate(zip(stored, fused))):

@@ -49,6 +49,7 @@ from math import prod
 
 from toast_core.analysis.factors import mixed_radix_groups
 from toast_core.cost.constant_scalars import chosen_case, constant_scalars
+from toast_core.cost.dot_products import as_sums
 from toast_core.cost.flops import one_window_test_flops, spread_divisor_elements
 from toast_core.cost.flops_measured import (
     EXPANDED,
@@ -1088,7 +1089,8 @@ def executions(
     uni = uniform_dims(behind)
     factors = _rewired_work_factors(behind, live, _pruned(behind, live), uni, partitioned)
     spread = [bool(u) for u in uni[: len(prog.values)]]
-    simple = _pruned(simple, live)
+    # the dot products are the reductions XLA makes of them (`dot_products.as_sums`)
+    simple = as_sums(_pruned(simple, live))
     is_mat = materialized(simple)
     for i in unfused:
         for v in simple.ops[i].operands:
