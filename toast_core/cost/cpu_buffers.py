@@ -196,10 +196,11 @@ import numpy as np
 
 from toast_core.cost.cpu_tree_reduce import CPU_REDUCE_WINDOW, CPU_TREE_MAX_ELEMENTS
 from toast_core.cost.flops import spread_divisor_elements
+from toast_core.cost.flops_measured import top_k_stays_a_sort
 from toast_core.cost.fusion import FUSIBLE, fused_away, fusible, materialized
 from toast_core.cost.reshaped_dots import canonical_dot_dims
 from toast_core.cost.simplify import constant_values
-from toast_core.cost.top_k_sorts import sorts_values_alone
+from toast_core.cost.top_k_sorts import keeps_whole_dim, sorts_values_alone
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
@@ -746,14 +747,43 @@ def top_k_buffers(prog: Program) -> list[tuple]:
     op, op, 0, 0, 1) per `top_k` for its tuple's table; none for a `top_k` that keeps its whole
     dim and whose indices nothing reads, a sort of the values alone (module essay)."""
     uses = prog.uses()
+    outputs = set(prog.outputs)
     rows = []
     for op in prog.ops:
         if op.primitive != "top_k" or not op.results:
             continue
         if sorts_values_alone(prog, op):
             continue
+        if not keeps_whole_dim(prog, op) and top_k_stays_a_sort(op, prog):
+            rows += _partial_sort_buffers(prog, op, uses, outputs)
+            continue
         rows += [(r, op.index, op.index, 1.0, 1, 0) for r in op.results if not uses[r]]
         rows.append((op.results[0], op.index, op.index, 0.0, 0, 1))
+    return rows
+
+
+def _partial_sort_buffers(prog: Program, op, uses, outputs) -> list[tuple]:
+    """The rows of a `top_k` XLA:CPU leaves a whole sort (`flops_measured.top_k_stays_a_sort`):
+    the sort writes every element of the dim, n where the program's results hold k, and the
+    readers slice the k they read from it; of the values alone (no tuple) when nothing reads
+    the indices. A read result's buffer grows by n / k - 1 of itself over its life (the
+    model's); an unread one read beside it is written whole at the op. Fuzz seed 18 #256
+    (`top_k(x, 2)[0][:, :, :-1]` of x f32[3, 3, 8, 8], 2x4): XLA's block holds the sort's
+    f32[3, 3, 8, 8] (2,304 bytes), no indices, no tuple; the model had the k-wide values, the
+    unread indices and a tuple (0.77 of XLA's bytes)."""
+    shape = prog.values[op.operands[0]].shape
+    axis = op.param("axis", len(shape) - 1) % len(shape)
+    scale = shape[axis] / max(1, op.param("k", 1))
+    read = [bool(uses[r]) or r in outputs for r in op.results]
+    rows = []
+    for r, is_read in zip(op.results, read):
+        if is_read:
+            last = max((o for o, _ in uses[r]), default=op.index)
+            rows.append((r, op.index, last, scale - 1.0, 1, 0))
+        elif any(read[1:]):  # values unread beside read indices: sorted as a pair
+            rows.append((r, op.index, op.index, scale, 1, 0))
+    if any(read[1:]):
+        rows.append((op.results[0], op.index, op.index, 0.0, 0, 1))  # the pair's tuple
     return rows
 
 
