@@ -151,6 +151,15 @@ assignment, one in the temporary block (its 68 bytes: the all-reduced partial an
 reciprocal), one in an output's allocation; the model counted no temporary (0.69 of XLA's
 bytes). The target view leaves them out: 4 bytes per divisor on a device.
 
+**Reused expensive values.** XLA:CPU's fusion never fuses an expensive producer (an exp, a
+log, a division by a non-constant, a special function) into a consumer that reads each of its
+elements several times (a broadcast of it, an outer product, a multiply broadcasting it): the
+value is a fusion of its own, stored, where the model fuses it away; a special function XLA
+expands stores each of its expensive parts instead (erfc 3, digamma 4, polygamma 13 buffers of
+its size: `EXPENSIVE_PARTS`). Fuzz seed 18 #459 (SGD through `digamma(v * v + 1)` of a [2]
+vector, 2x3): the gradient's polygamma read by the outer product making the weight gradient,
+15 f32[2] fusions in XLA's block, 0.22 of XLA's bytes before (`reused_expensive_buffers`).
+
 **Loop state.** XLA:CPU runs a `while` (a scan, a `fori_loop`) on a state tuple in the
 temporary block: the tuple's pointer table and the trip counter, each a buffer of up to 64
 bytes at an aligned offset, and the loop condition's one-byte predicate, live while the loop
@@ -187,10 +196,11 @@ import numpy as np
 from toast_core.cost.cpu_tree_reduce import CPU_REDUCE_WINDOW, CPU_TREE_MAX_ELEMENTS
 from toast_core.cost.dot_products import as_sums
 from toast_core.cost.flops import spread_divisor_elements
+from toast_core.cost.flops_measured import top_k_stays_a_sort
 from toast_core.cost.fusion import FUSIBLE, fused_away, fusible, materialized
 from toast_core.cost.reshaped_dots import canonical_dot_dims
 from toast_core.cost.simplify import constant_values
-from toast_core.cost.top_k_sorts import sorts_values_alone
+from toast_core.cost.top_k_sorts import keeps_whole_dim, sorts_values_alone
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
@@ -237,6 +247,7 @@ def cpu_buffers(
     rows += tree_reduced_operands(prog, is_materialized, local_shape)
     rows += broadcasts_per_layout(prog, is_materialized, local_shape)
     rows += reciprocal_buffers(prog, is_materialized)
+    rows += reused_expensive_buffers(prog, is_materialized, value_shape)
     rows += loop_state_buffers(prog)
     rows += top_k_buffers(prog)
     a = np.array(rows, dtype=np.float64).reshape(-1, 6)
@@ -573,6 +584,125 @@ def reciprocal_buffers(prog: Program, is_materialized: list[bool]) -> list[tuple
     return [(d, producers[d], hi, 1.0, 1, 0) for d, hi in last.items()]
 
 
+#: Buffers of its result's size XLA:CPU stores for an expensive elementwise op that a fusion
+#: reusing its elements reads (`reused_expensive_buffers`): 1 (the op's own fusion) but for the
+#: special functions it expands into several expensive parts under a cheap root, each a fusion
+#: of its own then. Measured (`f(x * 0.5 + 1)[:, :, None] * w[4]` on x f32[64, 24] and [32, 16],
+#: XLA:CPU's buffer assignment: the temporaries of f's size).
+EXPENSIVE_PARTS = {
+    "acosh": 2,
+    "asinh": 2,
+    "atanh": 2,
+    "bessel_i0e": 2,
+    "bessel_i1e": 2,
+    "cosh": 2,
+    "digamma": 4,
+    "erf_inv": 2,
+    "erfc": 3,
+    "lgamma": 4,
+    "polygamma": 13,
+    "sinh": 4,
+    "zeta": 12,
+}
+#: Elementwise ops XLA's fusion takes as expensive (never duplicated, never fused into a
+#: consumer that reuses their elements).
+_EXPENSIVE = (
+    (prim.TRANSCENDENTAL - prim.DUPLICATED_TRANSCENDENTAL) | prim.EXPANDED_TRANSCENDENTAL | {"div"}
+)
+#: Fusible ops that read some operand's elements more than once when their result is larger
+#: (elementwise ops broadcast an operand of unit dims implicitly).
+_REUSING = prim.ELEMENTWISE | {"broadcast_in_dim", "dot_general", "tile"}
+
+
+def reused_expensive_buffers(
+    prog: Program, is_materialized: list[bool], value_shape=None
+) -> list[tuple]:
+    """(value, its producer, last op of its readers' fusion, 1, parts, 0) per value of an
+    expensive elementwise op (`_EXPENSIVE`: exp, log, a division, a special function) that the
+    model fuses away into a fusion reusing its elements: a broadcast of it or of a value the
+    fusion computes from it, or an outer product reading it, writes more elements than it
+    reads. XLA:CPU's fusion never fuses an expensive producer into a consumer that reuses its
+    operand's elements (it would recompute it per reuse): the value is a fusion of its own,
+    stored; an expanded special function stores each of its expensive parts
+    (`EXPENSIVE_PARTS`). Measured: `exp(x * 0.5 + 1)[:, :, None] * w` with x [64, 24] and w
+    [4] stores exp's 6 KiB, where the model had no temporary (0.83 of XLA's bytes); digamma's
+    gradient on a [2] vector read by the outer product of its weight gradient (fuzz seed 18
+    #459, 2x3): XLA's block holds 15 such f32[2] fusions (13 of polygamma, two divisions of a
+    sqrt's gradient), 0.22 of XLA's bytes before. A spread divisor's reciprocal is
+    `reciprocal_buffers`'. `value_shape(value)`: a value's shape on one device (default: the
+    global one): an outer product whose other side is one element there reuses nothing."""
+    if value_shape is None:
+
+        def value_shape(v: int) -> tuple:
+            return prog.values[v].shape
+
+    fused = fused_away(prog, is_materialized)
+    producers = prog.producers()
+    uses = prog.uses()
+    reciprocals = {d for d, *_ in reciprocal_buffers(prog, is_materialized)}
+    const = constant_values(prog)
+    rows = []
+    for op in prog.ops:
+        if op.primitive not in _EXPENSIVE or len(op.results) != 1:
+            continue
+        if op.primitive == "div" and const[op.operands[-1]]:
+            continue  # a multiply by the constant's reciprocal once XLA's simplifier is done
+        (v,) = op.results
+        if not fused[v] or v in reciprocals:
+            continue
+        if int(np.prod(value_shape(v))) < 2 or not prog.values[v].dtype.startswith(
+            ("float", "bfloat")
+        ):
+            continue  # one element: simplified with its reader (exp(x - x) over one) or kept
+        if any(_reduced_for(prog, x, producers, uses) for x in op.operands):
+            continue  # the reduction's stored result is its: `reduce_log_fusion` (log_softmax)
+        if _reused_in_fusion(prog, v, fused, uses, reciprocals, value_shape):
+            parts = EXPENSIVE_PARTS.get(op.primitive, 1)
+            rows.append((v, producers[v], _fused_until(prog, v, fused, uses), 1.0, parts, 0))
+    return rows
+
+
+def _reduced_for(prog: Program, x: int, producers, uses) -> bool:
+    """Whether `x` is a reduction's result (through reshapes and keepdims broadcasts of its
+    size) read by one op alone: XLA fuses that op into the reduction's fusion, whose stored
+    result is then the op's, where the model stores the reduction's."""
+    while len(uses[x]) == 1 and producers[x] is not None:
+        op = prog.ops[producers[x]]
+        if op.primitive in prim.FUSED_REDUCTIONS:
+            return True
+        if op.primitive not in _KEEPDIMS or prog.values[op.operands[0]].size != prog.values[x].size:
+            return False
+        x = op.operands[0]
+    return False
+
+
+_KEEPDIMS = frozenset({"broadcast_in_dim", "reshape", "expand_dims", "squeeze"})
+
+
+def _reused_in_fusion(prog: Program, v: int, fused: list[bool], uses, stored, value_shape) -> bool:
+    """Whether the fusion computing fused-away `v` reads its elements more than once: an op
+    of `_REUSING` writing more elements than the operand it reads from `v` (or from a value
+    the fusion computes from `v`) has (`y[:, :, None] * w`: a multiply of [64, 24, 1] by
+    [1, 1, 4]). `stored`: values XLA stores all the same (a spread divisor's reciprocal: the
+    fusion computing it reads `v` once per element)."""
+    todo, seen = [v], set()
+    while todo:
+        x = todo.pop()
+        if x in seen or x in stored:
+            continue
+        seen.add(x)
+        for o, _ in uses[x]:
+            reader = prog.ops[o]
+            if reader.primitive in _REUSING and any(
+                np.prod(value_shape(r)) > np.prod(value_shape(x)) for r in reader.results
+            ):
+                if reader.primitive != "dot_general" or fusible(reader, prog):
+                    return True
+            if reader.primitive not in prim.FUSED_REDUCTIONS | prim.ARG_REDUCTIONS:
+                todo.extend(r for r in reader.results if fused[r])  # a reduction reads it once
+    return False
+
+
 def _fused_until(prog: Program, v: int, fused: list[bool], uses) -> int:
     """The last op whose fusion computes `v`: its producer when stored, else (fused away into
     its readers) the last such op of its readers' results. The reciprocal lives until there:
@@ -617,14 +747,43 @@ def top_k_buffers(prog: Program) -> list[tuple]:
     op, op, 0, 0, 1) per `top_k` for its tuple's table; none for a `top_k` that keeps its whole
     dim and whose indices nothing reads, a sort of the values alone (module essay)."""
     uses = prog.uses()
+    outputs = set(prog.outputs)
     rows = []
     for op in prog.ops:
         if op.primitive != "top_k" or not op.results:
             continue
         if sorts_values_alone(prog, op):
             continue
+        if not keeps_whole_dim(prog, op) and top_k_stays_a_sort(op, prog):
+            rows += _partial_sort_buffers(prog, op, uses, outputs)
+            continue
         rows += [(r, op.index, op.index, 1.0, 1, 0) for r in op.results if not uses[r]]
         rows.append((op.results[0], op.index, op.index, 0.0, 0, 1))
+    return rows
+
+
+def _partial_sort_buffers(prog: Program, op, uses, outputs) -> list[tuple]:
+    """The rows of a `top_k` XLA:CPU leaves a whole sort (`flops_measured.top_k_stays_a_sort`):
+    the sort writes every element of the dim, n where the program's results hold k, and the
+    readers slice the k they read from it; of the values alone (no tuple) when nothing reads
+    the indices. A read result's buffer grows by n / k - 1 of itself over its life (the
+    model's); an unread one read beside it is written whole at the op. Fuzz seed 18 #256
+    (`top_k(x, 2)[0][:, :, :-1]` of x f32[3, 3, 8, 8], 2x4): XLA's block holds the sort's
+    f32[3, 3, 8, 8] (2,304 bytes), no indices, no tuple; the model had the k-wide values, the
+    unread indices and a tuple (0.77 of XLA's bytes)."""
+    shape = prog.values[op.operands[0]].shape
+    axis = op.param("axis", len(shape) - 1) % len(shape)
+    scale = shape[axis] / max(1, op.param("k", 1))
+    read = [bool(uses[r]) or r in outputs for r in op.results]
+    rows = []
+    for r, is_read in zip(op.results, read):
+        if is_read:
+            last = max((o for o, _ in uses[r]), default=op.index)
+            rows.append((r, op.index, last, scale - 1.0, 1, 0))
+        elif any(read[1:]):  # values unread beside read indices: sorted as a pair
+            rows.append((r, op.index, op.index, scale, 1, 0))
+    if any(read[1:]):
+        rows.append((op.results[0], op.index, op.index, 0.0, 0, 1))  # the pair's tuple
     return rows
 
 
