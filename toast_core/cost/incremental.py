@@ -234,9 +234,9 @@ class _Tables:
         comm_fines = self._comm_fines(n_fine)
         self.fine_comm_values = _Rows(comm_fines.T)
         self.value_comm_fines = _Rows(comm_fines)
-        self.fine_ops = _Rows(lay.op_work_fine.T)
+        self.fine_ops = _Rows(ev.op_work_fine.T)
         self.value_ops = _Rows(ev.op_values.T)  # [values, ops]: ops reading or writing
-        self.value_fine, self.op_work_fine = _Rows(lay.value_fine), _Rows(lay.op_work_fine)
+        self.value_fine, self.op_work_fine = _Rows(lay.value_fine), _Rows(ev.op_work_fine)
         self.op_values = _Rows(ev.op_values)
         self.live_pos = np.full(n_values, -1, dtype=np.int64)
         self.live_pos[ev.live_ids] = np.arange(len(ev.live_ids))

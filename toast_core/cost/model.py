@@ -87,6 +87,7 @@ from toast_core.cost.simplify import (
     without_dead_ops,
 )
 from toast_core.cost.top_k_sorts import whole_dim_sorts
+from toast_core.cost.work_rows import op_work_fine
 from toast_core.errors import ToastError, bad_value
 from toast_core.ir import primitives as prim
 from toast_core.ir.primitives import ARG_REDUCTIONS, CUMULATIVE
@@ -366,6 +367,7 @@ class Evaluator:
         prog = ana.program
         lay = layout(ana)
         self.lay = lay
+        self.op_work_fine = op_work_fine(ana)
         self.axes = mesh_axes(mesh)
         self.n_axes = self.axes.n
         self.log2n = self.axes.log2_sizes
@@ -789,7 +791,7 @@ class Evaluator:
     def _local(self, masks: np.ndarray):
         fine_logdeg = self._fine_logdeg(masks)
         value_local = self.nbytes * np.exp2(-(self.lay.value_fine @ fine_logdeg))
-        op_logdeg = self.lay.op_work_fine @ fine_logdeg
+        op_logdeg = self.op_work_fine @ fine_logdeg
         return fine_logdeg, value_local, op_logdeg
 
     def _fine_logdeg(self, masks: np.ndarray) -> np.ndarray:
@@ -918,7 +920,7 @@ class Evaluator:
     def _conflicting(self, i: int, ways: float, masks) -> bool:
         """Whether op `i`'s work is cut more ways than the mesh axes cutting it give (two of its
         factors cut along one axis: XLA's partitioner gathers one of them first)."""
-        rows = self.lay.op_work_fine
+        rows = self.op_work_fine
         atoms = rows.indices[rows.indptr[i] : rows.indptr[i + 1]]
         axes = int(np.bitwise_or.reduce(masks[atoms])) if len(atoms) else 0
         return ways > self.axes.ways[axes] * (1 + 1e-9)

@@ -95,20 +95,14 @@ def layout(ana: Analysis) -> Layout:
     else:  # a use listed twice: its last entry, as the dict keeps
         flat = chain.from_iterable
         use_fine = _csr([list(flat(use_dim_fine[k])) for k in use_keys], ana.n_fine)
-    # Region boundaries (scan_start...) do no work; replicate factors do not divide it.
-    # Nor do the cuts of the dims along which an op runs on a broadcast's core.
-    from toast_core.cost.simplify import broadcast_work_dims  # cost imports strategy
-
+    # Region boundaries (scan_start...) do no work; replicate factors do not divide it (nor,
+    # in the cost model, the cuts of a broadcast's dims: `cost.work_rows`).
     kind = nda.atom_kind
-    whole = [
-        {f for d in dims for f in value_dim_fine[op.results[0]][d]}
-        for op, dims in zip(ana.program.ops, broadcast_work_dims(ana.program))
-    ]
     work_rows = [
         []
         if op.primitive in REGION_BOUNDARIES
-        else [fine_of(a) for a in atoms if kind[a] != "replicate" and fine_of(a) not in skip]
-        for op, atoms, skip in zip(ana.program.ops, nda.op_atoms, whole)
+        else [fine_of(a) for a in atoms if kind[a] != "replicate"]
+        for op, atoms in zip(ana.program.ops, nda.op_atoms)
     ]
     split_dims = tuple(
         (vid, d, fines)
