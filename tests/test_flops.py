@@ -233,6 +233,13 @@ def _accumulated_grad(w, xs):
     return lax.while_loop(lambda c: c[0] < 2, body, (0, jnp.zeros_like(w)))[1]
 
 
+def _layer_norm_of_leaky(x):
+    """A layer norm of a leaky ReLU: a producer of several arrays read by the mean, the variance
+    and the centred values."""
+    h = jnp.where(x > 0, x, 0.01 * x)
+    return (h - h.mean(-1, keepdims=True)) * jax.lax.rsqrt(h.var(-1) + 1e-5)[:, None]
+
+
 SIMPLIFIED = {
     # dead code: the loss value inside a gradient-accumulation loop
     "dead_forward_in_accumulation": (
@@ -429,9 +436,7 @@ SIMPLIFIED = {
         (jnp.ones((16, 32)),),
     ),
     "layer_norm_of_two_array_producer": (
-        lambda x: (
-            lambda h: (h - h.mean(-1, keepdims=True)) * jax.lax.rsqrt(h.var(-1) + 1e-5)[:, None]
-        )(jnp.where(x > 0, x, 0.01 * x)),
+        _layer_norm_of_leaky,
         (jnp.ones((16, 32)),),
     ),
     # ...and in logsumexp(keepdims=True)'s max fusion and its exp's: `where(isfinite(max), max,
@@ -444,9 +449,7 @@ SIMPLIFIED = {
     # `__ynn_fusion`, which no producer fuses into: the zoo GPT's residual adds into its layer
     # norms; 1.67 of XLA's flops counted in both fusions)...
     "layer_norm_of_two_array_producer_library_mean": (
-        lambda x: (
-            lambda h: (h - h.mean(-1, keepdims=True)) * jax.lax.rsqrt(h.var(-1) + 1e-5)[:, None]
-        )(jnp.where(x > 0, x, 0.01 * x)),
+        _layer_norm_of_leaky,
         (jnp.ones((64, 128)),),
     ),
     # ...and once when the sum is broadcast straight into the subtraction (a reader that reads
