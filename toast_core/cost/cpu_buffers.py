@@ -394,6 +394,18 @@ LIBRARY_REDUCE_MIN_ELEMENTS = 4096
 LIBRARY_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
 
 
+def is_library_reduction(prog: Program, op, elements: int) -> bool:
+    """Whether XLA:CPU hands reduction `op`, whose operand has `elements` elements (on a device,
+    or the program's), to its kernel library: a float sum, max or min of at least
+    `LIBRARY_REDUCE_MIN_ELEMENTS` (a `__ynn_fusion` call no producer fuses into)."""
+    return (
+        op.primitive in LIBRARY_REDUCTIONS
+        and bool(op.operands)
+        and prog.values[op.operands[0]].dtype.startswith(("float", "bfloat"))
+        and elements >= LIBRARY_REDUCE_MIN_ELEMENTS
+    )
+
+
 def library_reduction_inputs(
     prog: Program, is_materialized: list[bool], local_shape=None, hoisted: bool = True
 ) -> list[tuple]:
@@ -425,13 +437,11 @@ def library_reduction_inputs(
     producers = prog.producers()
     last: dict[tuple[int, int], int] = {}
     for op in prog.ops:
-        if op.primitive not in LIBRARY_REDUCTIONS or not op.operands:
+        if not op.operands or not is_library_reduction(
+            prog, op, int(np.prod(local_shape(op.index, 0)))
+        ):
             continue
         operand = prog.values[op.operands[0]]
-        if not operand.dtype.startswith(("float", "bfloat")):
-            continue
-        if int(np.prod(local_shape(op.index, 0))) < LIBRARY_REDUCE_MIN_ELEMENTS:
-            continue
         whole = prog.values[op.results[0]].size == 1  # a reduction to a scalar
         inputs = _call_inputs(prog, op.operands[0], uses, producers, whole)
         if all(v != sized or _is_spread(prog, v, producers) for v, sized in inputs):

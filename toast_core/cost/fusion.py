@@ -727,15 +727,9 @@ def _library_call(prog: Program, op) -> bool:
     ([8, 32, 64] per device) are each computed once in XLA's HLO, their mean a `__ynn_fusion`;
     counting them in each fusion took its predicted/XLA flops from 1.013 to 1.018 (data
     parallel on 8). Sizes are the program's (global unless the program is a device's)."""
-    from toast_core.cost.cpu_buffers import LIBRARY_REDUCE_MIN_ELEMENTS, LIBRARY_REDUCTIONS
+    from toast_core.cost.cpu_buffers import is_library_reduction  # cpu_buffers imports fusion
 
-    if op.primitive not in LIBRARY_REDUCTIONS or not op.operands:
-        return False
-    operand = prog.values[op.operands[0]]
-    return (
-        operand.dtype.startswith(("float", "bfloat"))
-        and operand.size >= LIBRARY_REDUCE_MIN_ELEMENTS
-    )
+    return bool(op.operands) and is_library_reduction(prog, op, prog.values[op.operands[0]].size)
 
 
 #: Layout ops that keep a reduction's elements as they are (keepdims): bitcasts in the HLO.
