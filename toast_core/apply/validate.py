@@ -57,10 +57,9 @@ from toast_core.cost.arg_reduce import arg_reduction_flops
 from toast_core.cost.buffers import allocated_memory
 from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.cost.cpu_buffers import (
-    LIBRARY_REDUCE_MIN_ELEMENTS,
-    LIBRARY_REDUCTIONS,
     conv_operand_copies,
     dot_operand_copies,
+    is_library_reduction,
 )
 from toast_core.cost.cpu_tree_reduce import (
     dot_matrix_operand,
@@ -438,12 +437,10 @@ def _library_reduced(op, prog, local: tuple, uses) -> bool:
     already, and XLA:CPU's layout copies for weight-gradient dots recompute it: the zoo GPT's
     GELU gradient, 0.943 of XLA's flops under megatron when counted once), nor one the
     reduction normalizes (`_normalizes`). The CPU comparison only: the search never sees it."""
-    if op.primitive not in LIBRARY_REDUCTIONS:
-        return False
-    if not prog.values[op.operands[0]].dtype.startswith(("float", "bfloat")):
+    if not is_library_reduction(prog, op, int(np.prod(local, dtype=np.int64))):
         return False
     x = op.operands[0]
-    if len(uses[x]) < 2 or int(np.prod(local, dtype=np.int64)) < LIBRARY_REDUCE_MIN_ELEMENTS:
+    if len(uses[x]) < 2:
         return False
     if any(prog.ops[o].primitive in _MATMULS for o, _k in uses[x]):
         return False  # stored for the dot already; its layout copies recompute it (measured)
@@ -467,7 +464,12 @@ def _library_shifts(ana: Analysis, strategy: Strategy, mesh: MeshSpec) -> frozen
     [256, 4] no library call and both loops compute it, 4,608). Read on the program XLA's
     simplifier leaves (`simplify.rewired`: `max(m, -inf)` is `m`). The CPU comparison only."""
     prog = rewired(ana.program)
-    ops = [op for op in prog.ops if op.primitive in LIBRARY_REDUCTIONS and op.operands]
+    # a reduction too small unsharded is too small on any device
+    ops = [
+        op
+        for op in prog.ops
+        if op.operands and is_library_reduction(prog, op, prog.values[op.operands[0]].size)
+    ]
     if not ops:
         return frozenset()
     space = space_of(ana, mesh)
@@ -477,12 +479,10 @@ def _library_shifts(ana: Analysis, strategy: Strategy, mesh: MeshSpec) -> frozen
     out = set()
     for op in ops:
         x = op.operands[0]
-        if not prog.values[x].dtype.startswith(("float", "bfloat")):
-            continue
         shape = prog.values[x].shape
         local = _local_shape(shape, space.use_axes(masks, op.index, 0), sizes)
         reduced = tuple(op.param("axes", ()))
-        if int(np.prod(local, dtype=np.int64)) < LIBRARY_REDUCE_MIN_ELEMENTS:
+        if not is_library_reduction(prog, op, int(np.prod(local, dtype=np.int64))):
             continue
         if any(local[d] != shape[d] for d in reduced):
             continue  # a cut reduced dim: an all-reduce between the reduction and its readers

@@ -1020,7 +1020,10 @@ def _rewired_work_factors(
     out = []
     for op in prog.ops:
         if op.index in moved and live[op.index]:
-            out.append(moved[op.index])
+            # a uniform result is computed on its core, which may be smaller still
+            u = uni[op.results[0]] if op.primitive in prim.ELEMENTWISE else frozenset()
+            core = _core_fraction(prog.values[op.results[0]].shape, u) if u else 1.0
+            out.append(min(moved[op.index], core))
         elif live[op.index] and op.primitive in prim.CUMULATIVE and const[op.operands[0]]:
             out.append(constant_scan_fraction(op, prog))
         elif (
