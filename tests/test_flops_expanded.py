@@ -57,3 +57,15 @@ def test_a_special_function_read_by_a_dot_through_a_layout_copy_is_expanded_into
         return jnp.einsum("abc,bz->acz", v, w), v * 2
 
     assert replicated_ratio(fn, (f32(8, 5, 4), f32(5, 32))) == pytest.approx(1.0, abs=0.05)
+
+
+def test_a_special_function_read_by_a_library_reduction_and_a_loop_is_computed_once():
+    """Fuzz seed 19 #39: the mean of an exact GELU of 4,096 elements is an XLA:CPU library call
+    (`__ynn_fusion`), which takes in `0.5 * x * erfc(...)` but reads erfc from memory; erfc,
+    read by the gradient's loop too, is computed once and stored (307,200 flops on [4, 4, 8,
+    32]; expanded into both, 1.88 of that)."""
+
+    def fn(x):
+        return jax.value_and_grad(lambda x: jnp.mean(jax.nn.gelu(x, approximate=False)))(x)
+
+    assert replicated_ratio(fn, (f32(4, 4, 8, 32),)) == pytest.approx(1.0, abs=0.05)
