@@ -60,6 +60,7 @@ from toast_core.cost.cpu_buffers import (
     conv_operand_copies,
     dot_operand_copies,
     is_library_reduction,
+    library_call_inputs,
 )
 from toast_core.cost.cpu_tree_reduce import (
     dot_matrix_operand,
@@ -74,7 +75,9 @@ from toast_core.cost.model import evaluator, reduction_flops
 from toast_core.cost.scan_slots import scan_slot_flops
 from toast_core.cost.simplify import (
     REMAT_CALLS,
+    _pruned,
     executions,
+    live_ops,
     rewired,
     tiled_copies,
     tiled_operand,
@@ -302,6 +305,8 @@ def cpu_flops(
     tile = _cpu_tile_factors(ana, strategy, mesh) if strategy is not None else {}
     partitioned = mesh is not None and mesh.n_devices > 1
     shifts = _library_shifts(ana, strategy, mesh) if strategy is not None else frozenset()
+    if strategy is not None:
+        shifts |= _library_inputs(ana, strategy, mesh)
     fusion, fusion_trans = _cpu_fusion_factors(
         program, frozenset(unfused), _cpu_copied_operands(program), partitioned, shifts
     )
@@ -497,6 +502,47 @@ def _library_shifts(ana: Analysis, strategy: Strategy, mesh: MeshSpec) -> frozen
                     elif reader.primitive in prim.ELEMENTWISE and x in reader.operands:
                         out.update(r for r in reader.results if len(uses[r]) > 1)
             frontier = nxt
+    return frozenset(out)
+
+
+def _library_inputs(ana: Analysis, strategy: Strategy, mesh: MeshSpec) -> frozenset[int]:
+    """Special functions XLA expands (erfc, digamma: `prim.EXPANDED_TRANSCENDENTAL`) whose
+    result is an input of a library reduction (`cpu_buffers.library_call_inputs`: the `__ynn_fusion`
+    call takes in the elementwise ops feeding the reduction alone, on its local operand) and is
+    read by other loops too: XLA:CPU computes the expansion once and stores it, where the model
+    fuses its cheap part into each reader. The call is a consumer no producer fuses into, and
+    the expansion ends in a select of several arrays, which XLA duplicates only when it can fuse
+    it into all its consumers (`InstructionFusion::ComputeGloballyUnfusible`). Measured:
+    `value_and_grad(mean(gelu(x, approximate=False)))` on x[4, 4, 8, 32], the mean's call reads
+    the stored erfc beside the gradient's loop, 307,200 flops, predicted 585,728 with erfc in
+    both (fuzz seed 19 #39, Adam on an exact GELU of an einsum: 1.25 of XLA's flops). Read on
+    the program XLA's simplifier leaves (`simplify.rewired`, its dead ops reading nothing: the
+    GELU's `copy`). The CPU comparison only."""
+    prog = rewired(ana.program)
+    prog = _pruned(prog, live_ops(prog))
+    ops = [
+        op
+        for op in prog.ops
+        if op.operands and is_library_reduction(prog, op, prog.values[op.operands[0]].size)
+    ]
+    if not ops or not any(op.primitive in prim.EXPANDED_TRANSCENDENTAL for op in prog.ops):
+        return frozenset()
+    space = space_of(ana, mesh)
+    masks = strategy.fine_masks(ana, mesh)
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    uses, producers = prog.uses(), prog.producers()
+    out = set()
+    for op in ops:
+        shape = prog.values[op.operands[0]].shape
+        local = _local_shape(shape, space.use_axes(masks, op.index, 0), sizes)
+        if not is_library_reduction(prog, op, int(np.prod(local, dtype=np.int64))):
+            continue
+        whole = prog.values[op.results[0]].size == 1
+        for v, sized in library_call_inputs(prog, op.operands[0], uses, producers, whole):
+            p = producers[v]
+            if v == sized and p is not None and len(uses[v]) > 1:
+                if prog.ops[p].primitive in prim.EXPANDED_TRANSCENDENTAL:
+                    out.add(v)
     return frozenset(out)
 
 

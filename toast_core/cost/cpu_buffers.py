@@ -443,7 +443,7 @@ def library_reduction_inputs(
             continue
         operand = prog.values[op.operands[0]]
         whole = prog.values[op.results[0]].size == 1  # a reduction to a scalar
-        inputs = _call_inputs(prog, op.operands[0], uses, producers, whole)
+        inputs = library_call_inputs(prog, op.operands[0], uses, producers, whole)
         if all(v != sized or _is_spread(prog, v, producers) for v, sized in inputs):
             continue  # a reduction of broadcasts: XLA reduces their sources (`_is_spread`)
         for v, sized in inputs:
@@ -477,7 +477,7 @@ def _is_spread(prog: Program, v: int, producers) -> bool:
 _TAKEN_IN_WHOLE = frozenset({"broadcast_in_dim", "reshape"})
 
 
-def _call_inputs(
+def library_call_inputs(
     prog: Program, x: int, uses, producers, whole: bool = False
 ) -> list[tuple[int, int]]:
     """(value, value whose size its buffer has) per input a library reduction of `x` reads:

@@ -258,19 +258,28 @@ def _fusion_work_roots(prog, fuses, is_materialized, gather_own, spread, copied,
                 roots[op.index] = indexing.limit(op, roots[op.index], roots)
             continue
         own = mat or len(readers) > 1
+        through_copies = (
+            mat
+            and _read_through_copies(prog, op, copied, fuses)
+            and not _copied_and_read_directly(prog, op, copied, fuses)
+        )
         if (
             op.primitive in prim.EXPANDED_TRANSCENDENTAL
-            and (not mat or _dots_read_reshaped(prog, op, fuses))
+            and (not mat or through_copies or _dots_read_reshaped(prog, op, fuses))
             and len(readers) + mat > 1
             and not _path_blocked(prog, op, roots)
         ):
             # Its cheap producers go with its cheap part into every reader, and into each
             # fusion of an expensive part (`EXPANDED_APART`): placeholder roots, below zero.
-            # Stored for dots that read it reshaped, it is one more fusible reader.
+            # Stored for dots that read it reshaped, it is one more fusible reader; so is the
+            # layout copy XLA:CPU makes for dots that read it through one (fuzz seed 19 #11:
+            # digamma read by `einsum('abc,bz->acz')` and a multiply is expanded into the
+            # copy's loop and the multiply's, nothing stores it; 0.84 of XLA's flops once).
             expanded[op.index] = len(readers) + mat
             apart = EXPANDED_APART.get(op.primitive, 0)
             placeholders = frozenset(-(op.index * 64 + j + 1) for j in range(apart))
-            roots[op.index] = readers | placeholders | (self_only if mat else frozenset())
+            own = frozenset((_copy_root(op.index),)) if through_copies else self_only
+            roots[op.index] = readers | placeholders | (own if mat else frozenset())
             continue
         if not own and op.primitive in _REDUCTIONS and readers:
             # Reductions of one result shape read by one loop are siblings XLA fuses together
@@ -599,6 +608,9 @@ def _folded_transpose(prog: Program, i: int) -> bool:
     return bool(readers) and all(prog.ops[o].primitive == "dot_general" for o in readers)
 
 
+#: Non-fusible ops through which `_path_blocked` judges no path (see `_unfused_path`).
+_MATMULS = frozenset({"dot_general", "conv_general_dilated"})
+
 #: Beyond this many ops between a producer and its readers, `_unfused_path` gives up (and the
 #: producer is duplicated as before): the walk stays linear in practice on large programs.
 _PATH_WALK_LIMIT = 512
@@ -616,10 +628,13 @@ def _unfused_path(prog: Program, op, roots: list[frozenset[int]]) -> bool:
     it counted 10624). A path is fused when each op on it is fused into all the fusions its
     successor is in (`roots[x]` contains the successor's).
 
-    Only paths of fusible ops are judged: when a path runs through a matmul (a transformer's
-    layer-norm terms read by the forward and again by the backward), the producer stays
-    duplicated as before, which matches XLA:CPU's count of the GPT train step (201.3 M flops;
-    judging those paths too fell to 197.9 M, under by 1.7 %)."""
+    A path through another op that no fusion takes in (a scatter of several windows, a sort, a
+    loop) is blocked: fuzz seed 19 #434, erfc read by `v = x / (1 + e * e)` and by the
+    gradient, `v` reaching the gradient through a scatter: XLA computes erfc once (1.76 of
+    XLA's flops when duplicated). When a path runs through a matmul (a transformer's
+    layer-norm terms read by the forward and again by the backward), nothing is judged and the
+    producer stays duplicated as before, which matches XLA:CPU's count of the GPT train step
+    (201.3 M flops; judging those paths too fell to 197.9 M, under by 1.7 %)."""
     if not _more_than_unary(prog, op) or not op.results:
         return False
     sizes = {v: prog.values[v].size for v in op.operands}
@@ -662,9 +677,11 @@ def _path_blocked(prog: Program, op, roots: list[frozenset[int]]) -> bool:
                 x = producers[v]
                 if x is None or x == op.index or x not in seen or x in back:
                     continue
-                if not fusible(prog.ops[x], prog):
-                    return False  # see the docstring: not measured to hold across matmuls
-                if prog.ops[x].primitive in _REDUCTIONS:
+                if not fusible(prog.ops[x], prog) and not _in_loop_fusion(prog.ops[x], prog):
+                    if prog.ops[x].primitive in _MATMULS:
+                        return False  # see the docstring: not measured to hold across matmuls
+                    blocked = True  # a scatter, a sort, a loop: its reader cannot fuse it
+                elif prog.ops[x].primitive in _REDUCTIONS:
                     blocked = blocked or _reduction_edge_blocked(prog, x, uses)
                 elif not roots[y] <= roots[x]:
                     blocked = True

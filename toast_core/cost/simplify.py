@@ -438,7 +438,11 @@ def _rewired(prog: Program) -> tuple[Program, list[int]]:
     * **`stop_gradient`** is its operand: JAX lowers it to nothing, so what reads it reads the
       operand in the HLO (fuzz seed 18 #250: a dropout read by an output's `expand_dims` and,
       through `stop_gradient`, by a `while_loop` is computed once, as for any value a loop
-      reads; counted in both fusions it was 1.24 of XLA's flops on [64]).
+      reads; counted in both fusions it was 1.24 of XLA's flops on [64]). So is a **`copy`**
+      (JAX lowers it to its operand; `jax.nn.gelu(x, approximate=False)` ends in one): seen
+      through, a GELU read by a softmax's max and its shift `exp(x - max)` is computed once,
+      as XLA does (fuzz seed 19 #155, read through the copy it was duplicated with erfc's
+      expansion into both fusions: 2.0 of XLA's flops).
     * **Scalings in a row** (`_past_scalings`): `(x * c1) * c2` reads `x` (XLA's simplifier
       folds the constants), whether or not `x * c1` has other readers.
     * **Sorts of rows of one element** (`_sorts_rows_of_one`) are their operands: an argsort
@@ -709,7 +713,9 @@ _UNBOUNDED = {"max": float("-inf"), "min": float("inf")}
 
 #: The primitives `_forwarded` may find an identity (any other op is asked nothing more).
 _MAY_FORWARD = (
-    frozenset(_NEUTRAL) | frozenset(_UNBOUNDED) | {"max", "min", "select_n", "stop_gradient"}
+    frozenset(_NEUTRAL)
+    | frozenset(_UNBOUNDED)
+    | {"max", "min", "select_n", "stop_gradient", "copy", "copy_p"}
 )
 
 #: Ops that spread or pass a constant scalar unchanged: `broadcast_in_dim(1.0)` then `copy` is
@@ -811,7 +817,7 @@ def _forwarded(
         return splats[vid] if vid in splats else _literal(prog, vid)
 
     shape = prog.values[op.results[0]].shape
-    if op.primitive == "stop_gradient" and len(operands) == 1:
+    if op.primitive in ("stop_gradient", "copy", "copy_p") and len(operands) == 1:
         return operands[0]
     if op.primitive in _NEUTRAL and len(operands) == 2:
         left, right = _NEUTRAL[op.primitive]

@@ -1,0 +1,71 @@
+"""How often XLA computes a special function it expands (erfc, digamma: `prim.
+EXPANDED_TRANSCENDENTAL`) and the ops around it, against XLA's `cost_analysis()` (fuzz seed 19's
+flop misses with erfc, exact GELU and digamma)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+from xla_flops import replicated_ratio, unsharded_flops
+
+
+def f32(*shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return jnp.linspace(-1.1, 1.3, n, dtype=jnp.float32).reshape(shape)
+
+
+def test_a_gelu_read_by_a_softmax_is_computed_once():
+    """Fuzz seed 19 #155: `jax.nn.gelu(x, approximate=False)` ends in a `copy`, which JAX
+    lowers to nothing; the softmax's max and its shift `exp(x - max)` read the GELU itself,
+    and XLA computes it once (1,080 flops on [8, 2]). Read through the copy, the GELU was
+    duplicated into both fusions, erfc's expansion with it: 2,232."""
+
+    def fn(x):
+        return jax.nn.softmax(jax.nn.gelu(x, approximate=False), axis=-1)
+
+    predicted, compiled = unsharded_flops(fn, f32(8, 2))
+    assert predicted == pytest.approx(compiled, rel=0.05)
+
+
+def test_a_path_through_a_scatter_keeps_erfc_once():
+    """Fuzz seed 19 #434: erfc is read by `v = x / (1 + e * e)`, `e = erfc(x)`, and by the gradient;
+    `v`'s other path to the gradient runs through a scatter of several windows, which no fusion
+    takes in, so XLA computes erfc once and stores it (`InstructionFusion::
+    ComputeGloballyUnfusible`: erfc's final select reads several arrays, and it cannot be fused
+    into its consumers on all paths). Duplicated into both loops: 6,952 of XLA's 3,928."""
+    i = jnp.array([1, 3], jnp.int32)
+
+    def loss(x):
+        e = lax.erfc(x)
+        v = x / (1.0 + e * e)
+        return jnp.mean(v.at[:, :, i].set(jnp.tanh(v[:, :, i])))
+
+    predicted, compiled = unsharded_flops(jax.grad(loss), f32(3, 2, 8))
+    assert predicted == pytest.approx(compiled, rel=0.05)
+
+
+def test_a_special_function_read_by_a_dot_through_a_layout_copy_is_expanded_into_it():
+    """Fuzz seed 19 #11: `digamma(x * x + 1)` read by `einsum('abc,bz->acz')` and by a
+    multiply. XLA:CPU reads the dot's operand through a layout copy, a loop fusion that computes
+    digamma's cheap part like the multiply's (`copy_bitcast_fusion` and `select_multiply_fusion`
+    each hold it; nothing stores digamma itself): 0.84 of XLA's flops when counted once."""
+
+    def fn(x, w):
+        v = jax.scipy.special.digamma(x * x + 1.0)
+        return jnp.einsum("abc,bz->acz", v, w), v * 2
+
+    assert replicated_ratio(fn, (f32(8, 5, 4), f32(5, 32))) == pytest.approx(1.0, abs=0.05)
+
+
+def test_a_special_function_read_by_a_library_reduction_and_a_loop_is_computed_once():
+    """Fuzz seed 19 #39: the mean of an exact GELU of 4,096 elements is an XLA:CPU library call
+    (`__ynn_fusion`), which takes in `0.5 * x * erfc(...)` but reads erfc from memory; erfc,
+    read by the gradient's loop too, is computed once and stored (307,200 flops on [4, 4, 8,
+    32]; expanded into both, 1.88 of that)."""
+
+    def fn(x):
+        return jax.value_and_grad(lambda x: jnp.mean(jax.nn.gelu(x, approximate=False)))(x)
+
+    assert replicated_ratio(fn, (f32(4, 4, 8, 32),)) == pytest.approx(1.0, abs=0.05)
