@@ -178,3 +178,66 @@ def test_a_fill_mode_gather_along_a_sharded_dim_normalizes_its_indices_twice():
     args = {"x": jax.ShapeDtypeStruct((4, 16), F32), "i": jax.ShapeDtypeStruct((2, 16), jnp.int32)}
     predicted, compiled = predicted_and_compiled(fn, (args,), {"data": 2, "model": 3})
     assert predicted == compiled
+
+
+def leaky(x):
+    return jnp.where(x > 0, x, 0.01 * x)
+
+
+#: Fuzz seed 19's gather misses, as (fn, argument shapes and dtypes, XLA's flops on jaxlib
+#: 0.10.2, the model's before): each program's XLA count is asserted too.
+GATHER_FUSIONS = {
+    # #233: `abs(x)` read by `x - abs(x)` and a take_along's gather fusion is computed in both,
+    # not once more for the gather (`gather_fusion._gather_fusions`)
+    "operand_read_by_a_gather_and_a_loop": (
+        lambda x, i: (jnp.take_along_axis(jnp.abs(x), i, axis=0), x - jnp.abs(x)),
+        (((8, 4, 4), F32), ((2, 4, 4), jnp.int32)),
+        608,
+    ),
+    # #120: an argmax is a fusion of its own (a variadic reduce read through a
+    # get-tuple-element), which blocks the all-paths test of the leaky ReLU feeding it and the
+    # loop reading its index: the leaky ReLU is stored once
+    "argmax_index_read_by_the_argmax_operand_loop": (
+        lambda x: leaky(x) + jnp.argmax(leaky(x), axis=1, keepdims=True).astype(F32),
+        (((16, 8), F32),),
+        1536,
+    ),
+    "take_along_its_argmax": (
+        lambda x: jax.nn.silu(
+            jnp.take_along_axis(leaky(x), jnp.argmax(leaky(x), axis=3, keepdims=True), axis=3)
+        ),
+        (((4, 16, 4, 4), F32),),
+        12800,
+    ),
+    # #294: the gradient of a gather, a scatter-add into zeros, added to the other gradient:
+    # XLA scatters into that gradient, the add is gone (`simplify.scatter_accumulations`)
+    "gather_gradient_added_to_another": (
+        lambda w, x, i: jax.grad(
+            lambda w: jnp.sum(jnp.take_along_axis(w, i, axis=0)) + jnp.sum(jnp.tanh(w * x))
+        )(w),
+        (((32, 8), F32), ((32, 8), F32), ((4, 8), jnp.int32)),
+        1408,
+    ),
+    "row_gather_gradient_added_to_another": (
+        lambda w, x, i: jax.grad(lambda w: jnp.sum(w[i] ** 2) + jnp.sum(jnp.tanh(w * x)))(w),
+        (((32, 8), F32), ((32, 8), F32), ((4,), jnp.int32)),
+        1368,
+    ),
+    # #294: `einsum("a,a->", u, v)`'s gradient `dot_general(1.0, v)` is `v` (`simplify.
+    # _scaled_by_one`)
+    "scalar_cotangent_seed_of_a_dot": (
+        lambda u, v: jax.grad(lambda u: jnp.einsum("a,a->", u, v) + jnp.einsum("a,a->", u, u))(u),
+        (((32,), F32), ((32,), F32)),
+        64,
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(GATHER_FUSIONS))
+def test_gathers_argmaxes_and_their_gradients_count_as_xla_counts_them(name):
+    fn, shapes, xla = GATHER_FUSIONS[name]
+    args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in shapes]
+    predicted, compiled = unsharded_flops(fn, *args)
+    assert compiled == xla
+    assert predicted == compiled

@@ -281,6 +281,13 @@ def _fusion_work_roots(prog, fuses, is_materialized, gather_own, spread, copied,
             own = frozenset((_copy_root(op.index),)) if through_copies else self_only
             roots[op.index] = readers | placeholders | (own if mat else frozenset())
             continue
+        if op.primitive in prim.ARG_REDUCTIONS:
+            # An argmax is a variadic reduce (value and index) that its reader reads through a
+            # get-tuple-element, which XLA:CPU does not loop-fuse (`CpuInstructionFusion::
+            # ShouldFuse`, `CanBeLoopFused`): it is a fusion of its own, whatever reads it
+            # (`take_along_axis(abs(x), argmax(abs(x)))`: the abs in the argmax's fusion and in
+            # the gather's, 1,376 flops on [16, 8]; 1,248 counted once).
+            own = True
         if not own and op.primitive in _REDUCTIONS and readers:
             # Reductions of one result shape read by one loop are siblings XLA fuses together
             # (`sum(e) + sum(e * 3)`, `e = x * 2 + 1` on [16, 32]: 2,559 flops, `e` once;
@@ -335,7 +342,7 @@ def _with_fused_gathers(
         fuses[op.index] = True
         indices = prog.values[op.operands[1]].shape
         if op.primitive == "gather" and prod(indices[:-1]) > 1:
-            own[op.index] = -(len(prog.ops) * 64 + op.index + 1)  # below EXPANDED_APART's ids
+            own[op.index] = gather_root(prog, op.index)
     producers = prog.producers()
     uses = prog.uses()
     outputs = set(prog.outputs)
@@ -350,6 +357,12 @@ def _with_fused_gathers(
         if fuses[p] and readers and all(fuses[o] for o, _ in readers):
             is_materialized[v] = False
     return fuses, is_materialized, own
+
+
+def gather_root(prog: Program, i: int) -> int:
+    """The placeholder root (below zero, below `EXPANDED_APART`'s ids) of the fusion of its own
+    that gather `i` of several index vectors is (`_with_fused_gathers`)."""
+    return -(len(prog.ops) * 64 + i + 1)
 
 
 def _in_loop_fusion(op, prog: Program) -> bool:
@@ -708,8 +721,8 @@ def _reduction_edge_blocked(prog: Program, x: int, uses) -> bool:
     squares' (x[2, 2, 2, 1]: 80 flops, 57 when it was counted once; fuzz seed 18 #163, 0.77
     of XLA's flops). A softmax's max broadcast into `x * y - max` stays blocked (tests/
     test_flops_norm.py), and so does log_softmax's `shifted - log(sum)`."""
-    if _library_call(prog, prog.ops[x]):
-        return True
+    if _library_call(prog, prog.ops[x]) or prog.ops[x].primitive in prim.ARG_REDUCTIONS:
+        return True  # an argmax's get-tuple-element is no loop op (`_fusion_work_roots`)
     size = sum(prog.values[r].size for r in prog.ops[x].results)
 
     def widens(o: int) -> bool:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from math import prod
 
 from toast_core.cost.flops import op_flops
+from toast_core.cost.fusion import gather_root
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
@@ -75,8 +76,8 @@ def gather_copies(
         readers = uses[op.results[0]]
         gathers = frozenset(o for o, k in readers if prog.ops[o].primitive == "gather" and k == 0)
         if gathers and len(readers) > len(gathers) and not more_than_unary(op):
-            into[op.index] = gathers
-            out[op.index] = len(roots[op.index]) + len(gathers)
+            into[op.index] = frozenset().union(*(_gather_fusions(prog, g, roots) for g in gathers))
+            out[op.index] = len(roots[op.index] | into[op.index])
     # The cheap ops fused into such a value's own fusion go with it into each gather's (measured:
     # `(one_hot(i[2], 4) * 1.5)` read by `x[:, j]` and a scatter-add computes its compare in
     # both fusions, 48 flops, counted 40; fuzz seed 18 #49).
@@ -85,7 +86,7 @@ def gather_copies(
             continue
         hosts = roots[op.index] & into.keys()
         if hosts:
-            out[op.index] = len(roots[op.index]) + sum(len(into[h]) for h in hosts)
+            out[op.index] = len(roots[op.index].union(*(into[h] for h in hosts)))
     reach: dict[int, int] = {}  # per terminal gather or scatter: the fusions computing its index
     for op in prog.ops:
         if op.primitive not in _INDEXED or len(op.operands) < 2:
@@ -157,6 +158,18 @@ def gather_copies(
             terminals[op.index] = frozenset(ts)
             out[op.index] = sum(reach[t] for t in ts)
     return out
+
+
+def _gather_fusions(prog: Program, g: int, roots: list[frozenset[int]]) -> frozenset[int]:
+    """The fusions in which gather `g` computes its operand: its own (`fusion.
+    _with_fused_gathers`'s placeholder root) for several index vectors, else those of its
+    readers' loops (a dynamic-slice). A cheap operand that the gather's readers and others read
+    fuses into those fusions already (`roots`): counted once each (fuzz seed 19 #233:
+    `take_along_axis(abs(x), i)` beside `x - abs(x)` computes the abs twice, 9,728 flops, not
+    11,776)."""
+    if _own_fusion(prog.ops[g], prog):
+        return frozenset((gather_root(prog, g),))
+    return roots[g]
 
 
 def _own_fusion(op, prog: Program) -> bool:
