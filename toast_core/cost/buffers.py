@@ -378,7 +378,7 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         partials += [False] * len(gathered)
         if own is not None:
             own = np.concatenate([own, gathered])
-    matmul = read_last_by_matmul(ev)
+    matmul = read_last_by_matmul(ev) | moves_elements(ev, masks)
     for v in reduced or {}:  # its result is a partial, all-reduced into the output later
         matmul[ev._producer[v]] = False
     values += [-1] * (len(size) - len(values))
@@ -440,6 +440,27 @@ def read_last_by_matmul(ev) -> np.ndarray:
         ],
         dtype=bool,
     )
+
+
+def moves_elements(ev, masks) -> np.ndarray:
+    """Per op, whether it is a transpose that moves elements on one device (its permutation
+    reorders dims longer than 1 there): XLA emits it as a copy into another layout (a `copy` or
+    a transpose fusion), which is not elementwise on its operand, so it never writes its result
+    over the operand it reads last (XLA shares an operand's buffer only with a user elementwise
+    on it, of the same shape and layout). Fuzz seed 19 #560, data parallel on 8: the all-reduced
+    einsum result, read last by `transpose(swapaxes(v3))` that makes an output, stays in XLA's
+    block beside that output's allocation (16,384 bytes of temporaries; the model had put it in
+    the output's and counted none)."""
+    prog = ev.ana.program
+    shape_of = local_value_shapes(ev, masks)
+    out = np.zeros(len(prog.ops), dtype=bool)
+    for i, op in enumerate(prog.ops):
+        if op.primitive != "transpose" or len(op.operands) != 1:
+            continue
+        shape = shape_of(op.operands[0])
+        moved = [d for d in op.param("permutation", ()) if shape[d] > 1]
+        out[i] = moved != sorted(moved)
+    return out
 
 
 def kept_inputs(ev) -> np.ndarray:
