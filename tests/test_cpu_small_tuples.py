@@ -2,7 +2,9 @@
 seed 19): an argmax / argmin is a variadic reduce writing its index and a tuple
 (`cpu_buffers.arg_reduction_buffers`; #71 `sum` + `take_along_axis(argmax)` 0.59 of XLA's
 bytes, #252 0.38), and a combined all-reduce returns a tuple whose pointer table is a buffer
-(`buffers.combined_all_reduce_ops`; #337 dp_megatron 0.65)."""
+(`buffers.combined_all_reduce_ops`; #337 dp_megatron 0.65); and a gather indexing a cut dim
+reads the device's offset from a `partition-id` scalar (`buffers.partition_id_end`; #354 0.39,
+#565 0.58, #550 0.69)."""
 
 from __future__ import annotations
 
@@ -82,6 +84,34 @@ def test_a_combined_all_reduce_holds_its_tuple_table():
     assert check.hlo_text.count("all-reduce(") == 1  # one combined all-reduce, a tuple
     # 236 of XLA's 308 bytes (172 without the table: 0.56); the rest is the heap's placement
     assert abs(check.predicted_memory_bytes / check.compiled_memory_bytes - 1) <= 0.3, (
+        check.predicted_memory_bytes,
+        check.compiled_memory_bytes,
+    )
+
+
+def _masked_lookup(params, batch):
+    """Fuzz seed 19 #354's gather: `v[i]` of a v cut along its indexed dim."""
+    v = jnp.tanh(batch["x"] * 2.0)
+    return (v[batch["i"]] * 3.0, v * 0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n, bytes_", [(16, 108), (64, 156)])
+def test_a_masked_gather_reads_the_partition_id(n, bytes_):
+    """The masked lookup subtracts the device's first row, computed from a `partition-id`: a
+    u32 scalar in a 64-byte slot of XLA's block (`buffers.partition_id_end`); the model had
+    44 and 92 bytes without it (0.41, 0.59 of XLA's)."""
+    args = (
+        {},
+        {"x": jax.ShapeDtypeStruct((n,), jnp.float32), "i": jax.ShapeDtypeStruct((1,), jnp.int32)},
+    )
+    ana = tc.analyze(tc.trace(_masked_lookup, *args))
+    strategy = tc.baselines.all(ana, MESH_8)["data_parallel"][0]
+    check = tc.validate(
+        _masked_lookup, args, ana, strategy, tc.jax_mesh(MESH_8), "tpu-v5e", check_numerics=False
+    )
+    assert "partition-id" in check.hlo_text
+    assert check.predicted_memory_bytes == check.compiled_memory_bytes == bytes_, (
         check.predicted_memory_bytes,
         check.compiled_memory_bytes,
     )

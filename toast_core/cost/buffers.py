@@ -200,6 +200,59 @@ def _cpu_all_reduces(ev, masks, value_local) -> list[tuple[int, int, int]]:
     ]
 
 
+#: Collectives after which XLA:CPU's partitioned program computes the device's offset: a
+#: halo's collective-permute masks with it, a reduce-scatter (an all-reduce there) slices at it.
+_OFFSET_COLLECTIVES = tuple(
+    COLLECTIVE_KINDS.index(k) for k in ("collective-permute", "reduce-scatter")
+)
+
+
+def partition_id_end(ev, masks, value_local) -> int:
+    """The last op that reads the device's position along a cut dim, or -1 if none: XLA's SPMD
+    partitioner computes it from one `partition-id` (a u32 scalar, a buffer of the temporary
+    block from the step's start, where XLA:CPU's scheduler puts an instruction without
+    operands, to its last reader). Such readers: a gather indexing a cut operand dim (the
+    masked lookup subtracts the device's first row), a scatter into one, an iota counting
+    along a cut dim, an argmax / argmin over one, a dynamic slice or update of a cut operand,
+    and the collectives in `_OFFSET_COLLECTIVES`. Measured in XLA:CPU's buffer assignment
+    (fuzz seed 19): #354, data parallel on 2x3, `v[i]` of a cut v, `partition-id` at offset
+    64 of the block until the masked gather's select (0.39 of XLA's bytes before); #565, data
+    parallel on 8, `take` of a cut operand; #550 the same, in a 4-byte output's allocation."""
+    space = space_of(ev.ana, ev.mesh)
+    prog = ev._mem_prog
+    last = -1
+    for op in prog.ops:
+        dims = _offset_dims(op, prog)
+        if dims is None:
+            continue
+        axes = space.value_axes(masks, op.operands[0] if op.operands else op.results[0])
+        if any(axes[d] for d in dims if d < len(axes)):
+            last = max(last, op.index)
+    kinds, _, _, ops, _, _ = ev._collective_arrays(masks, value_local)
+    hit = np.isin(kinds, _OFFSET_COLLECTIVES)
+    if hit.any():
+        last = max(last, int(ops[hit].max()))
+    return last
+
+
+def _offset_dims(op, prog) -> tuple | None:
+    """The dims of `op`'s first operand (an iota's result) whose cut makes it read the device's
+    offset (`partition_id_end`), or None for an op that never does."""
+    p = op.primitive
+    if p == "gather" and op.operands:
+        return tuple(dict(op.param("dimension_numbers")).get("start_index_map", ()))
+    if p in prim.SCATTERS and op.operands:
+        dn = dict(op.param("dimension_numbers"))
+        return tuple(dn.get("scatter_dims_to_operand_dims", ()))
+    if p == "iota" and op.results:
+        return (op.param("dimension", 0),)
+    if p in prim.ARG_REDUCTIONS and op.operands:
+        return tuple(op.param("axes", ()))
+    if p in ("dynamic_slice", "dynamic_update_slice") and op.operands:
+        return tuple(range(len(prog.values[op.operands[0]].shape)))
+    return None
+
+
 def timeline_of(size, start, end, n_ops: int) -> np.ndarray:
     """Live bytes after each op of the buffers [start, end)."""
     delta = np.zeros(n_ops + 1)
@@ -422,6 +475,15 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         partials += [True] * len(tables)
         if own is not None:
             own = np.concatenate([own, np.full(len(tables), np.inf)])
+        # The device's partition id, read by offsets along cut dims (`partition_id_end`).
+        pid = partition_id_end(ev, masks, local)
+        if pid >= 0:
+            size = np.append(size, float(max(align_bytes, 1)))
+            start, end = np.append(start, 0), np.append(end, pid + 1)
+            is_out = np.append(is_out, False)
+            partials.append(True)
+            if own is not None:
+                own = np.append(own, np.inf)
         # The gathered operands of ops that read a sharded dim whole (`replicate_buffers.py`).
         gathered, lo, hi = replicate_gather_buffers(ev, masks, local)
         aligned = _round_up(gathered, align_bytes) if align_bytes else gathered
