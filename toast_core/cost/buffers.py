@@ -165,17 +165,92 @@ def all_reduce_issue_ops(ev, masks, value_local) -> dict[int, int]:
     at the op where XLA:CPU issues it: its combiner merges the all-reduces of one combined op
     (`Evaluator._groups`, as the CPU combines) and issues them once the last is ready, so every
     partial of a data-parallel step's gradients waits for the last one."""
+    out: dict[int, int] = {}
+    for v, t, _ in _cpu_all_reduces(ev, masks, value_local):
+        out[v] = max(out.get(v, -1), t)
+    return out
+
+
+def combined_all_reduce_ops(ev, masks, value_local) -> list[int]:
+    """The op where XLA:CPU issues each all-reduce its combiner made of two or more values
+    (`all_reduce_issue_ops`). Such an all-reduce returns a tuple of its results, whose table
+    of 8-byte pointers is a buffer of the temporary block beside them while its
+    get-tuple-elements read it (measured in XLA:CPU's buffer assignment: fuzz seed 19 #337,
+    dp_megatron on 2x2x2, `all-reduce.3{}` (f32[2], f32[]) a 16-byte table at offset 192 of
+    a 208-byte block; #389 and #565, data parallel, 24 and 16 bytes; the model had none)."""
+    members: dict[int, set[int]] = {}
+    issue: dict[int, int] = {}
+    for v, t, g in _cpu_all_reduces(ev, masks, value_local):
+        members.setdefault(g, set()).add(v)
+        issue[g] = t
+    return [issue[g] for g, vs in members.items() if len(vs) > 1]
+
+
+def _cpu_all_reduces(ev, masks, value_local) -> list[tuple[int, int, int]]:
+    """(value, issue op, combined op id) of every all-reduce as XLA:CPU combines them."""
     kinds, ms, vs, ops, vals, sites = ev._collective_arrays(masks, value_local)
     if not len(kinds):
-        return {}
+        return []
     group = ev._groups(kinds, ms, vs, ops, sites, cpu=True)
     last = np.full(len(kinds), -1, dtype=np.int64)
     np.maximum.at(last, group, ops)
-    out: dict[int, int] = {}
-    for i in np.flatnonzero(kinds == ALL_REDUCE).tolist():
-        v, t = int(vals[i]), int(last[group[i]])
-        out[v] = max(out.get(v, -1), t)
-    return out
+    return [
+        (int(vals[i]), int(last[group[i]]), int(group[i]))
+        for i in np.flatnonzero(kinds == ALL_REDUCE).tolist()
+    ]
+
+
+#: Collectives after which XLA:CPU's partitioned program computes the device's offset: a
+#: halo's collective-permute masks with it, a reduce-scatter (an all-reduce there) slices at it.
+_OFFSET_COLLECTIVES = tuple(
+    COLLECTIVE_KINDS.index(k) for k in ("collective-permute", "reduce-scatter")
+)
+
+
+def partition_id_end(ev, masks, value_local) -> int:
+    """The last op that reads the device's position along a cut dim, or -1 if none: XLA's SPMD
+    partitioner computes it from one `partition-id` (a u32 scalar, a buffer of the temporary
+    block from the step's start, where XLA:CPU's scheduler puts an instruction without
+    operands, to its last reader). Such readers: a gather indexing a cut operand dim (the
+    masked lookup subtracts the device's first row), a scatter into one, an iota counting
+    along a cut dim, an argmax / argmin over one, a dynamic slice or update of a cut operand,
+    and the collectives in `_OFFSET_COLLECTIVES`. Measured in XLA:CPU's buffer assignment
+    (fuzz seed 19): #354, data parallel on 2x3, `v[i]` of a cut v, `partition-id` at offset
+    64 of the block until the masked gather's select (0.39 of XLA's bytes before); #565, data
+    parallel on 8, `take` of a cut operand; #550 the same, in a 4-byte output's allocation."""
+    space = space_of(ev.ana, ev.mesh)
+    prog = ev._mem_prog
+    last = -1
+    for op in prog.ops:
+        dims = _offset_dims(op, prog)
+        if dims is None:
+            continue
+        axes = space.value_axes(masks, op.operands[0] if op.operands else op.results[0])
+        if any(axes[d] for d in dims if d < len(axes)):
+            last = max(last, op.index)
+    kinds, _, _, ops, _, _ = ev._collective_arrays(masks, value_local)
+    hit = np.isin(kinds, _OFFSET_COLLECTIVES)
+    if hit.any():
+        last = max(last, int(ops[hit].max()))
+    return last
+
+
+def _offset_dims(op, prog) -> tuple | None:
+    """The dims of `op`'s first operand (an iota's result) whose cut makes it read the device's
+    offset (`partition_id_end`), or None for an op that never does."""
+    p = op.primitive
+    if p == "gather" and op.operands:
+        return tuple(dict(op.param("dimension_numbers")).get("start_index_map", ()))
+    if p in prim.SCATTERS and op.operands:
+        dn = dict(op.param("dimension_numbers"))
+        return tuple(dn.get("scatter_dims_to_operand_dims", ()))
+    if p == "iota" and op.results:
+        return (op.param("dimension", 0),)
+    if p in prim.ARG_REDUCTIONS and op.operands:
+        return tuple(op.param("axes", ()))
+    if p in ("dynamic_slice", "dynamic_update_slice") and op.operands:
+        return tuple(range(len(prog.values[op.operands[0]].shape)))
+    return None
 
 
 def timeline_of(size, start, end, n_ops: int) -> np.ndarray:
@@ -257,7 +332,13 @@ def top_padding(smallest, pad, start, end, n_ops: int) -> np.ndarray:
 
 
 def cpu_temporaries(
-    ev, value_local, align_bytes: int, masks=None, remat: bool = False, small: float | None = None
+    ev,
+    value_local,
+    align_bytes: int,
+    masks=None,
+    remat: bool = False,
+    small: float | None = None,
+    values: list | None = None,
 ):
     """(bytes, first op, end op (exclusive)) of the temporaries only XLA:CPU makes (dot-operand
     and conv layout copies, threefry loops, select-and-scatter expansions:
@@ -266,7 +347,8 @@ def cpu_temporaries(
     need them (`local_dot_shapes`), and `remat` (the strategy recomputes: XLA:CPU's schedule
     then makes a library reduction's broadcast inputs at the call, `cpu_buffers.
     library_reduction_inputs`). `small`: the bytes of a row that holds small buffers (default:
-    `align_bytes` each, or one byte each unaligned)."""
+    `align_bytes` each, or one byte each unaligned). `values`, a list: receives the value of
+    each row."""
     if masks is None:
         vals, lo, hi, scale, count, n_small = ev._cpu_buffers
     else:
@@ -281,6 +363,8 @@ def cpu_temporaries(
             )
         )
         vals, lo, hi, scale, count, n_small = rows
+    if values is not None:
+        values.extend(vals.tolist())
     size = value_local[vals] * scale
     if align_bytes:
         size = _round_up(size, align_bytes)
@@ -363,13 +447,43 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         else None
     )
     if cpu:
-        extra, lo, hi = cpu_temporaries(ev, local, align_bytes, masks, effect is not None)
+        cpu_values: list[int] = []
+        extra, lo, hi = cpu_temporaries(
+            ev, local, align_bytes, masks, effect is not None, values=cpu_values
+        )
         size, start, end = (np.concatenate(x) for x in ((size, extra), (start, lo), (end, hi)))
         is_out = np.concatenate([is_out, np.zeros(len(extra), dtype=bool)])
-        partials += [False] * len(extra)
+        # An arg reduction's index is read as positions (a gather's, a dynamic slice's), never
+        # written over by its reader (`cpu_buffers.arg_reduction_buffers`).
+        prog = ev.ana.program
+        partials += [
+            prog.ops[ev._producer[v]].primitive in prim.ARG_REDUCTIONS
+            if ev._producer[v] >= 0
+            else False
+            for v in cpu_values
+        ]
         if own is not None:  # rows of small buffers (a loop's state) fit no one allocation
             own_extra = cpu_temporaries(ev, local, 0, masks, effect is not None, small=np.inf)[0]
             own = np.concatenate([own, own_extra])
+        # The tuple tables of combined all-reduces (`combined_all_reduce_ops`): small buffers.
+        tables = np.asarray(combined_all_reduce_ops(ev, masks, local), dtype=np.int64)
+        small = np.full(len(tables), float(max(align_bytes, 1)))
+        size, start, end = (
+            np.concatenate(x) for x in ((size, small), (start, tables), (end, tables + 1))
+        )
+        is_out = np.concatenate([is_out, np.zeros(len(tables), dtype=bool)])
+        partials += [True] * len(tables)
+        if own is not None:
+            own = np.concatenate([own, np.full(len(tables), np.inf)])
+        # The device's partition id, read by offsets along cut dims (`partition_id_end`).
+        pid = partition_id_end(ev, masks, local)
+        if pid >= 0:
+            size = np.append(size, float(max(align_bytes, 1)))
+            start, end = np.append(start, 0), np.append(end, pid + 1)
+            is_out = np.append(is_out, False)
+            partials.append(True)
+            if own is not None:
+                own = np.append(own, np.inf)
         # The gathered operands of ops that read a sharded dim whole (`replicate_buffers.py`).
         gathered, lo, hi = replicate_gather_buffers(ev, masks, local)
         aligned = _round_up(gathered, align_bytes) if align_bytes else gathered

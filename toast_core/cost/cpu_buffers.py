@@ -6,8 +6,8 @@ dot and convolution operands, the rolled threefry loop's state, the blocked scan
 ops, the expansion of max-pool gradients (`select_and_scatter_add`), the explicit indices of
 batched gathers and scatters, constant arrays made at the step's start, the inputs of the
 reductions XLA:CPU runs as library calls, the reciprocals of spread divisors, loops' state
-tuples and `TopK`'s outputs; and the values its dot products (a multiply and a fused reduce)
-never store, which the CPU view takes out (`dot_product_fused`).
+tuples, `TopK`'s outputs and arg reductions' indices and tuples; and the values its dot
+products (a multiply and a fused reduce) never store, which the CPU view takes out (`dot_product_fused`).
 
 **Dot operands.** XLA:CPU runs every dot as a 2-D (or batched 2-D) matrix product: its dot decomposer turns
 `dot_general` into `[batch, rows, contracted] x [batch, contracted, cols]` by transposing and
@@ -181,6 +181,15 @@ s32 indices and a tuple, 4,176; fuzz seed 17 #867, 1.83 of XLA's bytes). When th
 read it sorts (values, iota): both results and a tuple, as the call writes them
 (`top_k_sorts.py`, which also drops the unread indices from the values the model stores).
 
+**Arg reductions.** XLA lowers an argmax or argmin to a variadic reduce of (value, iota), a
+multi-output fusion writing a tuple: no reader fuses it, and they take the index through a
+get-tuple-element, where the model fuses the index into its readers (`take_along_axis`'s
+gather). The index and the tuple's 16-byte table are buffers of the temporary block; the
+values nothing reads went outside it in both measured programs (`arg_reduction_buffers`; fuzz
+seed 19 #71, `take_along_axis(v, argmax(v))` of the row sums `v` f32[4, 6] on 2x4: the sums,
+`iota_reduce_fusion{1}` s32[1] and the table at offsets 0, 64, 128, the max value in the
+output's allocation; 0.59 of XLA's bytes before, #252 0.38).
+
 **Constant arrays.** XLA:CPU's scheduler puts the fusions that read no input (a broadcast of a
 constant, an iota) at the start of the step, so a stored one lives from there to its last
 reader, not from where the program makes it: the zeros a gradient's scatter-add starts from
@@ -250,6 +259,7 @@ def cpu_buffers(
     rows += reused_expensive_buffers(prog, is_materialized, value_shape)
     rows += loop_state_buffers(prog)
     rows += top_k_buffers(prog)
+    rows += arg_reduction_buffers(prog, is_materialized)
     a = np.array(rows, dtype=np.float64).reshape(-1, 6)
     ints = a[:, [0, 1, 2, 4, 5]].astype(np.int64)
     return ints[:, 0], ints[:, 1], ints[:, 2], a[:, 3], ints[:, 3], ints[:, 4]
@@ -769,6 +779,30 @@ def top_k_buffers(prog: Program) -> list[tuple]:
             continue
         rows += [(r, op.index, op.index, 1.0, 1, 0) for r in op.results if not uses[r]]
         rows.append((op.results[0], op.index, op.index, 0.0, 0, 1))
+    return rows
+
+
+def arg_reduction_buffers(prog: Program, is_materialized: list[bool]) -> list[tuple]:
+    """(index, op, last op of its readers' fusions, 1, 1, 0) per argmax / argmin whose index
+    the model fuses away, and (index, op, op, 0, 0, 1) per one for its tuple's table (module
+    essay): XLA lowers it to a variadic reduce of (value, iota), a multi-output fusion whose
+    tuple no reader fuses; the readers take the index through a get-tuple-element. The max
+    values are written too, outside the block where measured (an output's allocation, one of
+    their own), and left out. An arg reduction over dims of size 1 is a constant
+    (`simplify.constant_values`) and writes nothing."""
+    fused = fused_away(prog, is_materialized)
+    uses = prog.uses()
+    const = constant_values(prog)
+    rows = []
+    for op in prog.ops:
+        if op.primitive not in prim.ARG_REDUCTIONS or len(op.results) != 1:
+            continue
+        (r,) = op.results
+        if const[r] or not uses[r]:
+            continue
+        if fused[r]:
+            rows.append((r, op.index, _fused_until(prog, r, fused, uses), 1.0, 1, 0))
+        rows.append((r, op.index, op.index, 0.0, 0, 1))
     return rows
 
 

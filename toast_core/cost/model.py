@@ -1806,7 +1806,18 @@ class Evaluator:
             if where == "result":
                 trips[k], regions[k] = self.trip[o], region[o]
         self.site_trip = trips
-        reducers = {"reduce_max": "max", "argmax": "max", "reduce_min": "min", "argmin": "min"}
+        # XLA combines only all-reduces of one reduction computation: a product's never joins a
+        # sum's (fuzz seed 19 #110, `sum(x * x)` and `prod(1 + 0.1 * tanh(x))` on 8: two).
+        reducers = {
+            "reduce_max": "max",
+            "argmax": "max",
+            "reduce_min": "min",
+            "argmin": "min",
+            "reduce_prod": "mul",
+            "reduce_and": "and",
+            "reduce_or": "or",
+            "reduce_xor": "xor",
+        }
         statics: dict[tuple, int] = {}
         target, cpu = [], []
         for (where, o, v), r in zip(sites, regions.tolist()):
