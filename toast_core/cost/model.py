@@ -64,6 +64,7 @@ from toast_core.cost.flops import FOLDING, local_fold_flops, op_counts, spread_d
 from toast_core.cost.flops_measured import SORTS, sort_flops_of, window_scan_factor
 from toast_core.cost.fusion import bitcasts, fused_away, materialized
 from toast_core.cost.halo import slice_halo_permutes
+from toast_core.cost.halo_conv import halo_conv_flops, spatial_dims
 from toast_core.cost.hoist import use_counts
 from toast_core.cost.layout_copies import dot_copy_traffic
 from toast_core.cost.loop_buffers import buffer_aliases, held_until, zero_filled
@@ -435,6 +436,10 @@ class Evaluator:
         # Scatters, counted on their local updates: `_sharded_scatters`.
         self._scatter_ops = np.array(sharded_scatters(prog), dtype=np.int64)
         self._scatter_runs = executions[self._scatter_ops]
+        # Convolutions, counted on their windowed input when a spatial dim is cut: `_halo_convs`.
+        convs = [i for i, op in enumerate(prog.ops) if op.primitive == "conv_general_dilated"]
+        self._conv_ops = np.array([i for i in convs if self.op_flops[i] > 0], dtype=np.int64)
+        self._conv_runs = executions[self._conv_ops]
         self.nbytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
         # Ops that move no bytes: region markers, views (`bitcasts`) and the ops XLA's CSE and
         # simplifier remove (`simplify.rewired`: a repeat of an earlier op, an identity), whose
@@ -946,6 +951,35 @@ class Evaluator:
             out[i] = local * self._scatter_runs[j]
         return out
 
+    def _halo_convs(self, flops_local, fine_logdeg, op_logdeg) -> np.ndarray:
+        """`flops_local` with each convolution whose result is cut along a spatial dim counted
+        on the windowed input XLA's partitioner builds: every tap of the local outputs (the
+        padding is data now) and the select masking the padding (`halo_conv.py`). Flops only,
+        like `_folded`."""
+        if not len(self._conv_ops):
+            return flops_local
+        prog, out = self.ana.program, None
+        for i, runs in zip(self._conv_ops.tolist(), self._conv_runs.tolist()):
+            op = prog.ops[i]
+            lhs_ways, res_ways = (
+                tuple(
+                    float(np.exp2(sum(fine_logdeg[f] for f in fines)))
+                    for fines in self.lay.value_dim_fine[v]
+                )
+                for v in (op.operands[0], op.results[0])
+            )
+            out_ways = tuple(res_ways[od] for _, _, od in spatial_dims(op))
+            if max(out_ways, default=1.0) <= 1 + 1e-9:
+                continue
+            share = float(np.exp2(-op_logdeg[i]))
+            local = halo_conv_flops(op, prog, share, out_ways, lhs_ways)
+            if local is None:
+                continue
+            if out is None:
+                out = flops_local.copy()
+            out[i] = local * runs
+        return flops_local if out is None else out
+
     def _local_sorts(self, flops_local, op_logdeg) -> np.ndarray:
         """`flops_local` with each sort counted on its local operand: XLA counts N log2 N over
         the N elements it sorts, so a device sorting N / k of them counts (N / k) log2(N / k),
@@ -1082,13 +1116,14 @@ class Evaluator:
         `cpu_buffers` adds the temporaries only XLA:CPU makes (`cpu_buffers`)."""
         if masks is None:
             masks = strategy.fine_masks(self.ana, self.mesh)
-        _, value_local, op_logdeg = self._local(masks)
+        fine_logdeg, value_local, op_logdeg = self._local(masks)
         flops_local, trans_local, bytes_local, t = self._compute(
             value_local, op_logdeg, self._read_extra(masks, value_local)
         )
         flops_local = self._folded(flops_local, value_local, op_logdeg)
         flops_local = self._masked_gathers(flops_local, value_local, op_logdeg, masks)
         flops_local = self._sharded_scatters(flops_local, value_local, op_logdeg, masks)
+        flops_local = self._halo_convs(flops_local, fine_logdeg, op_logdeg)
         collectives = self._collectives(masks, value_local)
         eff = remat_effect(self.remat, self._remat_pairs(strategy))
         again = recomputed_collectives(collectives, eff)
