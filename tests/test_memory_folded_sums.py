@@ -33,10 +33,20 @@ def test_a_sum_of_a_broadcast_is_fused_into_its_readers():
 
     assert _sums_fused(spread, s) == [False, True]
 
-    def unit(x):  # sum over a unit dim
-        return jnp.exp(jnp.sum(jnp.exp(x)[None], axis=0) + x)
+    def unit(x):  # sum over a unit dim of a scalar's broadcast
+        b = jnp.broadcast_to(jnp.sum(x * x), (1, 4))
+        return jnp.exp(jnp.sum(b, axis=0) * x)
 
-    assert _sums_fused(unit, s) == [True]
+    assert _sums_fused(unit, s) == [False, True]
+
+
+def test_a_sum_over_a_unit_dim_of_an_array_stays_a_buffer():
+    # a bitcast of the buffer XLA stores for it (fuzz seed 19 #3's [1, 32] gradient)
+    def unit(x, y):  # read by a wider loop
+        return jnp.exp(jnp.sum(jnp.exp(x)[None], axis=0)[None, :] * y)
+
+    x, y = jax.ShapeDtypeStruct((4,), jnp.float32), jax.ShapeDtypeStruct((3, 4), jnp.float32)
+    assert _sums_fused(unit, x, y) == [False]
 
 
 def test_a_sum_of_an_array_read_by_a_wider_loop_stays_a_buffer():

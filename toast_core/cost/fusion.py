@@ -919,7 +919,10 @@ def _sums_of_broadcasts(prog: Program) -> list[bool]:
     """Per op, whether it is a sum over dims along which its operand is a broadcast
     (`simplify.uniform_dims`) or of size 1, which XLA's simplifier folds into a multiply of the
     broadcast's source by the count (a reshape for unit dims): a cheap elementwise op, fused
-    into its readers like one, not a reduction rooting a fusion of its own. The gradient of a loss summing `mean(broadcast(v))`
+    into its readers like one, not a reduction rooting a fusion of its own. A sum over unit dims
+    alone only when its operand is a scalar's broadcast: of any other array it is a bitcast of
+    a buffer XLA stores (fuzz seed 19 #3: a gradient's [1, 32] summed over its unit dim for
+    the outer product making the weight's, XLA's `bitcast_bitcast_fusion` f32[32, 1]). The gradient of a loss summing `mean(broadcast(v))`
     terms is such sums of a scalar's broadcasts (fuzz seed 19 #98: four of them, 64 bytes each
     in the model's block, none in XLA's 16-byte one, 1.92 of XLA's bytes)."""
     from toast_core.cost.simplify import uniform_dims  # simplify builds on this module
@@ -931,9 +934,13 @@ def _sums_of_broadcasts(prog: Program) -> list[bool]:
             continue
         uni = uniform_dims(prog) if uni is None else uni
         x = op.operands[0]
+        shape = prog.values[x].shape
         axes = set(op.param("axes", ()))
-        out[op.index] = bool(axes) and all(
-            d in uni[x] or prog.values[x].shape[d] == 1 for d in axes
+        wide = {d for d, n in enumerate(shape) if n > 1}
+        out[op.index] = (
+            bool(axes)
+            and all(d in uni[x] or shape[d] == 1 for d in axes)
+            and bool(axes & uni[x] & wide or wide <= uni[x])
         )
     return out
 
