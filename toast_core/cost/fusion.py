@@ -929,15 +929,71 @@ def fused_away(prog: Program, is_materialized: list[bool]) -> list[bool]:
     out = [False] * len(prog.values)
     uses = prog.uses()
     fuses = _fusible_ops(prog)
+    folded = _sums_of_broadcasts(prog)
     for op in prog.ops:
-        if _fused_into_gathers(prog, op, uses, fuses):
+        if _fused_into_gathers(prog, op, uses, fuses) or _update_slice_fused(prog, op, uses, fuses):
             out[op.results[0]] = True
+            continue
+        if folded[op.index]:
+            (r,) = op.results
+            out[r] = not is_materialized[r] and bool(uses[r])
             continue
         if op.index in roots[op.index] or not fuses[op.index]:
             continue  # roots its own fusion: its result is a buffer
         for r in op.results:
             out[r] = not is_materialized[r] and bool(uses[r])
     return out
+
+
+def _sums_of_broadcasts(prog: Program) -> list[bool]:
+    """Per op, whether it is a sum over dims along which its operand is a broadcast
+    (`simplify.uniform_dims`) or of size 1, which XLA's simplifier folds into a multiply of the
+    broadcast's source by the count (a reshape for unit dims): a cheap elementwise op, fused
+    into its readers like one, not a reduction rooting a fusion of its own. A sum over unit dims
+    alone only when its operand is a scalar's broadcast: of any other array it is a bitcast of
+    a buffer XLA stores (fuzz seed 19 #3: a gradient's [1, 32] summed over its unit dim for
+    the outer product making the weight's, XLA's `bitcast_bitcast_fusion` f32[32, 1]). The gradient of a loss summing `mean(broadcast(v))`
+    terms is such sums of a scalar's broadcasts (fuzz seed 19 #98: four of them, 64 bytes each
+    in the model's block, none in XLA's 16-byte one, 1.92 of XLA's bytes)."""
+    from toast_core.cost.simplify import uniform_dims  # simplify builds on this module
+
+    out = [False] * len(prog.ops)
+    uni = None
+    for op in prog.ops:
+        if op.primitive != "reduce_sum" or len(op.results) != 1 or not op.operands:
+            continue
+        uni = uniform_dims(prog) if uni is None else uni
+        x = op.operands[0]
+        shape = prog.values[x].shape
+        axes = set(op.param("axes", ()))
+        wide = {d for d, n in enumerate(shape) if n > 1}
+        out[op.index] = (
+            bool(axes)
+            and all(d in uni[x] or shape[d] == 1 for d in axes)
+            and bool(axes & uni[x] & wide or wide <= uni[x])
+        )
+    return out
+
+
+def _update_slice_fused(prog: Program, op, uses, fuses) -> bool:
+    """Whether XLA fuses a scatter of one update window into the loops reading its result, so
+    that it never gets a buffer: XLA makes it a dynamic-update-slice (`_in_loop_fusion`), which
+    its loop fusion takes as a producer, each reader selecting the updated elements as it reads
+    (`sum(x.at[:, i].add(u))` on x[8, 16]: one `dynamic-update-slice_reduce_fusion` reading x,
+    no [8, 16] temporary; fuzz seed 19 #240, data parallel on 8: the 1 KiB scatter-add result
+    was most of the model's 1.35 of XLA's bytes). Not when a reader is no loop (a dot), nor for
+    an output. A tree-split reduction reading it stores it all the same (`cpu_buffers.
+    tree_reduced_operands`: x[64, 16], XLA copies x and updates the copy in place)."""
+    if op.primitive not in prim.SCATTERS or not _in_loop_fusion(op, prog) or len(op.results) != 1:
+        return False
+    (r,) = op.results
+    readers = uses[r]
+    return (
+        bool(readers)
+        and not prog.values[r].is_output
+        and r not in prog.outputs
+        and all(fuses[o] for o, _ in readers)
+    )
 
 
 def _fused_into_gathers(prog: Program, op, uses, fuses) -> bool:

@@ -257,13 +257,14 @@ def constant_scan_fraction(op: Op, prog: Program) -> float:
 
 
 def uniform_dims(prog: Program) -> list[frozenset[int]]:
-    """Per value, the dims along which XLA sees it as a broadcast (see module docstring)."""
+    """Per value, the dims along which XLA sees it as a broadcast (see module docstring). A
+    dead op that `without_dead_ops` left reading nothing makes none."""
     uni: list[frozenset[int]] = [frozenset()] * len(prog.values)
     for op in prog.ops:
         rule = _UNIFORM_RULES.get(op.primitive)
         if rule is None and op.primitive in prim.ELEMENTWISE:
             rule = _elementwise_uniform
-        if rule is None or len(op.results) != 1:
+        if rule is None or len(op.results) != 1 or not op.operands:
             continue
         uni[op.results[0]] = rule(op, prog, uni)
     return uni
