@@ -98,9 +98,9 @@ def without_dead_ops(prog: Program, live: list[bool] | None = None) -> tuple[Pro
 
 def splits_as_slices(prog: Program) -> Program:
     """`prog` with each `split` a (multi-result) `slice`, as XLA sees it: JAX lowers `lax.split`
-    to one `slice` per result, which XLA fuses like any slice. For memory only (the flops keep
-    `split` apart: `fusion.STACKING`): the cotangent of a concatenation, `split` of a mean
-    loss's broadcast seed, is a broadcast XLA never stores (fuzz seed 15 #149: two [8, 2, 1, 8]
+    to one `slice` per result, which XLA fuses like any slice (the flops' fusions take `split`
+    as one fusible op: `fusion.STACKING`). For memory: the cotangent of a concatenation, `split`
+    of a mean loss's broadcast seed, is a broadcast XLA never stores (fuzz seed 15 #149: two [8, 2, 1, 8]
     halves and their [8, 4, 1, 8] source, 2 KiB of the model's 2.5 KiB block; XLA's was 0.8)."""
     if not any(op.primitive == "split" for op in prog.ops):
         return prog
@@ -457,9 +457,13 @@ def _rewired(prog: Program) -> tuple[Program, list[int]]:
     ops = []
     boundaries = prim.REGION_BOUNDARIES
     const = constant_values(prog)
+    uses = prog.uses()
     for op in prog.ops:
         operands = _past_scalings(op, tuple(map(canon.__getitem__, op.operands)), ops, prog, const)
         op = _reshaping_reduction(op, prog) or op
+        folded = _scatter_into_addend(op, operands, ops, prog, splats, uses)
+        if folded is not None:
+            op, operands = folded, folded.operands
         ops.append(_with_operands(op, operands) if operands != op.operands else op)
         if op.primitive == prim.SCAN_START and op.param("length") == 1:
             # XLA inlines a loop of one trip: the body reads the initial carry (and consts)
@@ -490,6 +494,39 @@ def _rewired(prog: Program) -> tuple[Program, list[int]]:
                 canon[r] = canon[r0]
     outputs = tuple(canon[v] for v in prog.outputs)
     return replace(prog, ops=tuple(ops), outputs=outputs), canon
+
+
+def _scatter_into_addend(
+    op: Op, operands: tuple[int, ...], ops: list[Op], prog: Program, splats, uses
+):
+    """`x + scatter_add(zeros, i, u)` as XLA's simplifier rewrites it, `scatter_add(x, i, u)`
+    (the scatter read by that add alone): the op at the add's place, reading `x`, `i` and `u`;
+    the scatter of zeros is left unread. The add's flops are gone, and `x` is the scatter's
+    operand, a buffer, not a value fused into the loops reading the sum (measured: the gradient
+    of `mean(take_along_axis(c, i, 0)) + mean(cummin(c, 1))`, `c = cummax(x, 0)` on x[2, 2], is
+    82 flops: the cummin's backward once, in the fusion making the scatter's operand; on x[12, 6]
+    the model counted it in each fusion of the cummax's backward, 1.26 of XLA's flops; fuzz seed
+    19 #99's class)."""
+    if op.primitive not in ("add", "add_any") or len(operands) != 2 or len(op.results) != 1:
+        return None
+    producers = prog.producers()
+    shape = prog.values[op.results[0]].shape
+    for k in (0, 1):
+        p = producers[operands[k]]
+        if p is None:
+            continue
+        scatter = ops[p]  # as rewired so far
+        if (
+            scatter.primitive == "scatter-add"
+            and len(scatter.operands) == 3
+            and splats.get(scatter.operands[0]) == 0
+            and len(uses[operands[k]]) == 1
+            and prog.values[operands[1 - k]].shape == shape
+            and prog.values[operands[k]].dtype == prog.values[op.results[0]].dtype
+        ):
+            reading = (operands[1 - k], *scatter.operands[1:])
+            return replace(scatter, index=op.index, operands=reading, results=op.results)
+    return None
 
 
 def _sorts_rows_of_one(op: Op, prog: Program) -> bool:
