@@ -480,6 +480,18 @@ SIMPLIFIED = {
     ),
     # min(max(x, lo), hi) with constant bounds is one clamp
     "clip_is_one_clamp": (lambda x: jnp.clip(x, -0.5, 0.5), (X,)),
+    # ... reading x itself when the inner op has other readers: the min once, in its reader's
+    # loop, not again in the clamp's
+    "clamp_beside_its_inner_min": (
+        lambda x: (jnp.maximum(jnp.minimum(x, 0.5), -0.5), jnp.minimum(x, 0.5) + 1),
+        (X,),
+    ),
+    # the clamp in each of the 9 fusions of the scan's backward reading it, the max(v, -0.5)
+    # only in the clip's gradient (330 flops on v[5]; 370 with the max in all 9)
+    "clamp_in_a_scan_gradient": (
+        jax.grad(lambda v: jnp.mean(lax.cumlogsumexp(jnp.clip(v, -0.5, 0.5), axis=0))),
+        (jnp.ones((5,)),),
+    ),
     # cond: the predicate is computed; the costliest branch counts, flops and transcendentals
     # apart (2 * t has the flops, tanh the transcendentals)
     "cond_costliest_branch": (

@@ -35,10 +35,12 @@ RANDOM_BITS = frozenset({"random_bits", "threefry2x32"})
 #: of reshaped operands, `unstack` to slices, `tile` to a broadcast and a reshape (fuzz seed 14
 #: #623: a stack's cotangent, unstacked and added to the tanh's gradient, was two 3 KiB buffers
 #: in the model and none in XLA's buffer assignment, where one loop fusion reads the scalar
-#: cotangent; seed 23 #84, a tile, 0.61 -> 1.00). `split` stays apart: fused, it cut the
-#: predicted flops of a cummin's gradient (seed 23 #75, megatron on 8) from 0.98 to 0.68 of
-#: XLA's, with no memory evidence for it.
-STACKING = frozenset({"stack", "unstack", "tile"})
+#: cotangent; seed 23 #84, a tile, 0.61 -> 1.00). `split` too: JAX lowers it to one slice per
+#: piece, each fused into its readers (the cotangent's chain read through the pieces of the
+#: splits of a cummax's backward is computed in each fusion reading a piece: fuzz seed 19
+#: #551, cummax then gelu, 0.70 -> 0.97 of XLA's flops; its empty pieces are constants,
+#: `_fusion_work_roots`).
+STACKING = frozenset({"stack", "unstack", "tile", "split"})
 
 #: Ops XLA fuses into loops: elementwise maps (a `bitcast_convert_type` reinterprets each element,
 #: as XLA's elementwise bitcast-convert does), layout changes, reductions and random bits.
@@ -211,13 +213,20 @@ def _fusion_work_roots(prog, fuses, is_materialized, gather_own, spread, copied,
     holds_reduction: dict[int, tuple[int, ...]] = {}  # per fusion root: its reductions' shape
     indexing = IndexingCounts(prog)
     for op in reversed(prog.ops):
-        mat = any(is_materialized[r] for r in op.results)
+        # An empty result is a constant to XLA (its simplifier replaces any op making one):
+        # computed in no fusion, stored nowhere, and its readers read nothing through it (the
+        # levels of a scan of 2^k elements leave empty pieces: `grad(sum(sin(cummax(x))))` on
+        # x[16] is 946 flops, 863 predicted with them read, 1,043 with the splits fused too).
+        mat = any(is_materialized[r] for r in op.results if prog.values[r].size)
+        if op.results and not any(prog.values[r].size for r in op.results):
+            continue
         if not fuses[op.index]:
             roots[op.index] = frozenset((op.index,))
             continue
         reading = [
             _gather_reading(prog, o, pos, roots, gather_own) if o in gather_own else roots[o]
             for r in op.results
+            if prog.values[r].size
             for o, pos in uses[r]
             if fuses[o]
         ]
@@ -293,8 +302,9 @@ def _fusion_work_roots(prog, fuses, is_materialized, gather_own, spread, copied,
             # (`sum(e) + sum(e * 3)`, `e = x * 2 + 1` on [16, 32]: 2,559 flops, `e` once;
             # `mean(gelu(x)) + mean(pad(gelu(x)))` 33,889, the erfc once: fuzz seed 18 #8, 2.0
             # of XLA's flops, and #896, #968, #1181). One of another shape stays apart, as
-            # does a loop writing more than they make (`sum(e, 0)[None] + sum(e, 1)[:, None]`:
-            # 3,536, `e` twice), or one read into more elements on its way (`_read_wider`).
+            # does one read into more elements on its way, save by a pad (`_reused_on_the_way`:
+            # `sum(e, 0)[None] + sum(e, 1)[:, None]`: 3,536, `e` twice), or one read by a loop
+            # that is itself a reduction.
             # Not modelled: XLA also fuses a reduction feeding another
             # (`sum(sum(e, 1) * 2) + sum(e)`: 2,063, `e` once); allowing every shape made seed
             # 18 #602, a cumprod's gradient, 0.92 -> 0.86 of XLA's flops.
@@ -303,8 +313,8 @@ def _fusion_work_roots(prog, fuses, is_materialized, gather_own, spread, copied,
             held = holds_reduction.get(root)
             own = (
                 (held is not None and held != shape)
-                or _widens(prog, op, readers)
-                or _read_wider(prog, op, root, roots, uses)
+                or prog.ops[_root_op(prog, root)].primitive in _REDUCTIONS
+                or _reused_on_the_way(prog, op, root, roots, uses)
             )
             if not own:
                 holds_reduction[root] = shape
@@ -1079,28 +1089,35 @@ def _widens(prog: Program, op, readers: frozenset[int]) -> bool:
     )
 
 
-def _read_wider(prog: Program, op, root: int, roots, uses) -> bool:
-    """Whether reduction `op`, before it reaches the reader loop `root` it would share, is read
-    into more elements than it makes (a broadcast, an implicit size-1 broadcast) by an op of that
-    loop: XLA does not fuse an expensive producer into a consumer that reuses its elements
-    (`ReusesOperandElements`), so the reduction stays apart. `var(leaky_relu(x), axis=0)`: the
-    mean is broadcast into `h - mean`, whose squares the second sum reduces to the mean's shape;
-    XLA computes the leaky ReLU in the mean's fusion and in the sum's (x[16, 32]: 5,120 flops;
-    3,585 when the mean shared the sum's loop: fuzz seed 18 #163)."""
-    size = max(prog.values[r].size for r in op.results)
+def _reused_on_the_way(prog: Program, op, root: int, roots, uses) -> bool:
+    """Whether an op of the reader loop `root` reads reduction `op`'s result, or a value made
+    from it in that loop, into more elements than that value has, other than by padding it.
+    XLA does not fuse an expensive producer into a consumer that reuses its elements
+    (`ReusesOperandElements`): a broadcast does, so the reduction stays apart
+    (`var(leaky_relu(x), axis=0)`: the mean is broadcast into `h - mean`, whose squares the
+    second sum reduces to the mean's shape; XLA computes the leaky ReLU in the mean's fusion
+    and in the sum's, x[16, 32]: 5,120 flops; 3,585 when the mean shared the sum's loop: fuzz
+    seed 18 #163). A pad places each element once, and XLA fuses the reduction into the padded
+    loop, however many more elements it writes (the gradient of
+    `jnp.pad(p, ((1, 2), (0, 0)), mode="edge")`: the sum of the two edge rows' cotangents,
+    padded into p's, is computed in that loop with the split it reads, 312 flops on [8, 8])."""
     stack, seen = [op.index], {op.index}
     while stack:
         i = stack.pop()
         for r in prog.ops[i].results:
+            size = prog.values[r].size
             for o, _ in uses[r]:
-                if o in seen or roots[o] != frozenset((root,)):
+                if o in seen or root not in roots[o]:
                     continue
-                if any(prog.values[v].size > size for v in prog.ops[o].results):
+                reader = prog.ops[o]
+                if reader.primitive != "pad" and any(
+                    prog.values[v].size > size for v in reader.results
+                ):
                     return True
                 seen.add(o)
                 stack.append(o)
-        if len(seen) > _PATH_WALK_LIMIT:
-            return False  # as `_unfused_path`: the walk stays linear on large programs
+        if len(seen) > _PATH_WALK_LIMIT:  # the walk stays linear on large programs
+            return _widens(prog, op, frozenset((root,)))
     return False
 
 

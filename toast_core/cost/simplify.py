@@ -98,9 +98,9 @@ def without_dead_ops(prog: Program, live: list[bool] | None = None) -> tuple[Pro
 
 def splits_as_slices(prog: Program) -> Program:
     """`prog` with each `split` a (multi-result) `slice`, as XLA sees it: JAX lowers `lax.split`
-    to one `slice` per result, which XLA fuses like any slice. For memory only (the flops keep
-    `split` apart: `fusion.STACKING`): the cotangent of a concatenation, `split` of a mean
-    loss's broadcast seed, is a broadcast XLA never stores (fuzz seed 15 #149: two [8, 2, 1, 8]
+    to one `slice` per result, which XLA fuses like any slice (the flops' fusions take `split`
+    as one fusible op: `fusion.STACKING`). For memory: the cotangent of a concatenation, `split`
+    of a mean loss's broadcast seed, is a broadcast XLA never stores (fuzz seed 15 #149: two [8, 2, 1, 8]
     halves and their [8, 4, 1, 8] source, 2 KiB of the model's 2.5 KiB block; XLA's was 0.8)."""
     if not any(op.primitive == "split" for op in prog.ops):
         return prog
@@ -462,9 +462,14 @@ def _rewired(prog: Program) -> tuple[Program, list[int]]:
     ops = []
     boundaries = prim.REGION_BOUNDARIES
     const = constant_values(prog)
+    uses = prog.uses()
     for op in prog.ops:
         operands = _past_scalings(op, tuple(map(canon.__getitem__, op.operands)), ops, prog, const)
         op = _reshaping_reduction(op, prog) or op
+        operands = _clamped_through(op, operands, ops, prog, const) or operands
+        folded = _scatter_into_addend(op, operands, ops, prog, splats, uses)
+        if folded is not None:
+            op, operands = folded, folded.operands
         ops.append(_with_operands(op, operands) if operands != op.operands else op)
         if op.primitive == prim.SCAN_START and op.param("length") == 1:
             # XLA inlines a loop of one trip: the body reads the initial carry (and consts)
@@ -495,6 +500,66 @@ def _rewired(prog: Program) -> tuple[Program, list[int]]:
                 canon[r] = canon[r0]
     outputs = tuple(canon[v] for v in prog.outputs)
     return replace(prog, ops=tuple(ops), outputs=outputs), canon
+
+
+def _scatter_into_addend(
+    op: Op, operands: tuple[int, ...], ops: list[Op], prog: Program, splats, uses
+):
+    """`x + scatter_add(zeros, i, u)` as XLA's simplifier rewrites it, `scatter_add(x, i, u)`
+    (the scatter read by that add alone): the op at the add's place, reading `x`, `i` and `u`;
+    the scatter of zeros is left unread. The add's flops are gone, and `x` is the scatter's
+    operand, a buffer, not a value fused into the loops reading the sum (measured: the gradient
+    of `mean(take_along_axis(c, i, 0)) + mean(cummin(c, 1))`, `c = cummax(x, 0)` on x[2, 2], is
+    82 flops: the cummin's backward once, in the fusion making the scatter's operand; on x[12, 6]
+    the model counted it in each fusion of the cummax's backward, 1.26 of XLA's flops; fuzz seed
+    19 #99's class)."""
+    if op.primitive not in ("add", "add_any") or len(operands) != 2 or len(op.results) != 1:
+        return None
+    producers = prog.producers()
+    shape = prog.values[op.results[0]].shape
+    for k in (0, 1):
+        p = producers[operands[k]]
+        if p is None:
+            continue
+        scatter = ops[p]  # as rewired so far
+        if (
+            scatter.primitive == "scatter-add"
+            and len(scatter.operands) == 3
+            and splats.get(scatter.operands[0]) == 0
+            and len(uses[operands[k]]) == 1
+            and prog.values[operands[1 - k]].shape == shape
+            and prog.values[operands[k]].dtype == prog.values[op.results[0]].dtype
+        ):
+            reading = (operands[1 - k], *scatter.operands[1:])
+            return replace(scatter, index=op.index, operands=reading, results=op.results)
+    return None
+
+
+def _clamped_through(op: Op, operands: tuple[int, ...], ops: list[Op], prog: Program, const):
+    """The operands of `op`, the outer op of `min(max(x, lo), hi)` or `max(min(x, hi), lo)`
+    with constant scalar bounds (`jnp.clip`), as XLA's simplifier makes it: `clamp(lo, x, hi)`,
+    reading `x` itself (one flop per element, as the outer op counts), the inner op left to
+    its other readers, if any (the clip's gradient reads both):
+    measured, `grad(mean(cumlogsumexp(clip(v, -.5, .5))))` on v[5] computes the clamp in 9
+    fusions and `max(v, -.5)` only in the one computing the clip's gradient, 330 flops; 370
+    counted with the max in all 9; `max(min(x, .5), -.5)` beside `min(x, .5) + 1`: the min once).
+    An inner op read by the outer one alone is then dead (`clamps` says so of the program as
+    traced). None when `op` is not such an outer op."""
+    inner_name = {"min": "max", "max": "min"}.get(op.primitive)
+    if inner_name is None or len(operands) != 2:
+        return None
+    producers = prog.producers()
+    for k in (0, 1):
+        inner_value, bound = operands[k], operands[1 - k]
+        if not const[bound] or prog.values[bound].rank != 0:
+            continue
+        p = producers[inner_value]
+        if p is None or ops[p].primitive != inner_name:
+            continue
+        x = _bounded_operand(ops[p], prog, const)
+        if x is not None:
+            return (x, bound) if k == 0 else (bound, x)
+    return None
 
 
 def _sorts_rows_of_one(op: Op, prog: Program) -> bool:
@@ -755,7 +820,9 @@ def _splats(prog: Program, scalars: dict[int, float | bool]) -> dict[int, float]
     array that XLA folds (`_empty_reduction_kept`), its init value spread, and a pad of it by
     that same value: the cotangent of a one-sided edge pad's empty side, whose add XLA drops
     (measured: the SGD step of `mean(jnp.pad(p[8, 8], ((1, 0), (0, 0)), mode="edge"))` is 336
-    flops, 400 with the add; on [4, 6, 5] with ((0, 0), (1, 0), (0, 0)), 880, not 1000)."""
+    flops, 400 with the add; on [4, 6, 5] with ((0, 0), (1, 0), (0, 0)), 880, not 1000). So is
+    any pad of an empty array: the cotangent of a scan tree's empty piece, whose adds XLA drops
+    (`grad(mean(cummin(v, 0)))` on v[2, 4]: 60 flops, 72 with its two adds)."""
     out: dict[int, float] = {
         v: x for v, x in ((v, _number(x)) for v, x in scalars.items()) if x is not None
     }
@@ -792,6 +859,10 @@ def _splats(prog: Program, scalars: dict[int, float | bool]) -> dict[int, float]
         ):
             out[r] = _EMPTY_REDUCTION[op.primitive]
             folded.add(r)
+        elif op.primitive == "pad" and prog.values[src].size == 0 and len(op.operands) == 2:
+            pad = value(op.operands[1])  # an empty array padded: its padding value spread
+            if pad is not None:
+                out[r] = pad
         elif op.primitive == "pad" and src in folded and _literal(prog, op.operands[1]) == out[src]:
             out[r] = out[src]
             folded.add(r)
