@@ -210,7 +210,7 @@ GATHER_FUSIONS = {
         12800,
     ),
     # #294: the gradient of a gather, a scatter-add into zeros, added to the other gradient:
-    # XLA scatters into that gradient, the add is gone (`simplify.scatter_accumulations`)
+    # XLA scatters into that gradient, the add is gone (`simplify._scatter_into_addend`)
     "gather_gradient_added_to_another": (
         lambda w, x, i: jax.grad(
             lambda w: jnp.sum(jnp.take_along_axis(w, i, axis=0)) + jnp.sum(jnp.tanh(w * x))

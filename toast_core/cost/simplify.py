@@ -50,7 +50,7 @@ from math import prod
 from toast_core.analysis.factors import mixed_radix_groups
 from toast_core.cost.constant_scalars import chosen_case, constant_scalars
 from toast_core.cost.dot_products import as_sums
-from toast_core.cost.flops import one_window_test_flops, spread_divisor_elements
+from toast_core.cost.flops import one_window_test_flops, op_flops, spread_divisor_elements
 from toast_core.cost.flops_measured import (
     EXPANDED,
     EXPANDED_ON_BROADCAST,
@@ -502,6 +502,11 @@ def _rewired(prog: Program) -> tuple[Program, list[int]]:
     return replace(prog, ops=tuple(ops), outputs=outputs), canon
 
 
+#: The param `_scatter_into_addend` sets on the scatter it puts at an add's place: the op's
+#: work is the scatter's, not the add's (`_rewired_work_factors`).
+INTO_ADDEND = "into_addend"
+
+
 def _scatter_into_addend(
     op: Op, operands: tuple[int, ...], ops: list[Op], prog: Program, splats, uses
 ):
@@ -512,7 +517,9 @@ def _scatter_into_addend(
     of `mean(take_along_axis(c, i, 0)) + mean(cummin(c, 1))`, `c = cummax(x, 0)` on x[2, 2], is
     82 flops: the cummin's backward once, in the fusion making the scatter's operand; on x[12, 6]
     the model counted it in each fusion of the cummax's backward, 1.26 of XLA's flops; fuzz seed
-    19 #99's class)."""
+    19 #99's class). The op keeps the scatter's work, one combine per update (`INTO_ADDEND`):
+    the gradient of `sum(take_along_axis(w, i, 0)) + sum(tanh(w * x))` on w[32, 8] counts
+    1,408 flops, not 1,664 with the add (fuzz seed 19 #294)."""
     if op.primitive not in ("add", "add_any") or len(operands) != 2 or len(op.results) != 1:
         return None
     producers = prog.producers()
@@ -531,7 +538,10 @@ def _scatter_into_addend(
             and prog.values[operands[k]].dtype == prog.values[op.results[0]].dtype
         ):
             reading = (operands[1 - k], *scatter.operands[1:])
-            return replace(scatter, index=op.index, operands=reading, results=op.results)
+            params = (*scatter.params, (INTO_ADDEND, True))
+            return replace(
+                scatter, index=op.index, operands=reading, results=op.results, params=params
+            )
     return None
 
 
@@ -1052,39 +1062,6 @@ def masking_converts(prog: Program) -> set[int]:
     return out
 
 
-def scatter_accumulations(prog: Program) -> set[int]:
-    """Adds of an array to the result of a scatter-add into zeros that nothing else reads: XLA's
-    simplifier makes the scatter add into that array instead (`x + scatter(0, i, u)` is
-    `scatter(x, i, u)`), so the add costs nothing. The gradient of a gather is such a scatter,
-    summed with the parameter's other gradients (measured on jaxlib 0.10.2: the gradient of
-    `sum(take_along_axis(w, i, 0)) + sum(tanh(w * x))` on w[32, 8] counts 1,408 flops, not
-    1,664, its HLO's scatter reading the tanh gradient's fusion; fuzz seed 19 #294)."""
-    uses = prog.uses()
-    outputs = set(prog.outputs)
-    producers = prog.producers()
-    zeros = {v for v, x in _splats(prog, constant_scalars(prog)).items() if x == 0.0}
-    out = set()
-    for op in prog.ops:
-        if op.primitive not in ("add", "add_any") or len(op.operands) != 2 or not op.results:
-            continue
-        shape = prog.values[op.results[0]].shape
-        for v in op.operands:
-            p = producers[v]
-            if p is None or prog.ops[p].primitive != "scatter-add" or v in outputs:
-                continue
-            scatter = prog.ops[p]
-            if (
-                scatter.operands
-                and scatter.operands[0] in zeros
-                and prog.values[v].shape == shape
-                and len(uses[v]) == 1
-                and op.operands[0] != op.operands[1]
-            ):
-                out.add(op.index)
-                break
-    return out
-
-
 def _bounded_operand(op: Op, prog: Program, const: list[bool]) -> int | None:
     """The operand `x` of a binary op whose other operand is a constant scalar, else None."""
     if len(op.operands) != 2:
@@ -1146,12 +1123,7 @@ def _rewired_work_factors(
     # CSE removed) does not count.
     if pruned is None:
         pruned = _pruned(prog, live)
-    merged = (
-        merged_scalings(pruned, const)
-        | clamps(pruned, const)
-        | masking_converts(pruned)
-        | scatter_accumulations(pruned)
-    )
+    merged = merged_scalings(pruned, const) | clamps(pruned, const) | masking_converts(pruned)
     moved = moved_to_smaller(pruned, const, partitioned)
     out = []
     for op in prog.ops:
@@ -1169,6 +1141,8 @@ def _rewired_work_factors(
             or (op.primitive == "gather" and len(op.operands) > 1 and const[op.operands[1]])
         ):
             out.append(0.0)  # a gather at constant indices: its fill mask is a constant
+        elif op.param(INTO_ADDEND):  # an add that is a scatter now: its updates' combines
+            out.append(op_flops(op, prog) / max(prog.values[op.results[0]].size, 1))
         elif op.primitive in prim.ELEMENTWISE or _is_outer_product(op, prog):
             # a special function on a broadcast: its core (`executions` adds the whole part)
             u = _expanded_on_broadcast(op, prog, uni) or uni[op.results[0]]
