@@ -87,7 +87,7 @@ def _integer_pow_flops(y: int) -> int:
     return (n.bit_length() - 1) + (bin(n).count("1") - 1) + (1 if y < 0 else 0)
 
 
-def _valid_taps(
+def valid_taps(
     n_in: int, n_out: int, window: int, stride: int, pad_lo: int, lhs_dil: int, rhs_dil: int
 ) -> int:
     """Kernel taps, summed over output positions, that land on a real input element (not on
@@ -101,7 +101,18 @@ def _valid_taps(
     return taps
 
 
-def _conv_flops(op: Op, program: Program) -> float:
+def conv_window(op: Op, n_spatial: int) -> tuple[tuple, tuple, tuple, tuple]:
+    """(strides, padding, lhs dilation, rhs dilation) of convolution `op`, one entry per
+    spatial dim, with lax's defaults (1, (0, 0), 1, 1) for the params it leaves out."""
+    return (
+        op.param("window_strides", (1,) * n_spatial),
+        op.param("padding", ((0, 0),) * n_spatial),
+        op.param("lhs_dilation", None) or (1,) * n_spatial,
+        op.param("rhs_dilation", None) or (1,) * n_spatial,
+    )
+
+
+def convolution_flops(op: Op, program: Program) -> float:
     """2 x batch x output features x input features per group x valid taps per spatial dim."""
     dn = dict(op.param("dimension_numbers"))
     lhs_spec, rhs_spec, out_spec = dn["lhs_spec"], dn["rhs_spec"], dn["out_spec"]
@@ -109,13 +120,10 @@ def _conv_flops(op: Op, program: Program) -> float:
     rhs = program.values[op.operands[1]].shape
     out = program.values[op.results[0]].shape
     n_spatial = len(lhs_spec) - 2
-    strides = op.param("window_strides", (1,) * n_spatial)
-    padding = op.param("padding", ((0, 0),) * n_spatial)
-    lhs_dil = op.param("lhs_dilation", None) or (1,) * n_spatial
-    rhs_dil = op.param("rhs_dilation", None) or (1,) * n_spatial
+    strides, padding, lhs_dil, rhs_dil = conv_window(op, n_spatial)
     taps = 1
     for i in range(n_spatial):
-        taps *= _valid_taps(
+        taps *= valid_taps(
             lhs[lhs_spec[2 + i]],
             out[out_spec[2 + i]],
             rhs[rhs_spec[2 + i]],
@@ -156,7 +164,7 @@ def dot_general_flops(op, program):
 
 @flop_rule("conv_general_dilated")
 def conv_flops(op, program):
-    return _conv_flops(op, program), 0.0
+    return convolution_flops(op, program), 0.0
 
 
 @flop_rule("integer_pow")

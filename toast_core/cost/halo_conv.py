@@ -9,7 +9,7 @@ with no padding. So two things differ from the global count's share:
 
 * the convolution: the padding is now data (zeros), so every tap of every local output counts:
   `out * window` taps along a cut dim, where the global count skips the taps on padding
-  (`flops._valid_taps`);
+  (`flops.valid_taps`);
 * the mask: where a window reaches past the input (padding: low on the first device, high on the
   last), the extended shard is masked to zero by a select on each element's position
   (`ExchangeHaloAndGetValidData`): an add (iota + the device's offset), a compare per side that
@@ -27,7 +27,7 @@ fuzz seed 19 #188, a 3x2 conv with H cut 3 ways: 34,818, the share 21,845.
 
 from __future__ import annotations
 
-from toast_core.cost.flops import _conv_flops, _valid_taps
+from toast_core.cost.flops import conv_window, convolution_flops, valid_taps
 from toast_core.ir.program import Op, Program
 
 __all__ = ["halo_conv_flops", "spatial_dims"]
@@ -55,11 +55,7 @@ def halo_conv_flops(
     lhs = program.values[op.operands[0]].shape
     rhs = program.values[op.operands[1]].shape
     out = program.values[op.results[0]].shape
-    n_spatial = len(lhs) - 2
-    strides = op.param("window_strides", (1,) * n_spatial)
-    padding = op.param("padding", ((0, 0),) * n_spatial)
-    lhs_dil = op.param("lhs_dilation", None) or (1,) * n_spatial
-    rhs_dil = op.param("rhs_dilation", None) or (1,) * n_spatial
+    strides, padding, lhs_dil, rhs_dil = conv_window(op, len(lhs) - 2)
     ratio, cut = 1.0, False
     # the input shard, dim by dim; each cut spatial dim replaces its size by the extended one
     extended = [n / max(w, 1.0) for n, w in zip(lhs, lhs_ways)]
@@ -74,7 +70,7 @@ def halo_conv_flops(
         n, window, stride, dil = lhs[ld], rhs[kd], strides[i], rhs_dil[i]
         lo = padding[i][0]
         local_out = -(-out[od] // round(k))
-        full = _valid_taps(n, out[od], window, stride, lo, 1, dil)
+        full = valid_taps(n, out[od], window, stride, lo, 1, dil)
         if full == 0:
             return None
         ratio *= k * local_out * window / full
@@ -89,4 +85,4 @@ def halo_conv_flops(
             mask += elements * (2 * compares + 1)
     if not cut:
         return None
-    return _conv_flops(op, program) * share * ratio + mask + (2 if mask else 0)
+    return convolution_flops(op, program) * share * ratio + mask + (2 if mask else 0)
