@@ -447,12 +447,10 @@ def _library_reduced(op, prog, local: tuple, uses) -> bool:
     x = op.operands[0]
     if len(uses[x]) < 2:
         return False
-    if any(prog.ops[o].primitive in _MATMULS for o, _k in uses[x]):
+    if any(prog.ops[o].primitive in prim.MATMULS for o, _k in uses[x]):
         return False  # stored for the dot already; its layout copies recompute it (measured)
     return not _normalizes(op, prog, uses)
 
-
-_MATMULS = frozenset({"dot_general", "conv_general_dilated"})
 
 #: Ops between a reduction and the elementwise op combining its result with its own operand
 #: that XLA:CPU's library call takes in with the reduction (a keepdims broadcast; no code).

@@ -548,10 +548,7 @@ def read_last_by_matmul(ev) -> np.ndarray:
     allocation (seed 15 #72, data parallel: `v @ v.T` with v a broadcast, XLA puts v there)."""
     prog = ev.ana.program
     return np.array(
-        [
-            op.primitive in ("dot_general", "conv_general_dilated") and not fusible(op, prog)
-            for op in prog.ops
-        ],
+        [op.primitive in prim.MATMULS and not fusible(op, prog) for op in prog.ops],
         dtype=bool,
     )
 

@@ -217,9 +217,9 @@ def _fusion_work_roots(prog, fuses, is_materialized, gather_own, spread, copied,
         # computed in no fusion, stored nowhere, and its readers read nothing through it (the
         # levels of a scan of 2^k elements leave empty pieces: `grad(sum(sin(cummax(x))))` on
         # x[16] is 946 flops, 863 predicted with them read, 1,043 with the splits fused too).
-        mat = any(is_materialized[r] for r in op.results if prog.values[r].size)
         if op.results and not any(prog.values[r].size for r in op.results):
             continue
+        mat = any(is_materialized[r] for r in op.results if prog.values[r].size)
         if not fuses[op.index]:
             roots[op.index] = frozenset((op.index,))
             continue
@@ -466,10 +466,7 @@ def _read_through_copies(prog: Program, op, copied: frozenset[int], fuses) -> bo
     (r,) = op.results
     if prog.values[r].is_output or r in prog.outputs:
         return False
-    return all(
-        fuses[o] or prog.ops[o].primitive in ("dot_general", "conv_general_dilated")
-        for o, _ in prog.uses()[r]
-    )
+    return all(fuses[o] or prog.ops[o].primitive in prim.MATMULS for o, _ in prog.uses()[r])
 
 
 def _copy_root(op: int) -> int:
@@ -631,9 +628,6 @@ def _folded_transpose(prog: Program, i: int) -> bool:
     return bool(readers) and all(prog.ops[o].primitive == "dot_general" for o in readers)
 
 
-#: Non-fusible ops through which `_path_blocked` judges no path (see `_unfused_path`).
-_MATMULS = frozenset({"dot_general", "conv_general_dilated"})
-
 #: Beyond this many ops between a producer and its readers, `_unfused_path` gives up (and the
 #: producer is duplicated as before): the walk stays linear in practice on large programs.
 _PATH_WALK_LIMIT = 512
@@ -701,7 +695,7 @@ def _path_blocked(prog: Program, op, roots: list[frozenset[int]]) -> bool:
                 if x is None or x == op.index or x not in seen or x in back:
                     continue
                 if not fusible(prog.ops[x], prog) and not _in_loop_fusion(prog.ops[x], prog):
-                    if prog.ops[x].primitive in _MATMULS:
+                    if prog.ops[x].primitive in prim.MATMULS:
                         return False  # see the docstring: not measured to hold across matmuls
                     blocked = True  # a scatter, a sort, a loop: its reader cannot fuse it
                 elif prog.ops[x].primitive in _REDUCTIONS:
@@ -962,8 +956,8 @@ def _sums_of_broadcasts(prog: Program) -> list[bool]:
     into its readers like one, not a reduction rooting a fusion of its own. A sum over unit dims
     alone only when its operand is a scalar's broadcast: of any other array it is a bitcast of
     a buffer XLA stores (fuzz seed 19 #3: a gradient's [1, 32] summed over its unit dim for
-    the outer product making the weight's, XLA's `bitcast_bitcast_fusion` f32[32, 1]). The gradient of a loss summing `mean(broadcast(v))`
-    terms is such sums of a scalar's broadcasts (fuzz seed 19 #98: four of them, 64 bytes each
+    the outer product making the weight's, XLA's `bitcast_bitcast_fusion` f32[32, 1]). The
+    gradient of a loss summing `mean(broadcast(v))` terms is such sums of a scalar's broadcasts (fuzz seed 19 #98: four of them, 64 bytes each
     in the model's block, none in XLA's 16-byte one, 1.92 of XLA's bytes)."""
     from toast_core.cost.simplify import uniform_dims  # simplify builds on this module
 

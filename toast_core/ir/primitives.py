@@ -85,6 +85,9 @@ REDUCTIONS = frozenset(
 FUSED_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"})
 #: Index-returning reductions over `axes` (compare and select both index and value).
 ARG_REDUCTIONS = frozenset({"argmax", "argmin"})
+
+#: The products of arrays: dots and convolutions (XLA emits them apart from loop fusions).
+MATMULS = frozenset({"dot_general", "conv_general_dilated"})
 #: Prefix scans along `axis`.
 CUMULATIVE = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"})
 
