@@ -55,7 +55,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from toast_core.analysis import Analysis
-from toast_core.cost.buffers import cpu_temporaries
+from toast_core.cost.buffers import cpu_temporaries, round_up
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.concat_slice import CONCAT, SLICE, STRIDE, concat_slice_sites
@@ -1047,13 +1047,13 @@ class Evaluator:
         # adds them one by one as `np.add.at` would, in one call.
         b = value_local[self.live_ids]
         if align_bytes:
-            b = np.where(self._live_is_output, b, _round_up(b, align_bytes))
+            b = np.where(self._live_is_output, b, round_up(b, align_bytes))
         at, add = [self.born, self.dies], [b, -b]
         r = self._reshards(masks)
         if len(r.value):
             extra = value_local[r.value] * r.buffer
             if align_bytes:
-                extra = _round_up(extra, align_bytes)
+                extra = round_up(extra, align_bytes)
             at += [r.lo, r.hi + 1]
             add += [extra, -extra]
             if pairs:
@@ -1067,7 +1067,7 @@ class Evaluator:
             add += [extra, -extra]
         delta = _added(self.n_ops + 2, at, add)
         if remat is not None:
-            whole = _round_up(value_local, align_bytes) if align_bytes else value_local
+            whole = round_up(value_local, align_bytes) if align_bytes else value_local
             held = whole * self._in_memory
             shorten_lifetimes(delta, held, self._after_own_life(remat))
             hold_barrier_inputs(delta, whole, remat, self._is_fused, self._producer)
@@ -2153,11 +2153,6 @@ def _distinct_rows(a: np.ndarray, bits: int):
         keys = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1])))[:, 0]
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
     return a[first], first, inverse.reshape(-1)
-
-
-def _round_up(nbytes: np.ndarray, align_bytes: int) -> np.ndarray:
-    """Buffer sizes rounded up to a multiple of `align_bytes` (an empty buffer stays empty)."""
-    return np.ceil(np.asarray(nbytes) / align_bytes) * align_bytes
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
