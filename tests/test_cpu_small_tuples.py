@@ -4,7 +4,7 @@ seed 19): an argmax / argmin is a variadic reduce writing its index and a tuple
 bytes, #252 0.38), and a combined all-reduce returns a tuple whose pointer table is a buffer
 (`buffers.combined_all_reduce_ops`; #337 dp_megatron 0.65); and a gather indexing a cut dim
 reads the device's offset from a `partition-id` scalar (`buffers.partition_id_end`; #354 0.39,
-#565 0.58, #550 0.69)."""
+#565 0.58, #550 0.69), but a dynamic slice taking the cut dim whole does not (#3204 1.41)."""
 
 from __future__ import annotations
 
@@ -139,6 +139,40 @@ def test_a_product_all_reduce_is_not_combined_with_a_sum():
     )
     assert check.hlo_text.count("all-reduce(") == 2
     assert abs(check.predicted_memory_bytes / check.compiled_memory_bytes - 1) <= 0.1, (
+        check.predicted_memory_bytes,
+        check.compiled_memory_bytes,
+    )
+
+
+def _accumulated_sgd(params, batch):
+    """Fuzz seed 19 #3204: a `fori_loop` accumulating the gradient of `mean(x @ w)` over the
+    micro-batches `batch[i]`, then the SGD update."""
+
+    def body(i, acc):
+        g = jax.grad(lambda p: jnp.mean(batch["x1"][i] @ p["w2"]))(params)
+        return jax.tree.map(jnp.add, acc, g)
+
+    grads = jax.lax.fori_loop(0, 2, body, jax.tree.map(jnp.zeros_like, params))
+    return jax.tree.map(lambda p, g: p - 0.1 * g / 2, params, grads)
+
+
+@pytest.mark.slow
+def test_a_dynamic_slice_taking_a_cut_dim_whole_reads_no_partition_id():
+    """`batch[i]` slices the micro-batch dim; the cut batch dim it takes whole is indexed at 0
+    by XLA's partitioner, no `partition-id` (`buffers._offset_dims`): XLA's 156 bytes, the
+    model 220 (1.41) with a 64-byte slot for one."""
+    args = (
+        {"w2": jax.ShapeDtypeStruct((2, 2), jnp.float32)},
+        {"x1": jax.ShapeDtypeStruct((2, 2), jnp.float32)},
+    )
+    ana = tc.analyze(tc.trace(_accumulated_sgd, *args))
+    mesh = tc.MeshSpec({"data": 2, "model": 3})
+    strategy = tc.baselines.all(ana, mesh)["data_parallel"][0]
+    check = tc.validate(
+        _accumulated_sgd, args, ana, strategy, tc.jax_mesh(mesh), "tpu-v5e", check_numerics=False
+    )
+    assert "partition-id" not in check.hlo_text
+    assert check.predicted_memory_bytes == check.compiled_memory_bytes == 156, (
         check.predicted_memory_bytes,
         check.compiled_memory_bytes,
     )

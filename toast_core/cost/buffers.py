@@ -213,7 +213,7 @@ def partition_id_end(ev, masks, value_local) -> int:
     block from the step's start, where XLA:CPU's scheduler puts an instruction without
     operands, to its last reader). Such readers: a gather indexing a cut operand dim (the
     masked lookup subtracts the device's first row), a scatter into one, an iota counting
-    along a cut dim, an argmax / argmin over one, a dynamic slice or update of a cut operand,
+    along a cut dim, an argmax / argmin over one, a dynamic slice or update slicing one,
     and the collectives in `_OFFSET_COLLECTIVES`. Measured in XLA:CPU's buffer assignment
     (fuzz seed 19): #354, data parallel on 2x3, `v[i]` of a cut v, `partition-id` at offset
     64 of the block until the masked gather's select (0.39 of XLA's bytes before); #565, data
@@ -249,7 +249,11 @@ def _offset_dims(op, prog) -> tuple | None:
     if p in prim.ARG_REDUCTIONS and op.operands:
         return tuple(op.param("axes", ()))
     if p in ("dynamic_slice", "dynamic_update_slice") and op.operands:
-        return tuple(range(len(prog.values[op.operands[0]].shape)))
+        # Only the dims it slices: XLA's partitioner indexes a cut dim taken whole at 0, no
+        # offset read (a gradient-accumulation loop's `batch[i]`, its batch dim cut).
+        whole = prog.values[op.operands[0]].shape
+        part = prog.values[op.results[0] if p == "dynamic_slice" else op.operands[1]].shape
+        return tuple(d for d, (n, k) in enumerate(zip(whole, part)) if k != n)
     return None
 
 
