@@ -257,6 +257,34 @@ def _offset_dims(op, prog) -> tuple | None:
     return None
 
 
+def merged_repeat_rows(rows: tuple[np.ndarray, ...], repeat_of) -> tuple[np.ndarray, ...]:
+    """`cpu_buffers` rows (value, first op, last op, scale, count, small) with each row of a
+    value XLA's CSE merges into an earlier one (`repeat_of`: `simplify.cse_repeats`) folded into
+    that value's row of the same kind (scale, count, small), which then covers both ranges:
+    one buffer, read by both values' readers. Fuzz seed 19 #936: `jnp.minimum(v, v)`'s
+    gradient divides by the tie count twice, one `select_divide_fusion` f32[8] in XLA's block
+    (`cpu_buffers.reused_expensive_buffers`), where the model stored two (1.32 of XLA's
+    bytes)."""
+    vals = rows[0]
+    if not len(vals):
+        return rows
+    canon = np.asarray(repeat_of, dtype=np.int64)[vals]
+    if (canon == vals).all():
+        return rows
+    lo, hi = rows[1].copy(), rows[2].copy()
+    keep = np.ones(len(vals), dtype=bool)
+    kind = list(zip(rows[3].tolist(), rows[4].tolist(), rows[5].tolist()))
+    first = {(v, k): i for i, (v, k) in enumerate(zip(vals.tolist(), kind))}
+    for i in np.flatnonzero(canon != vals).tolist():
+        j = first.get((int(canon[i]), kind[i]))
+        if j is None:
+            continue
+        lo[j], hi[j] = min(lo[j], lo[i]), max(hi[j], hi[i])
+        keep[i] = False
+    out = (vals, lo, hi, *rows[3:])
+    return tuple(a[keep] for a in out)
+
+
 def timeline_of(size, start, end, n_ops: int) -> np.ndarray:
     """Live bytes after each op of the buffers [start, end)."""
     delta = np.zeros(n_ops + 1)

@@ -55,7 +55,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from toast_core.analysis import Analysis
-from toast_core.cost.buffers import cpu_temporaries, round_up
+from toast_core.cost.buffers import cpu_temporaries, merged_repeat_rows, round_up
 from toast_core.cost.collectives import COLLECTIVE_KINDS, collective_time_s
 from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_ops, site_inputs
 from toast_core.cost.concat_slice import CONCAT, SLICE, STRIDE, concat_slice_sites
@@ -79,14 +79,15 @@ from toast_core.cost.remat import (
 from toast_core.cost.reshard_keys import classify, group_by_key
 from toast_core.cost.scatter_chain import scatter_values
 from toast_core.cost.sharded_scatter import local_scatter_flops, sharded_scatters
-from toast_core.cost.simplify import executions as simplified_executions
 from toast_core.cost.simplify import (
+    cse_repeats,
     live_ops,
     rewired,
     splits_as_slices,
     spread_dot_other,
     without_dead_ops,
 )
+from toast_core.cost.simplify import executions as simplified_executions
 from toast_core.cost.top_k_sorts import whole_dim_sorts
 from toast_core.cost.work_rows import op_work_fine
 from toast_core.errors import ToastError, bad_value
@@ -1197,9 +1198,17 @@ class Evaluator:
 
     def live_cpu_rows(self, rows: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
         """`cpu_buffers` rows without those whose last op is dead (XLA removes it: a dot of the
-        discarded loss of a gradient-accumulation loop copies no operand)."""
+        discarded loss of a gradient-accumulation loop copies no operand), and a repeat's row
+        merged into its original's (`merged_repeat_rows`)."""
         keep = self._op_live[rows[2]]
-        return rows if keep.all() else tuple(a[keep] for a in rows)
+        rows = rows if keep.all() else tuple(a[keep] for a in rows)
+        return merged_repeat_rows(rows, self._repeat_of)
+
+    @cached_property
+    def _repeat_of(self) -> list[int]:
+        """Per value, the earlier value XLA's CSE merges it into (itself if none:
+        `simplify.cse_repeats`)."""
+        return cse_repeats(self.ana.program)
 
     def _remat_pairs(self, strategy: Strategy) -> tuple:
         """(group index, policy index) pairs of a strategy's remat policies."""

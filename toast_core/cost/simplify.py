@@ -417,6 +417,23 @@ def unbarred(simple: Program, sources: dict[int, int], prog: Program) -> Program
     return replace(prog, ops=ops, outputs=simple.outputs)
 
 
+def cse_repeats(prog: Program) -> list[int]:
+    """Per value of `prog`, the earlier value with the same primitive, params and (rewired)
+    operands that XLA's CSE merges it into, or itself (`_rewired`'s common subexpressions
+    alone; the checkpoint bodies behind their barriers, `barred`, merge with nothing outside)."""
+    work, _ = barred(prog)
+    _, canon = _rewired(work)
+    producers = work.producers()
+    out = list(range(len(prog.values)))
+    for op in prog.ops:
+        for r in op.results:
+            c = canon[r]
+            producer = producers[c] if c != r else None
+            if producer is not None and work.ops[producer].primitive == op.primitive:
+                out[r] = c
+    return out
+
+
 def _rewired(prog: Program) -> tuple[Program, list[int]]:
     """(`prog` rewired, per value the value it equals). Same ops, values and ids.
 
