@@ -857,18 +857,29 @@ class Evaluator:
         divisor's shard, not the division's: a softmax over a cut dim all-reduces its sums and
         every device computes `1 / sum` over the whole of them (measured: `softmax(x[16, 12, 8],
         axis=0)` with dim 0 cut 8 ways, 864 flops per device, 96 of them the reciprocal; the
-        division's share counted 780, 0.90). Flops only, like `_folded`."""
+        division's share counted 780, 0.90). Flops only, like `_folded`.
+
+        None when the divisor's shard is as large as the division's: the broadcast then only
+        adds dims of local size 1, which XLA's simplifier makes a bitcast, and the device
+        divides by it with no reciprocal (`softmax(x[6, 4, 4, 8], axis=0)` with dim 0 cut 6
+        ways: 512 flops per device, no `1 / sum`; counting it said 640, fuzz seed 19 #1814)."""
         if not len(self._recip_ops):
             return flops_local
         ways = np.exp2(op_logdeg[self._recip_ops])
         src = self._recip_values
         src_ways = self.nbytes[src] / np.maximum(value_local[src], 1e-300)
-        more = ways > src_ways * (1 + 1e-9)
-        if not more.any():
+        prog = self.ana.program
+        result = [prog.ops[i].results[0] for i in self._recip_ops.tolist()]
+        result_elems = np.array([prog.values[v].size for v in result], dtype=np.float64) / ways
+        src_elems = np.array([prog.values[v].size for v in src.tolist()], dtype=np.float64)
+        unspread = src_elems / src_ways >= result_elems * (1 - 1e-9)
+        more = (ways > src_ways * (1 + 1e-9)) & ~unspread
+        if not (more.any() or unspread.any()):
             return flops_local
         out = flops_local.copy()
-        extra = self._recip_flops * (1 / src_ways - 1 / ways)
-        np.add.at(out, self._recip_ops[more], extra[more])
+        extra = np.where(unspread, -1 / ways, 1 / src_ways - 1 / ways) * self._recip_flops
+        hit = more | unspread
+        np.add.at(out, self._recip_ops[hit], extra[hit])
         return out
 
     def _windowed_scans(self, flops_local, value_local, op_logdeg) -> np.ndarray:
