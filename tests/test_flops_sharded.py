@@ -132,6 +132,42 @@ def test_a_reduce_of_local_size_one_leaves_its_operand_stored():
     assert ratio == pytest.approx(1.0, abs=0.05)
 
 
+def _centred(b):
+    y = b["x"] - jnp.mean(b["x"], axis=0)
+    return y * jnp.sum(y * y, axis=0)
+
+
+def _batchnorm(b):
+    x = b["x"]
+    y = x - jnp.mean(x, axis=0)
+    out = y * jax.lax.rsqrt(jnp.mean(jnp.square(y), axis=0) + 1e-5) + b["beta"]
+    return out - jnp.mean(out, axis=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, fn, rows, expected",
+    [
+        ("centred rows read by their squares' sum and a multiply", _centred, 8, 144),
+        ("a BatchNorm read by a second centring (fuzz seed 19 #2312)", _batchnorm, 8, None),
+        ("two rows per device: the mean is a broadcast, y duplicated", _centred, 16, None),
+    ],
+)
+def test_a_mean_broadcast_onto_one_row_per_device_is_a_second_array(name, fn, rows, expected):
+    """With the rows cut to one per device, `x - mean(x, 0)` reads the mean through a broadcast
+    that adds only a dim of local size 1, a bitcast in the device's HLO: the subtract reads two
+    arrays, and with its readers behind the all-reduce of the variance XLA computes it once and
+    stores it (`InstructionFusion::ComputeGloballyUnfusible`; measured 144 flops per device for
+    the centred rows on x[8, 24], where duplicating `y` counted 192; fuzz seed 19 #2897, a
+    BatchNorm, 1.125 of XLA's flops). Two rows per device broadcast the mean: `y` is computed
+    in both loops, as before."""
+    args = ({"x": jax.ShapeDtypeStruct((rows, 24), F32), "beta": jax.ShapeDtypeStruct((24,), F32)},)
+    predicted, compiled = predicted_and_compiled(fn, args, {"data": 8})
+    if expected is not None:
+        assert compiled == expected, name
+    assert predicted / compiled == pytest.approx(1.0, abs=0.02), name
+
+
 @pytest.mark.slow
 def test_a_sort_counts_its_local_elements():
     """Fuzz seed 15 #59: XLA counts N log2 N over the N elements each device sorts, so half of

@@ -1175,6 +1175,7 @@ def executions(
     partitioned: bool = False,
     stored: frozenset[int] = frozenset(),
     barriers: bool = True,
+    local_shapes: dict[int, tuple[int, ...]] | None = None,
 ) -> tuple[list[float], list[float]]:
     """(`flop_executions`, `transcendental_executions`) of `prog`, sharing the work they have
     in common (the rewiring, liveness and fusions: two seconds of the evaluator's set-up at
@@ -1192,7 +1193,9 @@ def executions(
     outputs: `toast_core.apply.validate._library_shifts`). `barriers`: whether the `jax.checkpoint`
     bodies read their inputs through optimization barriers (`barred`), as JAX lowers them; not
     in the program `toast_core.apply.shard` replays, whose bodies are inlined: XLA's simplifier
-    and CSE see through them there, and merge each recomputation with the forward."""
+    and CSE see through them there, and merge each recomputation with the forward.
+    `local_shapes`: one device's shapes of the values, where XLA's fusion tests see them
+    (`fusion.fusion_work`); none in the cost model itself."""
     from toast_core.cost.flops import op_flops, op_transcendentals
 
     # the simplifier's work behind the checkpoint bodies' barriers, the fusions without them
@@ -1216,7 +1219,13 @@ def executions(
             apart.add(producers[v])
     roots: list = []
     copies, expanded = fusion_work(
-        simple, is_mat, spread, frozenset(apart), frozenset(copied), roots_out=roots
+        simple,
+        is_mat,
+        spread,
+        frozenset(apart),
+        frozenset(copied),
+        roots_out=roots,
+        local_shapes=local_shapes,
     )
     fuses = [fusible(op, simple) and op.index not in apart for op in simple.ops]
     kept = lambda op: _kept_once(op, simple, spread)  # noqa: E731
