@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import pytest
 from xla_flops import predicted_and_compiled
 
+import toast_core as tc
+
 F32 = jnp.float32
 
 
@@ -166,6 +168,34 @@ def test_a_mean_broadcast_onto_one_row_per_device_is_a_second_array(name, fn, ro
     if expected is not None:
         assert compiled == expected, name
     assert predicted / compiled == pytest.approx(1.0, abs=0.02), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "index, mesh, expected",
+    [(1827, "2x2x2", 325), (2741, "2x4", 24809)],
+)
+def test_a_sort_along_a_cut_dim_moves_its_shards_to_a_free_dim(index, mesh, expected):
+    """Fuzz seed 19 #1827: Adam on `sort(cumprod(1 + 0.1 x), axis=1)` beside `x @ w`, data
+    parallel on 2x2x2, the sorted dim of x[8, 4] cut 4 ways: XLA's partitioner moves those
+    shards onto dim 0, which they divide (an all-to-all), and each device sorts [2, 4] (24
+    flops); the model counted the whole sort, 160 (1.42 of XLA's flops). #2741 (2x4): the
+    argsort of [8, 12, 2, 16] along its dim cut 8 ways sorts [8, 12, 2, 2] (2.36 before)."""
+    from fuzz import pipeline as pl
+    from fuzz.programs import generate
+
+    st = next(o for o in pl.front(generate(19, index), [mesh]) if isinstance(o, pl.Front))
+    axes = pl.MESHES[mesh]
+    rep = tc.validate(
+        st.fn,
+        st.args,
+        st.ana,
+        st.plans[mesh]["data_parallel"],
+        pl.jax_mesh(axes),
+        tc.hardware(pl.HARDWARE),
+    )
+    assert rep.compiled_flops == expected
+    assert rep.predicted_flops / rep.compiled_flops == pytest.approx(1.0, abs=0.03)
 
 
 @pytest.mark.slow
