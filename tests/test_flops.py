@@ -761,6 +761,21 @@ SIMPLIFIED = {
         ),
         (jnp.ones((32, 8)), jnp.ones((8, 64))),
     ),
+    # abs of a value XLA proves non-negative is the value (`IsNonNegative`): an abs, exp, x * x,
+    # a max with one such operand, a select of two (fuzz seed 19 #1255: `log1p(abs(abs(x)))`
+    # counted both abs, 2.0 of XLA's flops); abs(x - 1) and abs(min(abs(x), x)) stay
+    "abs_of_non_negative_values": (
+        lambda x: (
+            jnp.log1p(jnp.abs(jnp.abs(x))),
+            jnp.abs(jnp.exp(x)) * 2.0,
+            jnp.abs(jnp.square(x + 1.0)) * 3.0,
+            jnp.abs(jnp.maximum(jnp.abs(x), x - 2.0)) * 4.0,
+            jnp.abs(jnp.where(x > 1.0, jnp.exp(x), 0.5)) * 5.0,
+            jnp.abs(x - 1.0) * 6.0,
+            jnp.abs(jnp.minimum(jnp.abs(x), x - 3.0)) * 7.0,
+        ),
+        (X[:8, :16],),
+    ),
 }
 
 

@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import pytest
 from xla_flops import predicted_and_compiled
 
+import toast_core as tc
+
 F32 = jnp.float32
 
 
@@ -130,6 +132,70 @@ def test_a_reduce_of_local_size_one_leaves_its_operand_stored():
 
     ratio = flops_ratio(fn, (batch((8, 32, 8)),), {"data": 8})
     assert ratio == pytest.approx(1.0, abs=0.05)
+
+
+def _centred(b):
+    y = b["x"] - jnp.mean(b["x"], axis=0)
+    return y * jnp.sum(y * y, axis=0)
+
+
+def _batchnorm(b):
+    x = b["x"]
+    y = x - jnp.mean(x, axis=0)
+    out = y * jax.lax.rsqrt(jnp.mean(jnp.square(y), axis=0) + 1e-5) + b["beta"]
+    return out - jnp.mean(out, axis=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, fn, rows, expected",
+    [
+        ("centred rows read by their squares' sum and a multiply", _centred, 8, 144),
+        ("a BatchNorm read by a second centring (fuzz seed 19 #2312)", _batchnorm, 8, None),
+        ("two rows per device: the mean is a broadcast, y duplicated", _centred, 16, None),
+    ],
+)
+def test_a_mean_broadcast_onto_one_row_per_device_is_a_second_array(name, fn, rows, expected):
+    """With the rows cut to one per device, `x - mean(x, 0)` reads the mean through a broadcast
+    that adds only a dim of local size 1, a bitcast in the device's HLO: the subtract reads two
+    arrays, and with its readers behind the all-reduce of the variance XLA computes it once and
+    stores it (`InstructionFusion::ComputeGloballyUnfusible`; measured 144 flops per device for
+    the centred rows on x[8, 24], where duplicating `y` counted 192; fuzz seed 19 #2897, a
+    BatchNorm, 1.125 of XLA's flops). Two rows per device broadcast the mean: `y` is computed
+    in both loops, as before."""
+    args = ({"x": jax.ShapeDtypeStruct((rows, 24), F32), "beta": jax.ShapeDtypeStruct((24,), F32)},)
+    predicted, compiled = predicted_and_compiled(fn, args, {"data": 8})
+    if expected is not None:
+        assert compiled == expected, name
+    assert predicted / compiled == pytest.approx(1.0, abs=0.02), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "index, mesh, expected",
+    [(1827, "2x2x2", 325), (2741, "2x4", 24809)],
+)
+def test_a_sort_along_a_cut_dim_moves_its_shards_to_a_free_dim(index, mesh, expected):
+    """Fuzz seed 19 #1827: Adam on `sort(cumprod(1 + 0.1 x), axis=1)` beside `x @ w`, data
+    parallel on 2x2x2, the sorted dim of x[8, 4] cut 4 ways: XLA's partitioner moves those
+    shards onto dim 0, which they divide (an all-to-all), and each device sorts [2, 4] (24
+    flops); the model counted the whole sort, 160 (1.42 of XLA's flops). #2741 (2x4): the
+    argsort of [8, 12, 2, 16] along its dim cut 8 ways sorts [8, 12, 2, 2] (2.36 before)."""
+    from fuzz import pipeline as pl
+    from fuzz.programs import generate
+
+    st = next(o for o in pl.front(generate(19, index), [mesh]) if isinstance(o, pl.Front))
+    axes = pl.MESHES[mesh]
+    rep = tc.validate(
+        st.fn,
+        st.args,
+        st.ana,
+        st.plans[mesh]["data_parallel"],
+        pl.jax_mesh(axes),
+        tc.hardware(pl.HARDWARE),
+    )
+    assert rep.compiled_flops == expected
+    assert rep.predicted_flops / rep.compiled_flops == pytest.approx(1.0, abs=0.03)
 
 
 @pytest.mark.slow

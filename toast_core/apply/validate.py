@@ -307,8 +307,9 @@ def cpu_flops(
     shifts = _library_shifts(ana, strategy, mesh) if strategy is not None else frozenset()
     if strategy is not None:
         shifts |= _library_inputs(ana, strategy, mesh)
+    local = _local_value_shapes(ana, strategy, mesh) if strategy and partitioned else None
     fusion, fusion_trans = _cpu_fusion_factors(
-        program, frozenset(unfused), _cpu_copied_operands(program), partitioned, shifts
+        program, frozenset(unfused), _cpu_copied_operands(program), partitioned, shifts, local
     )
     flops = sum(
         c.flops
@@ -421,6 +422,23 @@ def _cpu_reduces(
         ):
             unfused.append(op.index)
     return out, unfused
+
+
+def _local_value_shapes(
+    ana: Analysis, strategy: Strategy, mesh: MeshSpec
+) -> dict[int, tuple[int, ...]]:
+    """Per value cut by `strategy`, its shape on one device (each dim divided by the mesh axes
+    of the value's own sharding): the shapes XLA's fusion tests see in the partitioned HLO
+    (`_cpu_fusion_factors`)."""
+    space = space_of(ana, mesh)
+    masks = strategy.fine_masks(ana, mesh)
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    out = {}
+    for v in ana.program.values:
+        local = _local_shape(v.shape, space.value_axes(masks, v.id), sizes)
+        if local != tuple(v.shape):
+            out[v.id] = local
+    return out
 
 
 def _local_shape(shape: tuple, axes, sizes: dict) -> tuple[int, ...]:
@@ -591,19 +609,27 @@ def _cpu_fusion_factors(
     copied: frozenset[int] = frozenset(),
     partitioned=False,
     stored: frozenset[int] = frozenset(),
+    local_shapes: dict[int, tuple[int, ...]] | None = None,
 ) -> tuple[dict[int, float], dict[int, float]]:
     """Per op, XLA:CPU's (flop, transcendental) executions with the `unfused` reductions
     compiled apart, the `copied` dot operands read through their copies, the `stored` values
     computed once and no barrier before the `jax.checkpoint` bodies (the program `shard`
-    replays inlines them: a recomputation merges with the forward), over the model's
-    (`simplify.executions`), where they differ (`partitioned`: for more than one device, as
-    the model's)."""
+    replays inlines them: a recomputation merges with the forward), and the fusion tests made
+    on one device's `local_shapes` (`fusion.fusion_work`: a mean broadcast onto rows cut to
+    one per device is a bitcast there), over the model's (`simplify.executions`), where they
+    differ (`partitioned`: for more than one device, as the model's)."""
     remat = any(not REMAT_CALLS.isdisjoint(op.call_path) for op in program.ops)
-    if not unfused and not copied and not stored and not remat:
+    if not unfused and not copied and not stored and not remat and not local_shapes:
         return {}, {}
     base = executions(program, partitioned=partitioned)
     cpu = executions(
-        program, unfused, copied, partitioned=partitioned, stored=stored, barriers=False
+        program,
+        unfused,
+        copied,
+        partitioned=partitioned,
+        stored=stored,
+        barriers=False,
+        local_shapes=local_shapes,
     )
     return tuple(
         {i: c / b for i, (b, c) in enumerate(zip(base[k], cpu[k])) if b > 0 and c != b}

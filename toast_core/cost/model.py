@@ -50,6 +50,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from math import prod
 
 import numpy as np
 import scipy.sparse as sp
@@ -96,7 +97,7 @@ from toast_core.ir.primitives import ARG_REDUCTIONS, CUMULATIVE
 from toast_core.ir.program import dtype_itemsize
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
 from toast_core.mesh.spec import XLA_CPU_COMBINE
-from toast_core.strategy import Strategy, mesh_axes
+from toast_core.strategy import Strategy, mesh_axes, space_of
 from toast_core.strategy.layout import REGION_BOUNDARIES, layout
 from toast_core.strategy.memo import per_analysis
 from toast_core.strategy.remat import POLICIES, RematEffect, remat_effect, remat_space
@@ -858,18 +859,29 @@ class Evaluator:
         divisor's shard, not the division's: a softmax over a cut dim all-reduces its sums and
         every device computes `1 / sum` over the whole of them (measured: `softmax(x[16, 12, 8],
         axis=0)` with dim 0 cut 8 ways, 864 flops per device, 96 of them the reciprocal; the
-        division's share counted 780, 0.90). Flops only, like `_folded`."""
+        division's share counted 780, 0.90). Flops only, like `_folded`.
+
+        None when the divisor's shard is as large as the division's: the broadcast then only
+        adds dims of local size 1, which XLA's simplifier makes a bitcast, and the device
+        divides by it with no reciprocal (`softmax(x[6, 4, 4, 8], axis=0)` with dim 0 cut 6
+        ways: 512 flops per device, no `1 / sum`; counting it said 640, fuzz seed 19 #1814)."""
         if not len(self._recip_ops):
             return flops_local
         ways = np.exp2(op_logdeg[self._recip_ops])
         src = self._recip_values
         src_ways = self.nbytes[src] / np.maximum(value_local[src], 1e-300)
-        more = ways > src_ways * (1 + 1e-9)
-        if not more.any():
+        prog = self.ana.program
+        result = [prog.ops[i].results[0] for i in self._recip_ops.tolist()]
+        result_elems = np.array([prog.values[v].size for v in result], dtype=np.float64) / ways
+        src_elems = np.array([prog.values[v].size for v in src.tolist()], dtype=np.float64)
+        unspread = src_elems / src_ways >= result_elems * (1 - 1e-9)
+        more = (ways > src_ways * (1 + 1e-9)) & ~unspread
+        if not (more.any() or unspread.any()):
             return flops_local
         out = flops_local.copy()
-        extra = self._recip_flops * (1 / src_ways - 1 / ways)
-        np.add.at(out, self._recip_ops[more], extra[more])
+        extra = np.where(unspread, -1 / ways, 1 / src_ways - 1 / ways) * self._recip_flops
+        hit = more | unspread
+        np.add.at(out, self._recip_ops[hit], extra[hit])
         return out
 
     def _windowed_scans(self, flops_local, value_local, op_logdeg) -> np.ndarray:
@@ -1000,6 +1012,38 @@ class Evaluator:
             out[i] = self.op_flops[i] * sort_flops_of(local) / sort_flops_of(n)
         return out
 
+    def _moved_sorts(self, flops_local, masks) -> np.ndarray:
+        """`flops_local` with each sort whose sorted dim is cut counted as XLA's partitioner runs
+        it: it moves the sorted dim's shards onto another dim whose size they divide (with that
+        dim's own cut), by an all-to-all, and each device sorts its 1 / (all the cuts) of the
+        elements; with no such dim it gathers the sorted dim (measured: `sort(x[8, 4], axis=1)`
+        with dim 1 cut 4 ways sorts [2, 4] on each device, 24 flops; [6, 4] sorts whole, 122;
+        `x[8, 16]` cut (2, 4) sorted along dim 1 sorts [1, 16]; fuzz seed 19 #1827, 1.42 of
+        XLA's flops, #2741, 2.36). Flops only, like `_folded`; a sort gathered along its dim
+        keeps `_local_sorts`' count."""
+        if not len(self._sort_ops):
+            return flops_local
+        prog = self.ana.program
+        space = space_of(self.ana, self.mesh)
+        sizes = dict(zip(self.mesh.axis_names, self.mesh.axis_sizes))
+        out = flops_local
+        for i in self._sort_ops.tolist():
+            op = prog.ops[i]
+            if op.primitive != "sort":
+                continue  # top_k: the partitioner's own top-k path
+            shape = prog.values[op.operands[0]].shape
+            d = int(op.param("dimension", len(shape) - 1)) % max(len(shape), 1)
+            cuts = [prod(sizes[a] for a in names) for names in space.use_axes(masks, i, 0)]
+            if len(cuts) != len(shape) or cuts[d] <= 1:
+                continue
+            n = prog.values[op.operands[0]].size
+            if not any(shape[e] % (cuts[e] * cuts[d]) == 0 for e in range(len(shape)) if e != d):
+                continue  # gathered along the sorted dim: `_local_sorts`' count
+            local = max(n // prod(cuts), 1)
+            out = out.copy() if out is flops_local else out
+            out[i] = self.op_flops[i] * sort_flops_of(local) / sort_flops_of(n)
+        return out
+
     def _roofline(self, flops_local, trans_local, bytes_local) -> np.ndarray:
         """Per-op time: compute or HBM traffic, whichever is slower (the incremental evaluator
         prices its subsets of ops through this too, so its times are the same floats)."""
@@ -1122,6 +1166,7 @@ class Evaluator:
             value_local, op_logdeg, self._read_extra(masks, value_local)
         )
         flops_local = self._folded(flops_local, value_local, op_logdeg)
+        flops_local = self._moved_sorts(flops_local, masks)
         flops_local = self._masked_gathers(flops_local, value_local, op_logdeg, masks)
         flops_local = self._sharded_scatters(flops_local, value_local, op_logdeg, masks)
         flops_local = self._halo_convs(flops_local, fine_logdeg, op_logdeg)
