@@ -602,6 +602,14 @@ SIMPLIFIED = {
         lambda x, w, v: (lambda h: (h @ w, h * v))(x * 0.5 + 0.1),
         (jnp.ones((64, 8)), jnp.ones((8, 8)), jnp.ones(8)),
     ),
+    # `x * x` reads one array twice: as many elements as it makes, so XLA may duplicate it
+    # (`ComputeGloballyUnfusible` counts unique operands): computed for the cumsum's
+    # reduce-window and again in the subtraction's loop (fuzz seed 19 #2018: 1,231 flops,
+    # 1,167 counted once)
+    "square_by_a_multiply_read_by_a_cumsum_and_a_loop": (
+        lambda x: (lambda v: (v - x, jnp.cumsum(v)))(x * x),
+        (jnp.linspace(0.5, 1.5, 64, dtype=jnp.float32),),
+    ),
     # momentum: `m' = 0.9 * m + g` reads two arrays: stored once and read by the update, not
     # recomputed in it (XLA duplicates only effectively unary producers)
     "momentum_reads_stored_velocity": (

@@ -602,7 +602,7 @@ def _recomputing_readers(
     `m' = beta * m + g`, an output read by the update `p - lr * m'`, is stored once and read,
     and so are Adam's moments, read by the update's division and square root; but a moment
     whose gradient is a broadcast is recomputed there, fuzz seed 14 #1668)."""
-    if costly[op.index] or _more_than_unary(prog, op, spread):
+    if costly[op.index] or not _duplicable(prog, op, spread):
         return frozenset()
     uses = prog.uses()
     fuses = _fusible_ops(prog) if fuses is None else fuses
@@ -652,12 +652,30 @@ def _unfused_path(prog: Program, op, roots: list[frozenset[int]]) -> bool:
     layer-norm terms read by the forward and again by the backward), nothing is judged and the
     producer stays duplicated as before, which matches XLA:CPU's count of the GPT train step
     (201.3 M flops; judging those paths too fell to 197.9 M, under by 1.7 %)."""
-    if not _more_than_unary(prog, op) or not op.results:
-        return False
-    sizes = {v: prog.values[v].size for v in op.operands}
-    if sum(sizes.values()) <= sum(prog.values[r].size for r in op.results):
+    if _duplicable(prog, op) or not op.results:
         return False
     return _path_blocked(prog, op, roots)
+
+
+def _duplicable(prog: Program, op, spread: list[bool] | None = None) -> bool:
+    """Whether XLA may duplicate `op` into consumer fusions whatever else reads it: the two
+    early exits of `InstructionFusion::ComputeGloballyUnfusible`. Either it reads at most one
+    array as large as its result (`_more_than_unary`, XLA's `EffectivelyAtMostUnary`), or its
+    distinct operands hold no more elements than its result: a second read of the same
+    input adds no traffic (`producer->unique_operands()`). In the HLO every operand of an
+    elementwise op has the result's shape (lax's implicit broadcasts are broadcast ops there),
+    so an elementwise op passes the second test only when it reads a single array, as `x * x`
+    does (fuzz seed 19 #2018: `v = x * x` read by a subtraction and a cumsum's reduce-window
+    is computed in both, 1,231 flops; counted once, 1,167)."""
+    if not _more_than_unary(prog, op, spread):
+        return True
+    if not op.results:
+        return False
+    made = sum(prog.values[r].size for r in op.results)
+    unique = set(op.operands)
+    if op.primitive in prim.ELEMENTWISE:
+        return len(unique) * made <= made
+    return sum(prog.values[v].size for v in unique) <= made
 
 
 def _path_blocked(prog: Program, op, roots: list[frozenset[int]]) -> bool:

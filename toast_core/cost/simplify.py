@@ -57,7 +57,7 @@ from toast_core.cost.flops_measured import (
     expanded_extra_copies,
     scan_combines,
 )
-from toast_core.cost.fusion import _kept_once, _more_than_unary, fusible, fusion_work, materialized
+from toast_core.cost.fusion import _duplicable, _kept_once, fusible, fusion_work, materialized
 from toast_core.cost.gather_fusion import gather_copies
 from toast_core.cost.select_masks import convert_copies
 from toast_core.ir import primitives as prim
@@ -1220,7 +1220,7 @@ def executions(
     )
     fuses = [fusible(op, simple) and op.index not in apart for op in simple.ops]
     kept = lambda op: _kept_once(op, simple, spread)  # noqa: E731
-    more = lambda op: _more_than_unary(simple, op, spread)  # noqa: E731
+    more = lambda op: not _duplicable(simple, op, spread)  # noqa: E731
     for i, c in gather_copies(
         simple, roots, fuses, kept, more, frozenset(copied)
     ).items():  # masks, indices
