@@ -619,6 +619,11 @@ SIMPLIFIED = {
         (X[:16, :16],),
     ),
     "scalar_scaling_from_the_left_folds": (lambda x: 3.0 * (x * -0.5), (X[:16, :16],)),
+    # ...while moving onto a smaller broadcast, a splat scales from either side
+    "splat_scaling_from_the_left_moves_onto_a_broadcast": (
+        lambda x, y: (jnp.broadcast_to(jnp.float32(0.0125), x.shape) * x) * y[:, None],
+        (X[:16, :8], X[0, :16]),
+    ),
     # `x * x` reads one array twice: as many elements as it makes, so XLA may duplicate it
     # (`ComputeGloballyUnfusible` counts unique operands): computed for the cumsum's
     # reduce-window and again in the subtraction's loop (fuzz seed 19 #2018: 1,231 flops,
@@ -863,6 +868,7 @@ SHARD_LOWERED = frozenset(
         "splat_scaling_from_the_left_stays",
         "scaling_of_a_splat_scaled_from_the_left_stays",
         "scalar_scaling_from_the_left_folds",
+        "splat_scaling_from_the_left_moves_onto_a_broadcast",
     }
 )
 

@@ -305,10 +305,11 @@ def merged_scalings(prog: Program, const: list[bool]) -> set[int]:
     return out
 
 
-def _scaled_operand(op: Op, prog: Program, const: list[bool]) -> int | None:
+def _scaled_operand(op: Op, prog: Program, const: list[bool], fold: bool = True) -> int | None:
     """The operand `x` of `x * c`, `c * x` or `x / c` with `c` a constant scalar, else None.
 
-    A constant splat that is an array of the program (`broadcast_in_dim` of a constant: a
+    `fold`: as a scaling that folds with another (`(x * c1) * c2` -> `x * (c1 * c2)`), where a
+    constant splat that is an array of the program (`broadcast_in_dim` of a constant: a
     mean's cotangent `1 / N`) scales only from the right. `toast_core.apply.shard` constrains
     every array value, so XLA's simplifier meets the splat behind a sharding custom call before
     partitioning, and afterwards only its `(A * broadcast(C1)) * broadcast(C2)` rule, whose
@@ -316,7 +317,10 @@ def _scaled_operand(op: Op, prog: Program, const: list[bool]) -> int | None:
     either side. Measured on [5, 4, 4] under a replicated plan on 2x4: `(x * -0.5) * s` and
     `(x * s) * 3` are one multiply, `s * (x * -0.5)` and `(s * x) * 3` two, `s` a splat of
     1 / 80 (fuzz seed 19 #3031: `mean(rsqrt(v * v + 1))`'s gradient `s * (-0.5 * d)`, the
-    `-0.5 * d` kept in two fusions, 0.94 of XLA's flops)."""
+    `-0.5 * d` kept in two fusions, 0.94 of XLA's flops). Moved onto a smaller broadcast
+    (`moved_to_smaller`, `fold=False`) it scales from either side: that rewrite matches its
+    operands in any order (measured the same way: `(s * x) * y[:, None]` on [16, 8] is 144
+    flops, as `(x * s) * y[:, None]`)."""
     if op.primitive not in ("mul", "div") or len(op.operands) != 2:
         return None
     a, b = op.operands
@@ -330,8 +334,8 @@ def _scaled_operand(op: Op, prog: Program, const: list[bool]) -> int | None:
 
     if scalar_const(b) and not const[a]:
         return a
-    if op.primitive == "mul" and scalar_const(a) and not const[b] and _unconstrained(prog, a):
-        return b
+    if op.primitive == "mul" and scalar_const(a) and not const[b]:
+        return b if not fold or _unconstrained(prog, a) else None
     return None
 
 
@@ -1017,7 +1021,7 @@ def moved_to_smaller(
         size = prog.values[r].size
         if not readers or not size:
             continue
-        if _scaled_operand(op, prog, const) is not None:
+        if _scaled_operand(op, prog, const, fold=False) is not None:
             sources = [
                 _broadcast_factor_size(prog.ops[o], k, prog, producers, const, partitioned)
                 for o, k in readers
