@@ -53,11 +53,12 @@ def sgd_on(loss):
 )
 def test_a_split_of_a_constant_cotangent_scales_like_its_scalar(loss):
     """The gradient of a concatenate or stack under a mean loss is a split of the loss's
-    broadcast cotangent: each piece is still a broadcast of one scalar to XLA, whose simplifier
-    folds `0.1 * (c * x)` into one multiply (`simplify._constant_splat`: 128 flops on [8, 8],
-    not 192)."""
+    broadcast cotangent: each piece is still a broadcast of one scalar to XLA
+    (`simplify._constant_splat`). A plain `jax.jit` folds `0.1 * (c * x)` into one multiply
+    (128 flops on [8, 8]); `tc.shard` constrains the piece `c`, which then scales `x` from the
+    left, and XLA keeps both multiplies (`simplify._scaled_operand`: 192, as validated)."""
     args = (jax.ShapeDtypeStruct((8, 8), F32), jax.ShapeDtypeStruct((8, 8), F32))
-    predicted, compiled = unsharded_flops(sgd_on(loss), *args)
+    predicted, compiled = predicted_and_compiled(sgd_on(loss), args, {"data": 1})
     assert predicted == compiled
 
 

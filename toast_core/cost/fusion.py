@@ -616,7 +616,7 @@ def _recomputing_readers(
     and so are Adam's moments, read by the update's division and square root; but a moment
     whose gradient is a broadcast is recomputed there, fuzz seed 14 #1668). On one device's
     `local_shapes` where given (`fusion_work`)."""
-    if costly[op.index] or _more_than_unary(prog, op, spread, local_shapes):
+    if costly[op.index] or not _duplicable(prog, op, spread, local_shapes):
         return frozenset()
     uses = prog.uses()
     fuses = _fusible_ops(prog) if fuses is None else fuses
@@ -670,12 +670,34 @@ def _unfused_path(
     (201.3 M flops; judging those paths too fell to 197.9 M, under by 1.7 %).
 
     Judged on `local_shapes` (`fusion_work`) where given: XLA tests the HLO of one device."""
-    if not _more_than_unary(prog, op, local_shapes=local_shapes) or not op.results:
-        return False
-    size = lambda v: prod(_shape_of(prog, v, local_shapes))  # noqa: E731
-    if sum(map(size, set(op.operands))) <= sum(map(size, op.results)):
+    if _duplicable(prog, op, local_shapes=local_shapes) or not op.results:
         return False
     return _path_blocked(prog, op, roots)
+
+
+def _duplicable(
+    prog: Program, op, spread: list[bool] | None = None, local_shapes: dict | None = None
+) -> bool:
+    """Whether XLA may duplicate `op` into consumer fusions whatever else reads it: the two
+    early exits of `InstructionFusion::ComputeGloballyUnfusible`. Either it reads at most one
+    array as large as its result (`_more_than_unary`, XLA's `EffectivelyAtMostUnary`), or its
+    distinct operands hold no more elements than its result: a second read of the same
+    input adds no traffic (`producer->unique_operands()`). In the HLO every operand of an
+    elementwise op has the result's shape (lax's implicit broadcasts are broadcast ops there),
+    so an elementwise op passes the second test only when it reads a single array, as `x * x`
+    does (fuzz seed 19 #2018: `v = x * x` read by a subtraction and a cumsum's reduce-window
+    is computed in both, 1,231 flops; counted once, 1,167). On one device's `local_shapes`
+    where given (`fusion_work`)."""
+    if not _more_than_unary(prog, op, spread, local_shapes):
+        return True
+    if not op.results:
+        return False
+    size = lambda v: prod(_shape_of(prog, v, local_shapes))  # noqa: E731
+    made = sum(map(size, op.results))
+    unique = set(op.operands)
+    if op.primitive in prim.ELEMENTWISE:
+        return len(unique) * made <= made
+    return sum(map(size, unique)) <= made
 
 
 def _path_blocked(prog: Program, op, roots: list[frozenset[int]]) -> bool:

@@ -58,7 +58,7 @@ from toast_core.cost.flops_measured import (
     expanded_extra_copies,
     scan_combines,
 )
-from toast_core.cost.fusion import _kept_once, _more_than_unary, fusible, fusion_work, materialized
+from toast_core.cost.fusion import _duplicable, _kept_once, fusible, fusion_work, materialized
 from toast_core.cost.gather_fusion import gather_copies
 from toast_core.cost.select_masks import convert_copies
 from toast_core.ir import primitives as prim
@@ -306,8 +306,22 @@ def merged_scalings(prog: Program, const: list[bool]) -> set[int]:
     return out
 
 
-def _scaled_operand(op: Op, prog: Program, const: list[bool]) -> int | None:
-    """The operand `x` of `x * c`, `c * x` or `x / c` with `c` a constant scalar, else None."""
+def _scaled_operand(op: Op, prog: Program, const: list[bool], fold: bool = True) -> int | None:
+    """The operand `x` of `x * c`, `c * x` or `x / c` with `c` a constant scalar, else None.
+
+    `fold`: as a scaling that folds with another (`(x * c1) * c2` -> `x * (c1 * c2)`), where a
+    constant splat that is an array of the program (`broadcast_in_dim` of a constant: a
+    mean's cotangent `1 / N`) scales only from the right. `toast_core.apply.shard` constrains
+    every array value, so XLA's simplifier meets the splat behind a sharding custom call before
+    partitioning, and afterwards only its `(A * broadcast(C1)) * broadcast(C2)` rule, whose
+    operand order is fixed, folds it; a scalar constant is broadcast unconstrained and folds on
+    either side. Measured on [5, 4, 4] under a replicated plan on 2x4: `(x * -0.5) * s` and
+    `(x * s) * 3` are one multiply, `s * (x * -0.5)` and `(s * x) * 3` two, `s` a splat of
+    1 / 80 (fuzz seed 19 #3031: `mean(rsqrt(v * v + 1))`'s gradient `s * (-0.5 * d)`, the
+    `-0.5 * d` kept in two fusions, 0.94 of XLA's flops). Moved onto a smaller broadcast
+    (`moved_to_smaller`, `fold=False`) it scales from either side: that rewrite matches its
+    operands in any order (measured the same way: `(s * x) * y[:, None]` on [16, 8] is 144
+    flops, as `(x * s) * y[:, None]`)."""
     if op.primitive not in ("mul", "div") or len(op.operands) != 2:
         return None
     a, b = op.operands
@@ -322,8 +336,15 @@ def _scaled_operand(op: Op, prog: Program, const: list[bool]) -> int | None:
     if scalar_const(b) and not const[a]:
         return a
     if op.primitive == "mul" and scalar_const(a) and not const[b]:
-        return b
+        return b if not fold or _unconstrained(prog, a) else None
     return None
+
+
+def _unconstrained(prog: Program, vid: int) -> bool:
+    """Whether `toast_core.apply.shard` leaves value `vid` without a sharding constraint: a
+    scalar or a literal (it constrains every other value)."""
+    v = prog.values[vid]
+    return v.rank == 0 or v.role == "literal"
 
 
 #: Call names of `jax.checkpoint` bodies: their recomputation sits behind an optimization
@@ -1060,9 +1081,9 @@ def moved_to_smaller(
         size = prog.values[r].size
         if not readers or not size:
             continue
-        if _scaled_operand(op, prog, const) is not None:
+        if _scaled_operand(op, prog, const, fold=False) is not None:
             sources = [
-                _broadcast_factor_size(prog.ops[o], k, prog, producers, partitioned)
+                _broadcast_factor_size(prog.ops[o], k, prog, producers, const, partitioned)
                 for o, k in readers
             ]
             # partitioned: each reader is its own loop, the division's with the scaling unmoved
@@ -1081,11 +1102,14 @@ def moved_to_smaller(
 
 
 def _broadcast_factor_size(
-    reader: Op, k: int, prog: Program, producers, partitioned: bool = False
+    reader: Op, k: int, prog: Program, producers, const: list[bool], partitioned: bool = False
 ) -> int | None:
     """When `reader` multiplies its operand `k` by a broadcast (a `broadcast_in_dim`, size-1
     dims it broadcasts, or the reciprocal of a spread divisor: `div` by it is a multiply once
-    XLA has rewritten it), the elements the broadcast is made from; else None."""
+    XLA has rewritten it), the elements the broadcast is made from; else None. Not a broadcast
+    of constants: XLA's rewrite `(a * c) * broadcast(b)` -> `a * broadcast(b * c)` wants `b`
+    non-constant (`AlgebraicSimplifierVisitor::HandleMultiply`); two constants fold or stay two
+    multiplies (`_scaled_operand`)."""
     if len(reader.operands) != 2 or reader.operands[0] == reader.operands[1]:
         return None
     if reader.primitive == "div" and k == 0:
@@ -1095,6 +1119,8 @@ def _broadcast_factor_size(
     if reader.primitive != "mul":
         return None
     other = reader.operands[1 - k]
+    if const[other]:
+        return None
     p = producers[other]
     if p is not None and prog.ops[p].primitive == "broadcast_in_dim":
         return prog.values[prog.ops[p].operands[0]].size
@@ -1289,7 +1315,7 @@ def executions(
     )
     fuses = [fusible(op, simple) and op.index not in apart for op in simple.ops]
     kept = lambda op: _kept_once(op, simple, spread)  # noqa: E731
-    more = lambda op: _more_than_unary(simple, op, spread)  # noqa: E731
+    more = lambda op: not _duplicable(simple, op, spread)  # noqa: E731
     for i, c in gather_copies(
         simple, roots, fuses, kept, more, frozenset(copied)
     ).items():  # masks, indices
