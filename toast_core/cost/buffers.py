@@ -22,7 +22,10 @@ new weight's allocation.
 
 On XLA:CPU (`allocated_memory(cpu=True)`, what `validate` compares) an all-reduce also writes
 a new buffer, issued once the last member of its combined op is ready: a data-parallel step's
-partial gradients wait in the new weights' allocations, the reduced copies in the block.
+partial gradients wait in the new weights' allocations, the reduced copies in the block. And its
+scheduler runs first every instruction reading only parameters and constants: the block holds
+at least that first wave's temporaries at once (`first_wave`), in whatever order the program
+has them (a step's constant cotangent broadcast beside its forward product).
 
 Worked example: an SGD step whose outputs are the new `w` [D, F] and the loss: w's allocation
 is reserved from the start; the forward's activations [B, F] are bigger than w when B > D, so
@@ -294,7 +297,7 @@ def timeline_of(size, start, end, n_ops: int) -> np.ndarray:
 
 
 def place_in_output_allocations(
-    size, start, end, is_out, n_ops: int, fit_size=None, whole_life=None, top=None
+    size, start, end, is_out, n_ops: int, fit_size=None, whole_life=None, top=None, placed=None
 ):
     """(bytes of the output allocations, live bytes of the temporary block after each op).
 
@@ -305,7 +308,8 @@ def place_in_output_allocations(
     them up to the block's alignment (an allocation of its own is not aligned: a 24-byte
     temporary fits a 24-byte output's). `whole_life`: a bool per buffer, true where no reader
     writes over it at its last op (an all-reduce's partial on XLA:CPU). `top`: (bytes of each
-    buffer's smallest piece, its padding), to end the block at its top buffer (`top_padding`)."""
+    buffer's smallest piece, its padding), to end the block at its top buffer (`top_padding`).
+    `placed`, a list: receives a bool per buffer, true for a temporary left in the block."""
     fit = size if fit_size is None else fit_size
     outs = np.flatnonzero(is_out)
     alloc_size = size[outs]
@@ -335,6 +339,8 @@ def place_in_output_allocations(
             a = first + int(np.argmax(free))
             busy[a, s:e] = True
             in_block[k] = False
+    if placed is not None:
+        placed.extend(in_block.tolist())
     block = timeline_of(size[in_block], start[in_block], end[in_block], n_ops)
     if top is not None:
         smallest, pad = top
@@ -496,6 +502,7 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         extra, lo, hi = cpu_temporaries(
             ev, local, align_bytes, masks, effect is not None, values=cpu_values
         )
+        cpu_row = len(size)  # the first of their rows
         size, start, end = (np.concatenate(x) for x in ((size, extra), (start, lo), (end, hi)))
         is_out = np.concatenate([is_out, np.zeros(len(extra), dtype=bool)])
         # An arg reduction's index is read as positions (a gather's, a dynamic slice's), never
@@ -549,15 +556,95 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         first = out_rows[(vals >= 0) & early[np.maximum(vals, 0)]]
         start = start.copy()
         start[first] = 0
+        # The temporaries of XLA:CPU's first wave (`first_wave`): a value's own buffer, or
+        # an operand a CPU rewrite stores whole (a tree reduction's), made by one.
+        made = np.asarray(cpu_values, dtype=np.int64)
+        whole = local[np.maximum(made, 0)]
+        whole = _round_up(whole, align_bytes) if align_bytes else whole
+        rows = np.asarray(values, dtype=np.int64)
+        cpu_rows = slice(cpu_row, cpu_row + len(made))
+        rows[cpu_rows] = np.where(size[cpu_rows] == whole, made, -1)
+        wave = first_wave(ev._mem_prog, ev._is_fused, reduced or {}, local_dot_shapes(ev, masks))
+        in_wave = (rows >= 0) & wave[np.maximum(rows, 0)] & ~is_out
     top = None
     if own is not None:  # a row of small buffers (infinite `own`), its pieces' sizes unknown,
         # is never the top: measured, 446 of 535 small seed-18 validations within 30 % of XLA's
         # bytes so, 440 with a 4-byte counter on top, 442 with a 16-byte table
         top = (np.where(size > 0, own, np.inf), np.maximum(size - own, 0.0))
+    placed: list[bool] = []
     outputs_bytes, block = place_in_output_allocations(
-        size, start, end, is_out, ev.n_ops, own, whole_life, top
+        size, start, end, is_out, ev.n_ops, own, whole_life, top, placed
     )
+    if cpu and len(block):  # the first wave's temporaries in the block, all live at its end
+        in_wave &= np.asarray(placed, dtype=bool)
+        block = block.copy()
+        block[0] = max(block[0], _block_bytes(size[in_wave], None if own is None else own[in_wave]))
     return float(value_local[kept_inputs(ev)].sum()), outputs_bytes, block
+
+
+def _block_bytes(size, own) -> float:
+    """Bytes of a block holding the buffers of aligned sizes `size` at once, ending at the top
+    of the smallest (`own`: their unaligned sizes; infinite: rows of small buffers), as
+    `top_padding` ends it."""
+    total = float(size.sum())
+    if own is not None and len(own):
+        j = int(np.argmin(own))
+        if np.isfinite(own[j]):
+            total -= float(size[j] - own[j])
+    return total
+
+
+def first_wave(prog, is_fused, reduced, local_shape) -> np.ndarray:
+    """A bool per value: XLA:CPU's first wave makes it. Its scheduler (`BFSMemoryScheduler`,
+    on by default there: `xla_cpu_enable_concurrency_optimized_scheduler`) emits instructions
+    in the order a FIFO queue makes them ready, the parameters and constants first: every
+    instruction reading only those runs before any other, and its result stays live until a
+    later one reads it. So the buffers of that first wave are all live at once when it ends,
+    whatever order the program has them in.
+
+    Such a value: made outside loops by an op reading only the step's inputs, literals and
+    values fused away made from them alone (`made_from_inputs`), and that op is an
+    instruction reading them as they are (`_reads_in_place`). Measured in XLA:CPU's buffer
+    assignment (fuzz seed 19): an SGD step on `mean(x[16, 2] @ w[2, 64])` (#974) broadcasts
+    the mean's constant cotangent to [16, 64] first, beside the forward's [16, 64] product,
+    both read later: an 8,192-byte block (the model, the broadcast made after the forward
+    product's last reader, 4,096: 0.56 of XLA's bytes); #1794, #1970, #2027, #1390: the same
+    with an outer product XLA writes as a multiply, 0.50 of XLA's bytes."""
+    source = np.array([v.role != "intermediate" for v in prog.values], dtype=bool)
+    early = np.zeros(len(prog.values), dtype=bool)
+    for op in prog.ops:
+        if op.primitive in prim.REGION_BOUNDARIES or op.trip_count > 1 or not op.results:
+            continue
+        if all(source[o] for o in op.operands) and _reads_in_place(prog, op, local_shape):
+            for r in op.results:
+                early[r] = r not in reduced
+                source[r] = early[r] and bool(is_fused[r])
+    return early
+
+
+def _reads_in_place(prog, op, local_shape) -> bool:
+    """Whether XLA makes `op` from its operands as they are, not from a bitcast or a copy of
+    one (an instruction of its own, which puts the op in a later wave), and writes a buffer:
+    a broadcast or reshape keeping the element count is a bitcast, no buffer (fuzz seed 19
+    #587: segment_sum's indices [2] -> [2, 1]); a dot reads a bitcast when an operand
+    (`local_shape(op, pos)`, on one device) has dims of size 1, batch dims not first, or
+    several free or contracted dims to merge (`reshaped_dots.py`; #89: `x[8, 4, 8] @ w` reads
+    x as [32, 8], so the weight gradient's dot, reading the cotangent broadcast, runs before
+    the forward dot: no two [32, 8] buffers at once). An outer product (one contracted
+    element) is a multiply fusion reading them as they are."""
+    if op.primitive in ("broadcast_in_dim", "reshape", "squeeze", "expand_dims") and op.operands:
+        return prog.values[op.results[0]].size != prog.values[op.operands[0]].size
+    if op.primitive != "dot_general":
+        return op.primitive not in prim.MATMULS
+    (lc, rc), (lb, rb) = op.param("dimension_numbers")
+    for pos, (c, b) in enumerate(((lc, lb), (rc, rb))):
+        shape = local_shape(op.index, pos)
+        if int(np.prod([shape[d] for d in c], dtype=np.int64)) == 1:
+            return True
+        free = [d for d in range(len(shape)) if d not in b and d not in c]
+        if 1 in shape or list(b) != list(range(len(b))) or len(c) != 1 or len(free) > 1:
+            return False
+    return True
 
 
 def made_from_inputs(prog, is_fused, reduced) -> np.ndarray:

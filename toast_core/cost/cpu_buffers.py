@@ -546,11 +546,15 @@ def tree_reduced_operands(prog: Program, is_materialized: list[bool], local_shap
         axes = tuple(op.param("axes") or ())
         reduced = [shape[d] for d in axes]
         if len(set(axes)) == len(shape):  # all of it: of the value a reshape made it from
-            reduced = (
-                _reshaped_from(prog, x, producers, fused)
-                or canonical_dot_dims(prog, x, shape, producers, fused)
-                or reduced
-            )
+            src = _reshape_source(prog, x, producers, fused)
+            if src is not None:  # that value's own dims, or its dot's canonical ones
+                v, reader = src
+                here = prog.values[v].shape if local_shape is None else local_shape(reader, 0)
+                reduced = canonical_dot_dims(prog, v, here, producers, fused) or list(
+                    prog.values[v].shape
+                )
+            else:
+                reduced = canonical_dot_dims(prog, x, shape, producers, fused) or reduced
         if (
             not size
             or size >= CPU_TREE_MAX_ELEMENTS
@@ -566,18 +570,22 @@ def tree_reduced_operands(prog: Program, is_materialized: list[bool], local_shap
     return rows
 
 
-def _reshaped_from(prog: Program, x: int, producers, fused) -> list[int] | None:
-    """The dims of the value a fused chain of reshapes made `x` from (None: not a reshape): a
-    reduction over all of `x` reduces that value's dims instead (XLA's simplifier folds the
-    reshape into the reduce: fuzz seed 15 #17, the mean of `v.reshape(-1)` with v [12, 3, 8]
-    is one fused reduce, no dim over 32)."""
+def _reshape_source(prog: Program, x: int, producers, fused) -> tuple[int, int] | None:
+    """(value, the reshape reading it) that a fused chain of reshapes made `x` from (None: not
+    a reshape): a reduction over all of `x` reduces that value's dims instead (XLA's simplifier
+    folds the reshape into the reduce: fuzz seed 15 #17, the mean of `v.reshape(-1)` with v
+    [12, 3, 8] is one fused reduce, no dim over 32), and a dot's canonical ones when a dot
+    makes that value (`canonical_dot_dims`: fuzz seed 19 #689, the mean of `(x[1, 24, 6] @
+    w[1, 4]).reshape(24, 6, 2, 2)` reduces the outer product f32[144, 4] XLA writes, a tree
+    reduction whose 2,304-byte operand is stored; the model had [24, 6, 4], no dim over 32)."""
     src = None
     while fused[x] and producers[x] is not None:
         op = prog.ops[producers[x]]
         if op.primitive not in ("reshape", "squeeze", "expand_dims") or op.param("dimensions"):
             break
-        x = src = op.operands[0]
-    return None if src is None else list(prog.values[src].shape)
+        src = (op.operands[0], op.index)
+        x = op.operands[0]
+    return src
 
 
 def reciprocal_buffers(prog: Program, is_materialized: list[bool]) -> list[tuple]:
