@@ -560,7 +560,7 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         # an operand a CPU rewrite stores whole (a tree reduction's), made by one.
         made = np.asarray(cpu_values, dtype=np.int64)
         whole = local[np.maximum(made, 0)]
-        whole = _round_up(whole, align_bytes) if align_bytes else whole
+        whole = round_up(whole, align_bytes) if align_bytes else whole
         rows = np.asarray(values, dtype=np.int64)
         cpu_rows = slice(cpu_row, cpu_row + len(made))
         rows[cpu_rows] = np.where(size[cpu_rows] == whole, made, -1)
