@@ -42,6 +42,7 @@ from toast_core.cost.cpu_buffers import cpu_buffers, dot_product_fused
 from toast_core.cost.fusion import fusible
 from toast_core.cost.replicate_buffers import replicate_gather_buffers
 from toast_core.cost.reshaped_dots import reshaped_dot_results
+from toast_core.cost.simplify import uniform_dims
 from toast_core.ir import primitives as prim
 from toast_core.strategy.remat import RematEffect, remat_effect
 from toast_core.strategy.space import space_of
@@ -477,8 +478,10 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
     effect = remat_effect(ev.remat, pairs) if pairs else None
     reduced = all_reduce_issue_ops(ev, masks, value_local) if cpu else None
     if cpu:  # the broadcasts remade per layout (`cpu_buffers.broadcasts_per_layout`), and the
-        # values dot products fuse (`cpu_buffers.dot_product_fused`)
-        value_local = value_local.copy()
+        # values dot products fuse (`cpu_buffers.dot_product_fused`); work on broadcasts is
+        # stored at its core's size (`broadcast_core_fractions`)
+        local = value_local * broadcast_core_fractions(ev, masks)
+        value_local = local.copy()
         value_local[ev.dot_broadcasts] = 0.0
         stored = (~ev._is_fused).tolist()
         fused = dot_product_fused(ev._mem_prog, stored, local_dot_shapes(ev, masks))
@@ -645,6 +648,33 @@ def _reads_in_place(prog, op, local_shape) -> bool:
         if 1 in shape or list(b) != list(range(len(b))) or len(c) != 1 or len(free) > 1:
             return False
     return True
+
+
+def broadcast_core_fractions(ev, masks) -> np.ndarray:
+    """Per value, the fraction of its local bytes XLA stores: for the result of an elementwise
+    op uniform along some dims (`simplify.uniform_dims`), one over its local extent along them,
+    else 1. XLA's simplifier sinks a broadcast below an elementwise op whose only non-scalar
+    operand it is (`TryToSinkBroadcastAfterOpWithUniqueNonScalarOperand`), so the op writes its
+    core and the broadcast is re-applied inside each reader's fusion (a reduction of it, the
+    whole broadcast taken into the library call). Fuzz seed 19 #2277: `sigmoid(broadcast(v)**2)`
+    over [16, 2, 64, 4], its mean and gradient: XLA stores `f32[2, 64, 4]` and the gradient's
+    sum over the broadcast dim is a multiply; no 32 KiB buffer (compiled 31,380 bytes, the model
+    had three of them: 111,380). An output, or a value read by an op that fuses no producer (a
+    dot, a sort), is the broadcast itself there: stored whole."""
+    prog = ev.ana.program
+    uni = uniform_dims(prog)
+    uses = prog.uses()
+    shape_of = local_value_shapes(ev, masks)
+    out = np.ones(len(prog.values))
+    for op in prog.ops:
+        if op.primitive not in prim.ELEMENTWISE or len(op.results) != 1:
+            continue
+        v = op.results[0]
+        fused_readers = all(fusible(prog.ops[u], prog) for u, _ in uses[v])
+        if uni[v] and fused_readers and not prog.values[v].is_output:
+            shape = shape_of(v)
+            out[v] = 1.0 / max(int(np.prod([shape[d] for d in uni[v]])), 1)
+    return out
 
 
 def made_from_inputs(prog, is_fused, reduced) -> np.ndarray:

@@ -208,7 +208,7 @@ from toast_core.cost.flops import spread_divisor_elements
 from toast_core.cost.flops_measured import top_k_stays_a_sort
 from toast_core.cost.fusion import FUSIBLE, fused_away, fusible, materialized
 from toast_core.cost.reshaped_dots import canonical_dot_dims
-from toast_core.cost.simplify import constant_values
+from toast_core.cost.simplify import constant_values, uniform_dims
 from toast_core.cost.top_k_sorts import keeps_whole_dim, sorts_values_alone
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
@@ -436,7 +436,11 @@ def library_reduction_inputs(
     device: loop fusions, nothing stored (1.49 of XLA's bytes when it was counted).
     `local_shape(op, pos)`: an operand use's shape on one device (default: global). `hoisted`:
     broadcasts made for a call live from their source's making (XLA:CPU's schedule without
-    remat), else at the call only (with remat's barriers)."""
+    remat), else at the call only (with remat's barriers). A reduction along dims its operand
+    is uniform on (`simplify.uniform_dims`) reduces a broadcast, which XLA's simplifier rewrites
+    as a multiply of its core: no call (fuzz seed 19 #2277, the gradient of
+    `sigmoid(broadcast(v)**2)` summed over the broadcast's 16: no 32 KiB input in XLA's
+    buffers)."""
     if local_shape is None:
 
         def local_shape(op: int, pos: int) -> tuple:
@@ -445,12 +449,15 @@ def library_reduction_inputs(
     fused = fused_away(prog, is_materialized)
     uses = prog.uses()
     producers = prog.producers()
+    uni = uniform_dims(prog)
     last: dict[tuple[int, int], int] = {}
     for op in prog.ops:
         if not op.operands or not is_library_reduction(
             prog, op, int(np.prod(local_shape(op.index, 0)))
         ):
             continue
+        if set(op.param("axes", ())) <= uni[op.operands[0]]:
+            continue  # a sum along broadcast dims only: XLA's simplifier makes it a multiply
         operand = prog.values[op.operands[0]]
         whole = prog.values[op.results[0]].size == 1  # a reduction to a scalar
         inputs = library_call_inputs(prog, op.operands[0], uses, producers, whole)
