@@ -479,9 +479,9 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
     reduced = all_reduce_issue_ops(ev, masks, value_local) if cpu else None
     if cpu:  # the broadcasts remade per layout (`cpu_buffers.broadcasts_per_layout`), and the
         # values dot products fuse (`cpu_buffers.dot_product_fused`); work on broadcasts is
-        # stored at its core's size (`broadcast_core_fractions`)
-        local = value_local * broadcast_core_fractions(ev, masks)
-        value_local = local.copy()
+        # stored at its core's size (`broadcast_core_fractions`), while the CPU temporaries
+        # sized like it (a broadcast made for a library call) hold its whole shape
+        value_local = value_local * broadcast_core_fractions(ev, masks)
         value_local[ev.dot_broadcasts] = 0.0
         stored = (~ev._is_fused).tolist()
         fused = dot_product_fused(ev._mem_prog, stored, local_dot_shapes(ev, masks))
