@@ -22,13 +22,20 @@ MESH = tc.MeshSpec({"data": 8})
 REPLICATED = tc.Strategy(name="replicated")
 
 
-def _sgd(params, batch):
-    def loss(p):
-        return jnp.mean(batch["x1"] @ p["w2"])
+def _sgd_on(model):
+    """An SGD step on `mean(model(x1, w2))`."""
 
-    value, grads = jax.value_and_grad(loss)(params)
-    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+    def step(params, batch):
+        def loss(p):
+            return jnp.mean(model(batch["x1"], p["w2"]))
 
+        value, grads = jax.value_and_grad(loss)(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+
+    return step
+
+
+_sgd = _sgd_on(lambda x, w: x @ w)
 
 _SGD_ARGS = (
     {"w2": jax.ShapeDtypeStruct((2, 64), jnp.float32)},
@@ -49,13 +56,7 @@ def test_a_constant_cotangent_is_broadcast_before_the_forward_matches_xla():
     assert replicated_memory(_sgd, _SGD_ARGS, MESH) == (9364.0, 9364.0)
 
 
-def _sgd_of_merged_dot(params, batch):
-    def loss(p):
-        return jnp.mean(jnp.einsum("abc,cz->abz", batch["x1"], p["w2"]))
-
-    value, grads = jax.value_and_grad(loss)(params)
-    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
-
+_sgd_of_merged_dot = _sgd_on(lambda x, w: jnp.einsum("abc,cz->abz", x, w))
 
 _MERGED_ARGS = (
     {"w2": jax.ShapeDtypeStruct((8, 8), jnp.float32)},
