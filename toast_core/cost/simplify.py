@@ -45,10 +45,9 @@ Example: an SGD step on `mean(x[24] @ w[24, 8])`: the gradient `outer(x, broadca
 from __future__ import annotations
 
 import functools
-import math
 import weakref
 from dataclasses import replace
-from math import prod
+from math import copysign, prod
 
 from toast_core.analysis.factors import mixed_radix_groups
 from toast_core.cost.constant_scalars import chosen_case, constant_scalars
@@ -1009,7 +1008,7 @@ def _non_negative(prog: Program, vid: int, scalar, depth: int = 16) -> bool:
         return False
     value = scalar(vid)
     if value is not None:
-        return value == value and math.copysign(1.0, value) > 0  # not NaN nor -0.0
+        return value == value and copysign(1.0, value) > 0  # not NaN nor -0.0
     p = prog.producers()[vid]
     if p is None:
         return False
