@@ -279,11 +279,13 @@ def _fusion_work_roots(
             and _read_through_copies(prog, op, copied, fuses)
             and not _copied_and_read_directly(prog, op, copied, fuses)
         )
-        if (
-            op.primitive in prim.EXPANDED_TRANSCENDENTAL
-            and (not mat or through_copies or _dots_read_reshaped(prog, op, fuses))
-            and len(readers) + mat > 1
-            and not _path_blocked(prog, op, roots)
+        if op.primitive in prim.EXPANDED_TRANSCENDENTAL and (
+            (
+                (not mat or through_copies or _dots_read_reshaped(prog, op, fuses))
+                and len(readers) + mat > 1
+                and not _path_blocked(prog, op, roots)
+            )
+            or _widened_by_its_reader(prog, op, mat, readers, roots, uses)
         ):
             # Its cheap producers go with its cheap part into every reader, and into each
             # fusion of an expensive part (`EXPANDED_APART`): placeholder roots, below zero.
@@ -435,6 +437,24 @@ EXPANDED_APART = {
     "sinh": 2,
     "zeta": 8,
 }
+
+
+def _widened_by_its_reader(prog: Program, op, mat: bool, readers, roots, uses) -> bool:
+    """Whether special function `op`, not stored, is read by one loop fusion that reads it into
+    more elements than it has (a broadcast on the way: an outer-product weight gradient
+    `f(x)[:, None] * w`). XLA fuses no expensive producer (a divide, log, exp) into a consumer
+    that reuses its elements (`CpuInstructionFusion::ShouldFuse`: "Fusion is not profitable"
+    when `is_expensive(producer)` and `ReusesOperandElements`), as for a reduction
+    (`_reused_on_the_way`): the expansion's exp, log and divisions stay in fusions of their
+    own (`EXPANDED_APART`) and its cheap part goes into the reader, split as for several
+    readers but with one (`flops_measured.expanded_extra_copies`). The cheap part stays on the
+    function's own shape there, the broadcast after it. Measured on f32[32] into [32, 8]:
+    `digamma(x * x + 1)[:, None] * w` 3,104 flops (2,656 counted as one fusion), erfc 2,560
+    (2,240), lgamma 2,560 (1,984), polygamma 3,136 (2,592); fuzz seed 19 #1258, #1525."""
+    if mat or len(readers) != 1:
+        return False
+    (root,) = readers
+    return root >= 0 and _reused_on_the_way(prog, op, root, roots, uses)
 
 
 def _dots_read_reshaped(prog: Program, op, fuses) -> bool:
