@@ -163,6 +163,58 @@ def random_bits_flops(op, program):
     return float((45 + extra) * n + 13 + linear_index), 0.0
 
 
+def sharded_random_bits_flops(op, program, ways: tuple[int, ...], whole: tuple[bool, ...]) -> float:
+    """Per-device flops of `random_bits` with result dim d cut `ways[d]` ways (`whole[d]`: by
+    every mesh axis of more than 1 device, in mesh order), as XLA's partitioner runs it: the
+    threefry on the local elements (45 n + 13, n of them, however few), and the counter of
+    each element, its global linear index, which JAX builds as sum_d iota_d * stride_d over the
+    global shape (`prng.iota_2x32_shape`) and which the CPU computes twice, once into the high
+    word's fusion and once into the low word's.
+
+    Per fusion: a dim cut to L > 1 local positions adds the device's offset to its 1-D iota
+    (L adds), then multiplies by the stride as uncut (L, if a later dim is longer than 1). The
+    offset is index * L converted to u64 (2 scalar flops); the index is a constant table read at
+    the partition id, or, for a `whole` cut, the partition id itself, converted first (3). A dim
+    cut to L = 1 is a broadcast scalar: its index converted (1, or 2 for a `whole` cut) times the
+    stride (1). The terms are summed left to right, each add on the n local elements, except
+    where the simplifier sinks the add below the broadcasts, as when one operand is a broadcast
+    scalar and the other a broadcast scalar (1 add) or a broadcast 1-D term (its L adds).
+
+    Measured, `jax.random.bits(key, shape)` under a sharding constraint, `cost_analysis()` per
+    device (unsharded on the local shape in parentheses): u32[32] cut 8 ways, 207 (193); [2, 16]
+    cut (a, bc) on 2x2x2, 217 (193; fuzz seed 19 #2512 predicted 0.911 of XLA's flops); [16, 2]
+    (bc, a), 223; [16, 8] (a, b) on 2x4, 809 (781); [2, 3, 4] (a, b, -) on 2x3, 211; [8, 4, 4]
+    (abc, -, -), 787 (773); [2, 2, 8] (-, b, ac), 221 (205); [4, 8, 2] (a, -, b), 827; [8] on
+    8, 62 (53); [16] cut by b on 2x3, 299 (the padded 6 per device)."""
+    shape = program.values[op.results[0]].shape
+    local = [-(-d // w) for d, w in zip(shape, ways)]
+    n = prod(local)
+    width = op.param("bit_width", 32)
+    counter, acc = 0, None  # the running sum: None, a broadcast "scalar", its dim, or "full"
+    for d, (size, cut, length, by_all) in enumerate(zip(shape, ways, local, whole)):
+        if size <= 1:
+            continue
+        later = prod(shape[d + 1 :]) > 1
+        offset = (1 + (length > 1) + by_all) if cut > 1 else 0
+        if length > 1:  # a broadcast 1-D term along d
+            counter += offset + (length if cut > 1 else 0) + (length if later else 0)
+            term = d
+        else:  # a broadcast scalar
+            counter += offset + later
+            term = "scalar"
+        if acc is None:
+            acc = term
+        elif acc == term == "scalar":
+            counter += 1
+        elif "scalar" in (acc, term):
+            acc = term if acc == "scalar" else acc
+            counter += local[acc] if acc != "full" else n
+        else:
+            counter, acc = counter + n, "full"
+    per_element = 45 + (1 if width < 32 else 3 if width == 64 else 0)
+    return float(per_element * n + 13 + 2 * counter)
+
+
 @flop_rule("random_split")
 def random_split_flops(op, program):
     """44 per new key plus 13 (split into 4: 189; into 16: 717)."""

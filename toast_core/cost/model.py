@@ -62,7 +62,12 @@ from toast_core.cost.combine import CombinedOp, combine, post_order, region_of_o
 from toast_core.cost.concat_slice import CONCAT, SLICE, STRIDE, concat_slice_sites
 from toast_core.cost.cpu_buffers import cpu_buffers, dot_broadcasts
 from toast_core.cost.flops import FOLDING, local_fold_flops, op_counts, spread_divisor_source
-from toast_core.cost.flops_measured import SORTS, sort_flops_of, window_scan_factor
+from toast_core.cost.flops_measured import (
+    SORTS,
+    sharded_random_bits_flops,
+    sort_flops_of,
+    window_scan_factor,
+)
 from toast_core.cost.fusion import bitcasts, fused_away, materialized
 from toast_core.cost.halo import slice_halo_permutes
 from toast_core.cost.halo_conv import halo_conv_flops, spatial_dims
@@ -442,6 +447,12 @@ class Evaluator:
         convs = [i for i, op in enumerate(prog.ops) if op.primitive == "conv_general_dilated"]
         self._conv_ops = np.array([i for i in convs if self.op_flops[i] > 0], dtype=np.int64)
         self._conv_runs = executions[self._conv_ops]
+        # Random bits, counted on each device's elements and counters: `_sharded_random_bits`.
+        self._bits_ops = [
+            (i, self.op_flops[i] / flops[i])
+            for i, op in enumerate(prog.ops)
+            if op.primitive == "random_bits" and flops[i] > 0
+        ]
         self.nbytes = np.array([v.nbytes for v in prog.values], dtype=np.float64)
         # Ops that move no bytes: region markers, views (`bitcasts`) and the ops XLA's CSE and
         # simplifier remove (`simplify.rewired`: a repeat of an earlier op, an identity), whose
@@ -993,6 +1004,30 @@ class Evaluator:
             out[i] = local * runs
         return flops_local if out is None else out
 
+    def _sharded_random_bits(self, flops_local, masks) -> np.ndarray:
+        """`flops_local` with each `random_bits` whose result is cut counted as XLA's partitioner
+        runs it: the threefry on the local elements and each element's counter, its global
+        index, from the device's offsets (`flops_measured.sharded_random_bits_flops`; fuzz seed
+        19 #2512, the dropout of x[2, 16] cut 8 ways, 0.911 of XLA's flops as the global
+        count's share). Flops only, like `_folded`."""
+        if not self._bits_ops:
+            return flops_local
+        prog = self.ana.program
+        space = space_of(self.ana, self.mesh)
+        sizes = dict(zip(self.mesh.axis_names, self.mesh.axis_sizes))
+        whole = tuple(a for a in self.mesh.axis_names if sizes[a] > 1)
+        out = flops_local
+        for i, runs in self._bits_ops:
+            op = prog.ops[i]
+            axes = space.value_axes(masks, op.results[0])
+            ways = tuple(prod(sizes[a] for a in names) for names in axes)
+            if len(ways) != len(prog.values[op.results[0]].shape) or max(ways, default=1) <= 1:
+                continue
+            by_all = tuple(w > 1 and tuple(names) == whole for w, names in zip(ways, axes))
+            out = out.copy() if out is flops_local else out
+            out[i] = sharded_random_bits_flops(op, prog, ways, by_all) * runs
+        return out
+
     def _local_sorts(self, flops_local, op_logdeg) -> np.ndarray:
         """`flops_local` with each sort counted on its local operand: XLA counts N log2 N over
         the N elements it sorts, so a device sorting N / k of them counts (N / k) log2(N / k),
@@ -1170,6 +1205,7 @@ class Evaluator:
         flops_local = self._masked_gathers(flops_local, value_local, op_logdeg, masks)
         flops_local = self._sharded_scatters(flops_local, value_local, op_logdeg, masks)
         flops_local = self._halo_convs(flops_local, fine_logdeg, op_logdeg)
+        flops_local = self._sharded_random_bits(flops_local, masks)
         collectives = self._collectives(masks, value_local)
         eff = remat_effect(self.remat, self._remat_pairs(strategy))
         again = recomputed_collectives(collectives, eff)
