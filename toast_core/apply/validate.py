@@ -837,7 +837,8 @@ def compare_outputs(got, want, noise=None) -> tuple[float, tuple[str, ...]]:
         finite = np.isfinite(w)
         scale = float(np.max(np.abs(w[finite]))) if finite.any() else 0.0
         # NaN against NaN, and an infinity against the same infinity, agree (`-inf - -inf` is NaN)
-        diff = np.where((np.isnan(g) & np.isnan(w)) | (g == w), 0.0, np.abs(g - w))
+        with np.errstate(invalid="ignore"):  # the `inf - inf` the `where` discards
+            diff = np.where((np.isnan(g) & np.isnan(w)) | (g == w), 0.0, np.abs(g - w))
         diff = np.where(np.isnan(diff), np.inf, diff)
         worst = int(np.argmax(diff))
         err = max(err, float(diff.flat[worst]))
