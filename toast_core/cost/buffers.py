@@ -39,7 +39,7 @@ import numpy as np
 
 from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.cost.cpu_buffers import cpu_buffers, dot_product_fused
-from toast_core.cost.fusion import fusible
+from toast_core.cost.fusion import _sums_of_broadcasts, fusible
 from toast_core.cost.replicate_buffers import replicate_gather_buffers
 from toast_core.cost.reshaped_dots import reshaped_dot_results
 from toast_core.cost.simplify import uniform_dims
@@ -69,10 +69,21 @@ def buffer_intervals(
     `reduced_at` {value: op}: partial sums all-reduced into a new buffer at that op (XLA:CPU's
     all-reduce is not in place): the partial lives until then, the reduced copy from then on
     (both at that op), as `all_reduce_issue_ops` finds them. An output's reduced copy is the
-    output's allocation (from that op on) and its partial a temporary until then. `partials`, a
-    list: receives a bool per returned buffer, true for an all-reduced partial (the all-reduce
-    writes its result elsewhere, so no reader writes over it). `values`, a list: receives the
-    value of each returned buffer that is a value's own (-1 for the others)."""
+    output's allocation (from that op on) and its partial a temporary until then. A value
+    fusion removed (`fusion.fused_away`: a logsumexp's max and sum, a loss's mean, computed in
+    their reader's loop) is two buffers all the same: the all-reduce is an instruction of its
+    own, which no fusion crosses, so the reduction's fusion writes the partial (until the
+    all-reduce) and the all-reduce its reduced copy, read by the fusions of its readers
+    (`_fused_all_reduced`). Measured in XLA:CPU's buffer assignment (fuzz seed 19 #1546,
+    `logsumexp(x[4, 2, 1, 16], axis=0)` data parallel on 2x4, dim 0 cut 4 ways): the max's
+    partial and reduced copy, then the sum's, each f32[2, 1, 16], a 256-byte block beside the
+    128-byte output (512 bytes in all; the model had one fusion and no temporary: 256); #811
+    (dp_megatron on 2x4, a logsumexp over a cut dim) 0.50 -> 1.00 of XLA's bytes; #0 (an SGD
+    step, data parallel on 8) 0.58 -> 0.97; #2310, #1527, #2237, #2437 (means and sums, data
+    parallel) 0.64-0.67 -> 0.92-0.97. `partials`, a list: receives a bool per returned buffer,
+    true for an all-reduced partial (the all-reduce writes its result elsewhere, so no reader
+    writes over it). `values`, a list: receives the value of each returned buffer that is a
+    value's own (-1 for the others)."""
     n = ev.n_ops
     b = value_local[ev.live_ids]
     if align_bytes:
@@ -114,9 +125,16 @@ def buffer_intervals(
             extra_start.append(bwd_start)
             extra_end.append(end[k])
             end[k] = fwd_end + 1
+    cut = _fused_all_reduced(ev, reduced_at or {})
     for v, t in (reduced_at or {}).items():
         k = row[v]
         if k < 0:
+            if v in cut:  # fusion removed it: the all-reduce cuts the fusion
+                whole = round_up(value_local[v], align_bytes) if align_bytes else value_local[v]
+                partial_rows.append(len(size) + len(extra_size))
+                extra_size += [whole, whole]
+                extra_start += [int(ev._producer[v]), t]
+                extra_end += [t + 1, max(cut[v], t + 1)]
             continue
         if is_out[k]:
             # The output's allocation receives the reduced copy; the partial is a temporary
@@ -162,6 +180,42 @@ def buffer_intervals(
         is_partial[partial_rows] = True
         partials.extend(is_partial[keep].tolist())
     return size[keep], start[keep], end[keep], is_out[keep]
+
+
+def _fused_all_reduced(ev, reduced_at) -> dict[int, int]:
+    """{value: end op (exclusive) of its reduced copy} for each all-reduced value fusion
+    removed (`buffer_intervals`): the copy is read by the fusions of the ops reading it,
+    directly or through the fused values made from it, up to the next all-reduced value, whose
+    reduction's fusion is the last to read the ones before (`var`: the mean's reduced copy is
+    read by the fusion writing the squares' partial sum, not by the division after its
+    all-reduce). When that reading fusion's all-reduce is issued at its own op, the copy is
+    dead before it: the fusion reads it, then the all-reduce reads the partial and writes its
+    copy, two buffers at a time, not three (fuzz seed 19 #1546, logsumexp: the max's copy, the
+    sum's partial, then the sum's partial and copy; XLA's block 256 bytes). A sum over dims
+    its operand is broadcast along (`fusion._sums_of_broadcasts`) is none: XLA's simplifier
+    folds it into a multiply before the partitioner runs, which so makes no all-reduce (fuzz
+    seed 19 #970, an SGD step data parallel on 8: the bias gradient, the sum of the mean's
+    constant cotangent, computed whole on each device, 1.05 -> 1.56 of XLA's bytes without
+    this; the model's all-reduce of it is a collective miss of its own)."""
+    prog = ev._mem_prog
+    fused = ev._is_fused
+    mine = {v for v in reduced_at if v < len(fused) and fused[v] and ev._producer[v] >= 0}
+    if mine:  # a sum of a broadcast XLA folds into a multiply before partitioning: no all-reduce
+        folded = _sums_of_broadcasts(prog)
+        mine = {v for v in mine if not folded[int(ev._producer[v])]}
+    if not mine:
+        return {}
+    cuts = {int(ev._producer[v]) for v in mine if reduced_at[v] == ev._producer[v]}
+    last = [-1] * len(prog.values)
+    for op in prog.ops:
+        for x in op.operands:
+            last[x] = max(last[x], op.index)
+    for op in reversed(prog.ops):
+        ends = [last[r] for r in op.results if fused[r] and r not in mine]
+        if ends:
+            for x in op.operands:
+                last[x] = max(last[x], max(ends))
+    return {v: last[v] if last[v] in cuts else last[v] + 1 for v in mine}
 
 
 def all_reduce_issue_ops(ev, masks, value_local) -> dict[int, int]:
