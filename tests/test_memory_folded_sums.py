@@ -1,6 +1,6 @@
 """A sum over dims along which its operand is a broadcast (or of size 1) is a multiply (a
 reshape) to XLA's simplifier: a cheap elementwise op fused into its readers, with no buffer
-(`fusion._sums_of_broadcasts`). The gradients of `mean(expand_dims(v, 1))` and of
+(`fusion.sums_of_broadcasts`). The gradients of `mean(expand_dims(v, 1))` and of
 `mean(broadcast_to(s[None], (16,)))` are such sums; fuzz seed 19 #386, an SGD step data
 parallel on 2x4, was 1.36 of XLA's bytes (three 64-byte scalar blocks XLA never makes)."""
 

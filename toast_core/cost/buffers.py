@@ -39,7 +39,7 @@ import numpy as np
 
 from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.cost.cpu_buffers import cpu_buffers, dot_product_fused
-from toast_core.cost.fusion import _sums_of_broadcasts, fusible
+from toast_core.cost.fusion import fusible, sums_of_broadcasts
 from toast_core.cost.replicate_buffers import replicate_gather_buffers
 from toast_core.cost.reshaped_dots import reshaped_dot_results
 from toast_core.cost.simplify import uniform_dims
@@ -192,7 +192,7 @@ def _fused_all_reduced(ev, reduced_at) -> dict[int, int]:
     dead before it: the fusion reads it, then the all-reduce reads the partial and writes its
     copy, two buffers at a time, not three (fuzz seed 19 #1546, logsumexp: the max's copy, the
     sum's partial, then the sum's partial and copy; XLA's block 256 bytes). A sum over dims
-    its operand is broadcast along (`fusion._sums_of_broadcasts`) is none: XLA's simplifier
+    its operand is broadcast along (`fusion.sums_of_broadcasts`) is none: XLA's simplifier
     folds it into a multiply before the partitioner runs, which so makes no all-reduce (fuzz
     seed 19 #970, an SGD step data parallel on 8: the bias gradient, the sum of the mean's
     constant cotangent, computed whole on each device, 1.05 -> 1.56 of XLA's bytes without
@@ -201,7 +201,7 @@ def _fused_all_reduced(ev, reduced_at) -> dict[int, int]:
     fused = ev._is_fused
     mine = {v for v in reduced_at if v < len(fused) and fused[v] and ev._producer[v] >= 0}
     if mine:  # a sum of a broadcast XLA folds into a multiply before partitioning: no all-reduce
-        folded = _sums_of_broadcasts(prog)
+        folded = sums_of_broadcasts(prog)
         mine = {v for v in mine if not folded[int(ev._producer[v])]}
     if not mine:
         return {}

@@ -1011,7 +1011,7 @@ def fused_away(prog: Program, is_materialized: list[bool]) -> list[bool]:
     out = [False] * len(prog.values)
     uses = prog.uses()
     fuses = _fusible_ops(prog)
-    folded = _sums_of_broadcasts(prog)
+    folded = sums_of_broadcasts(prog)
     for op in prog.ops:
         if _fused_into_gathers(prog, op, uses, fuses) or _update_slice_fused(prog, op, uses, fuses):
             out[op.results[0]] = True
@@ -1027,7 +1027,7 @@ def fused_away(prog: Program, is_materialized: list[bool]) -> list[bool]:
     return out
 
 
-def _sums_of_broadcasts(prog: Program) -> list[bool]:
+def sums_of_broadcasts(prog: Program) -> list[bool]:
     """Per op, whether it is a sum over dims along which its operand is a broadcast
     (`simplify.uniform_dims`) or of size 1, which XLA's simplifier folds into a multiply of the
     broadcast's source by the count (a reshape for unit dims): a cheap elementwise op, fused
