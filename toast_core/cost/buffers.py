@@ -538,6 +538,7 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
     pairs = ev._remat_pairs(strategy)
     effect = remat_effect(ev.remat, pairs) if pairs else None
     reduced = all_reduce_issue_ops(ev, masks, value_local) if cpu else None
+    dot_shape = local_dot_shapes(ev, masks)  # an operand use's shape on one device
     if cpu:  # the broadcasts remade per layout (`cpu_buffers.broadcasts_per_layout`), and the
         # values dot products fuse (`cpu_buffers.dot_product_fused`); work on broadcasts is
         # stored at its core's size (`broadcast_core_fractions`), while the CPU temporaries
@@ -545,7 +546,7 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         value_local = value_local * broadcast_core_fractions(ev, masks)
         value_local[ev.dot_broadcasts] = 0.0
         stored = (~ev._is_fused).tolist()
-        fused = dot_product_fused(ev._mem_prog, stored, local_dot_shapes(ev, masks))
+        fused = dot_product_fused(ev._mem_prog, stored, dot_shape)
         value_local[np.asarray(fused, dtype=np.int64)] = 0.0
     partials: list[bool] = []
     values: list[int] = []
@@ -555,7 +556,7 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
     # The dots XLA makes in another shape: no reader writes over them (`reshaped_dots.py`).
     reshaped = np.zeros(len(value_local) + 1, dtype=bool)
     if cpu:
-        reshaped[reshaped_dot_results(ev.ana.program, local_dot_shapes(ev, masks))] = True
+        reshaped[reshaped_dot_results(ev.ana.program, dot_shape)] = True
     own = (
         buffer_intervals(ev, value_local, masks, effect, pairs, 0, reduced)[0]
         if align_bytes
@@ -628,7 +629,7 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
         rows = np.asarray(values, dtype=np.int64)
         cpu_rows = slice(cpu_row, cpu_row + len(made))
         rows[cpu_rows] = np.where(size[cpu_rows] == whole, made, -1)
-        wave = first_wave(ev._mem_prog, ev._is_fused, reduced or {}, local_dot_shapes(ev, masks))
+        wave = first_wave(ev._mem_prog, ev._is_fused, reduced or {}, dot_shape)
         in_wave = (rows >= 0) & wave[np.maximum(rows, 0)] & ~is_out
     top = None
     if own is not None:  # a row of small buffers (infinite `own`), its pieces' sizes unknown,
