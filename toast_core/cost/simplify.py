@@ -51,6 +51,7 @@ from math import copysign, prod
 
 from toast_core.analysis.factors import mixed_radix_groups
 from toast_core.cost.constant_scalars import chosen_case, constant_scalars
+from toast_core.cost.divisions import divided_divisions
 from toast_core.cost.dot_products import as_sums
 from toast_core.cost.flops import one_window_test_flops, op_flops, spread_divisor_elements
 from toast_core.cost.flops_measured import (
@@ -1234,6 +1235,7 @@ def _rewired_work_factors(
         pruned = _pruned(prog, live)
     merged = merged_scalings(pruned, const) | clamps(pruned, const) | masking_converts(pruned)
     moved = moved_to_smaller(pruned, const, partitioned)
+    divided = divided_divisions(pruned, const)
     out = []
     for op in prog.ops:
         if op.index in moved and live[op.index]:
@@ -1255,7 +1257,8 @@ def _rewired_work_factors(
         elif op.primitive in prim.ELEMENTWISE or _is_outer_product(op, prog):
             # a special function on a broadcast: its core (`executions` adds the whole part)
             u = _expanded_on_broadcast(op, prog, uni) or uni[op.results[0]]
-            out.append(_core_fraction(prog.values[op.results[0]].shape, u))
+            core = _core_fraction(prog.values[op.results[0]].shape, u)
+            out.append(core * (1 + divided.get(op.index, 0)))
         elif op.primitive in prim.REDUCTIONS:
             out.append(_reduction_fraction(op, prog, uni))
         else:
