@@ -63,3 +63,48 @@ def test_a_scan_with_its_stacked_output_cut_selects_each_slot_on_its_owner(axes)
     rep = tc.validate(decay_scan, args, ana, strategy, tc.jax_mesh(mesh), tc.hardware("tpu-v5e"))
     assert rep.numerics_ok
     assert rep.predicted_flops / rep.compiled_flops == pytest.approx(1.0, abs=0.01)
+
+
+def _rows_cut(fn, rows: int, axes: dict[str, int], cut: tuple[str, ...]):
+    """(predicted, compiled) flops of `fn` on x f32[rows, 32], its rows cut along `cut`."""
+    args = ({}, {"x": jax.ShapeDtypeStruct((rows, 32), jnp.float32)})
+    mesh = tc.MeshSpec(axes)
+    ana = tc.analyze(tc.trace(fn, *args))
+    (rows_dim, *_), *_ = ana.value_named_dims(ana.program.inputs[0])
+    strategy = tc.Strategy(((f"N{rows_dim}", cut),))
+    rep = tc.validate(fn, args, ana, strategy, tc.jax_mesh(mesh), tc.hardware("tpu-v5e"))
+    assert rep.numerics_ok
+    return rep.predicted_flops, rep.compiled_flops
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("rows", "axes", "cut"),
+    [
+        (6, {"data": 6}, ("data",)),
+        (6, {"data": 2, "model": 3}, ("model",)),
+        (32, {"data": 8}, ("data",)),
+    ],
+    ids=["6", "2x3", "8"],
+)
+def test_the_edge_rows_of_a_pad_along_a_cut_dim_are_masked_and_all_reduced(rows, axes, cut):
+    """Fuzz seed 19 #1614: `jnp.pad(x, [(1, 2), (0, 0)], mode="edge")` with x's rows cut: XLA
+    keeps each edge row cut as x was and makes it whole by a masked all-reduce (a compare, a
+    select and an all-reduce of the row: `cost/slice_replicas.py`); 0 predicted before, XLA 65
+    per row so made (the first row of one-row shards is read from the gathered x instead)."""
+    pad = lambda p, b: jnp.pad(b["x"], [(1, 2), (0, 0)], mode="edge")  # noqa: E731
+    predicted, compiled = _rows_cut(pad, rows, axes, cut)
+    assert predicted == pytest.approx(compiled, abs=3.0)  # the halo's scalars
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("lo", "hi", "xla"), [(0, 1, 97), (0, 2, 164)])
+def test_a_narrow_slice_of_a_cut_dim_read_whole_is_all_reduced(lo, hi, xla):
+    """x[lo:hi] * 2 of x f32[32, 32] with its rows on 8 devices, the result whole: one row is
+    broadcast from its owner (compare, select and all-reduce of 32, beside 32 multiplies), two
+    rows (<= 8 // 2) are masked and written into zeros then all-reduced (select 32, all-reduce
+    64, beside 64 multiplies); the model had the multiplies alone."""
+    fn = lambda p, b: b["x"][lo:hi] * 2.0  # noqa: E731
+    predicted, compiled = _rows_cut(fn, 32, {"data": 8}, ("data",))
+    assert compiled == xla
+    assert predicted == pytest.approx(compiled, abs=3.0)  # the halo's scalars
