@@ -1,10 +1,21 @@
-"""Flops of a narrow slice of a cut dim whose result is read whole, as XLA's partitioner makes it.
+"""Flops of a slice of a cut dim, as XLA's partitioner makes it: its halo's selects, and, for a
+narrow result read whole, the masked all-reduce that makes it whole.
 
-The model gathers the operand of a slice along a cut dim (`concat_slice.py`: a replicate
-factor). XLA keeps the slice's result cut as its operand was, n ways along the sliced dim (its w
-elements padded to n shards of ceil(w / n)), reads each shard's window through halo
-collective-permutes, and makes the result whole where it is read (`PartitionedHlo::
-ReplicatePartial`, xla/service/spmd/spmd_partitioner.cc) by one of three rules for that dim:
+XLA keeps the slice's result cut as its operand was, n ways along the sliced dim (its w
+elements padded to n shards of ceil(w / n)), and reads each shard's window through halo
+collective-permutes (`halo.py`). In the compact form (`ExchangeHaloCompact`) each shard's piece
+of the window is its own data or one of the permutes, picked by the shard's ordinal: a select
+over the piece per distinct source beyond the first, a compare each, and the partition id
+converted once (`halo.compact_halo_selects`). Measured, `x[lo:hi] * 2.0` of x f32[rows, 4] with
+rows cut n ways (whole result or cut as x, alike): [0:16] of 32 on 8, two selects of [4, 4] and
+3 scalars (35 beyond the 64 multiplies, XLA 99); [16:32], two of [2, 4] (19); [0:32] of 64, two
+of [8, 4] (67). The neighbour form (`ExchangeHalo`) selects nothing (its 2 or 3 offset scalars
+are left out).
+
+The model gathers the operand of a slice whose result is whole along the cut dim
+(`concat_slice.py`). XLA makes the cut result whole where it is read
+(`PartitionedHlo::ReplicatePartial`, xla/service/spmd/spmd_partitioner.cc) by one of three rules
+for that dim:
 
 * w == 1, the shard as big as the whole (`Broadcast`): the one device holding the element keeps
   its shard (a compare of the partition id and a select per shard element), the others zeros,
@@ -12,7 +23,7 @@ ReplicatePartial`, xla/service/spmd/spmd_partitioner.cc) by one of three rules f
 * w <= n // 2 (a DUS and an all-reduce): each shard masked to its valid part (a select per shard
   element, a convert and a compare of the partition id), written at its offset into zeros of the
   whole result, all-reduced (w elements along the dim);
-* otherwise an all-gather of the padded shards, then a slice: no flops.
+* otherwise an all-gather of the padded shards after the halo exchange, then a slice.
 
 When each operand shard is one element and the slice starts at 0, XLA gathers the operand
 instead, as the model does (no flops). Measured with `cost_analysis()`, `x[lo:hi] * 2.0` of x
@@ -36,16 +47,19 @@ from __future__ import annotations
 
 from math import prod
 
+from toast_core.cost.halo import compact_halo_selects
 from toast_core.cost.simplify import live_ops, rewired
 from toast_core.ir.program import Program
 
 #: Scalars of the two masks: the compare of `Broadcast`, the convert and compare of a DUS's.
 BROADCAST_SCALARS, MASK_SCALARS = 1.0, 2.0
+#: The shard ordinal the compact halo's selects test (the partition id converted).
+ORDINAL_SCALARS = 1.0
 
 
 def slice_replica_flops(program: Program, value_axes, mesh_axes: dict[str, int]) -> float:
-    """Flops of making whole the narrow results of the live unit-stride slices of `program`
-    along a cut dim (module essay). `value_axes(v)`: the mesh axes cutting each dim of value
+    """Flops of the halo selects of the live unit-stride slices of `program` along a cut dim,
+    and of making their narrow results whole where the model has them whole (module essay). `value_axes(v)`: the mesh axes cutting each dim of value
     `v`; `mesh_axes`: each mesh axis's size. A repeated slice XLA's CSE merges counts once."""
     simple = rewired(program, barriers=False)
     live = live_ops(simple)
@@ -68,17 +82,24 @@ def _replica_flops(program: Program, op, value_axes, mesh_axes: dict[str, int]) 
     if len(sliced) != 1:
         return 0.0
     (d,) = sliced
-    n, w = ways(cut[d]), result[d]
+    n, w, start = ways(cut[d]), result[d], op.param("start_indices")[d]
     out_axes = value_axes(op.results[0])
-    if any(set(names) & set(cut[d]) for names in out_axes):
-        return 0.0  # the result is cut along those axes too: not made whole
-    if -(-operand[d] // n) == 1 and op.param("start_indices")[d] == 0:
-        return 0.0  # one element per shard, from the first: the operand is gathered
+    if out_axes[d] and tuple(out_axes[d]) != tuple(cut[d]):
+        return 0.0  # the result cut otherwise along the dim: another reshard
+    if any(set(names) & set(cut[d]) for e, names in enumerate(out_axes) if e != d):
+        return 0.0  # the axes moved to another dim of the result: another reshard
     rest = prod(
         -(-size // ways(names)) for e, (size, names) in enumerate(zip(result, out_axes)) if e != d
     )
+    pieces = compact_halo_selects(operand[d], n, start, w)
+    halo = sum(selects * (width * rest + 1.0) for width, selects in pieces)
+    halo += ORDINAL_SCALARS if halo else 0.0
+    if out_axes[d]:
+        return halo  # kept cut, as XLA keeps it
+    if -(-operand[d] // n) == 1 and start == 0:
+        return 0.0  # one element per shard, from the first: the operand is gathered
     if w == 1:
         return BROADCAST_SCALARS + 2.0 * rest
     if w <= n // 2:
         return MASK_SCALARS + rest + w * rest
-    return 0.0
+    return halo  # all-gathered after the halo exchange
