@@ -85,6 +85,8 @@ from toast_core.cost.simplify import (
     uniform_dims,
     work_factors,
 )
+from toast_core.cost.slice_replicas import slice_replica_flops
+from toast_core.cost.top_k_sorts import top_k_call_flops
 from toast_core.errors import ToastError, bad_value
 from toast_core.ir import primitives as prim
 from toast_core.mesh import HardwareSpec, MeshSpec, hardware
@@ -289,11 +291,14 @@ def cpu_flops(
     inlined, with no barrier (`_cpu_fusion_factors`; fuzz seed 18 #99, `checkpoint(gelu(x @
     w))` under SGD: 80 flops predicted, 68 compiled; 68 once merged).
 
-    Each loop's control (its counter's compare and add, `cost.loop_control`) is counted once.
+    Each loop's control (its counter's compare and add, `cost.loop_control`) is counted once, and
+    each `TopK` custom call as the -1 flop `cost_analysis()` adds for it (`cost.top_k_sorts`).
     An iota cut along its counted dim adds each device's offset (`cost.iota_offsets`: fuzz seed
     18 #500, `one_hot(i, 16)` with the classes on 8 devices, 4 flops predicted, 8 compiled), and
     a scan whose stacked output is cut along its steps selects each step's slot on its owner
-    (`cost.scan_slots`: seed 18 #25, 650 predicted, 872 compiled).
+    (`cost.scan_slots`: seed 18 #25, 650 predicted, 872 compiled), and a narrow slice of a cut
+    dim read whole is masked and all-reduced (`cost.slice_replicas`: seed 19 #1614, the edge
+    row of a pad, 184 predicted, 252 compiled).
 
     A reduction the CPU compiles apart from its operand's producers (a tree reduction's
     reduce-window; a reduce whose reduced dims are all of local size 1, which the partitioner
@@ -329,16 +334,21 @@ def cpu_flops(
         * fusion_trans.get(c.op, 1.0)
         for c in report.op_costs
     )
-    flops += loop_control_flops(program)
+    flops += loop_control_flops(program) + top_k_call_flops(program)
     if mesh is not None:
         sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
         flops += arg_reduction_flops(report.collectives, program, sizes)
         kinds = {op.primitive for op in program.ops}
-        if strategy is not None and sizes and not kinds.isdisjoint({"iota", prim.SCAN_END}):
+        if (
+            strategy is not None
+            and sizes
+            and not kinds.isdisjoint({"iota", "slice", prim.SCAN_END})
+        ):
             space, masks = space_of(ana, mesh), strategy.fine_masks(ana, mesh)
             axes_of = lambda v: space.value_axes(masks, v)  # noqa: E731
             flops += iota_offset_flops(program, axes_of, sizes)
             flops += scan_slot_flops(program, axes_of, sizes)
+            flops += slice_replica_flops(program, axes_of, sizes)
     return flops + reduction_flops(report.collectives, program, once=True), transcendentals
 
 
