@@ -230,6 +230,19 @@ GATHER_FUSIONS = {
         (((32,), F32), ((32,), F32)),
         64,
     ),
+    # #1645: a gathered and scattered multiply is computed in both fusions, the tanh it reads
+    # once, and what makes the tanh with it (`gather_fusion.gather_copies`)
+    "gathered_clip_of_a_gelu": (
+        lambda x, i: (lambda v: v.at[i].add(jnp.tanh(v[i])))(3.0 * jnp.tanh(jax.nn.gelu(x) / 3.0)),
+        (((64,), F32), ((3,), jnp.int32)),
+        725,
+    ),
+    # ...all of a cheap chain in both
+    "gathered_cheap_chain": (
+        lambda x, i: (lambda v: v.at[i].add(jnp.tanh(v[i])))(3.0 * (x * x + 1.0)),
+        (((64,), F32), ((3,), jnp.int32)),
+        405,
+    ),
 }
 
 

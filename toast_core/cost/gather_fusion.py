@@ -80,12 +80,21 @@ def gather_copies(
             out[op.index] = len(roots[op.index] | into[op.index])
     # The cheap ops fused into such a value's own fusion go with it into each gather's (measured:
     # `(one_hot(i[2], 4) * 1.5)` read by `x[:, j]` and a scatter-add computes its compare in
-    # both fusions, 48 flops, counted 40; fuzz seed 18 #49).
-    for op in prog.ops if into else ():
+    # both fusions, 48 flops, counted 40; fuzz seed 18 #49), up to an op XLA keeps once: that
+    # one is stored, and what makes it stays in its fusion alone (measured: `c * tanh(gelu(v) /
+    # c)` read by a `take` and a scatter-add, the multiply in both fusions, the GELU once: 55
+    # flops, counted 75 with the GELU in both; fuzz seed 19 #1645).
+    going: dict[int, frozenset[int]] = {}  # per cheap op: the hosts it goes with
+    for op in reversed(prog.ops) if into else ():
         if op.index in into or not fuses[op.index] or kept_once(op):
             continue
-        hosts = roots[op.index] & into.keys()
+        hosts = frozenset(
+            h
+            for h in roots[op.index] & into.keys()
+            if any(o == h or h in going.get(o, ()) for r in op.results for o, _ in uses[r])
+        )
         if hosts:
+            going[op.index] = hosts
             out[op.index] = len(roots[op.index].union(*(into[h] for h in hosts)))
     reach: dict[int, int] = {}  # per terminal gather or scatter: the fusions computing its index
     for op in prog.ops:

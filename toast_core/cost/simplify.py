@@ -16,8 +16,11 @@ pipeline change the count by whole ops (measured on jaxlib 0.10.2, CPU, `tests/t
   reduction over a broadcast reduces the original (`sum(broadcast(a[4]) -> [4, 32], axis=1)` is a
   multiply: 4); a dot_general without contracted dims is an elementwise multiply of two broadcasts
   (one flop per result element, and fewer when an operand is itself a broadcast: the gradient of
-  `mean(x @ w)` wrt `w[24, 8]` is `broadcast(x * 1/8)`, 24 flops). A dot_general that contracts
-  is computed in full even when an operand is a broadcast.
+  `mean(x @ w)` wrt `w[24, 8]` is `broadcast(x * 1/8)`, 24 flops; none when the broadcast is
+  of 1.0, a `sum`'s cotangent: `_splats_of_one`). A dot_general that contracts is computed in
+  full even when an operand is a broadcast. A sum over broadcast dims then scaled by a constant
+  is one multiply, none when the constants' product is 1 (`folded_broadcast_sums`: the mean
+  of a broadcast is its source).
 
 * **Identities and repeats** (`rewired`): `x + 0`, `x * 1`, `max(x, x)`, `select(p, x, x)`
   are `x`; an op repeating an earlier one on the same operands is CSE'd away.
@@ -48,6 +51,8 @@ import functools
 import weakref
 from dataclasses import replace
 from math import copysign, prod
+
+import numpy as np
 
 from toast_core.analysis.factors import mixed_radix_groups
 from toast_core.cost.constant_scalars import chosen_case, constant_scalars
@@ -1236,9 +1241,13 @@ def _rewired_work_factors(
     merged = merged_scalings(pruned, const) | clamps(pruned, const) | masking_converts(pruned)
     moved = moved_to_smaller(pruned, const, partitioned)
     divided = divided_divisions(pruned, const)
+    ones = _splats_of_one(prog)
+    folded = folded_broadcast_sums(pruned, const, uni)
     out = []
     for op in prog.ops:
-        if op.index in moved and live[op.index]:
+        if op.index in folded:
+            out.append(0.0)
+        elif op.index in moved and live[op.index]:
             # a uniform result is computed on its core, which may be smaller still
             u = uni[op.results[0]] if op.primitive in prim.ELEMENTWISE else frozenset()
             core = _core_fraction(prog.values[op.results[0]].shape, u) if u else 1.0
@@ -1252,6 +1261,8 @@ def _rewired_work_factors(
             or (op.primitive == "gather" and len(op.operands) > 1 and const[op.operands[1]])
         ):
             out.append(0.0)  # a gather at constant indices: its fill mask is a constant
+        elif ones and _is_outer_product(op, prog) and not ones.isdisjoint(op.operands):
+            out.append(0.0)  # a multiply by a broadcast 1: its other operand, broadcast
         elif op.param(INTO_ADDEND):  # an add that is a scatter now: its updates' combines
             out.append(op_flops(op, prog) / max(prog.values[op.results[0]].size, 1))
         elif op.primitive in prim.ELEMENTWISE or _is_outer_product(op, prog):
@@ -1264,6 +1275,60 @@ def _rewired_work_factors(
         else:
             out.append(1.0)
     return out
+
+
+def folded_broadcast_sums(prog: Program, const: list[bool], uni) -> set[int]:
+    """Sums over broadcast dims alone that XLA's simplifier folds into the scaling reading them.
+    `reduce(broadcast(a))` over `N` broadcast elements is `a * N` (`_reduction_fraction`), and
+    a constant scaling of it (a divide by `c` is a multiply by `1 / c`) merges with that
+    multiply, `a * (N * c)`, the constants folded in float32: the sum is no work of its own
+    (when the scaling is its only reader), and the scaling none either when `N * c` is 1, a
+    multiply by 1 (measured on XLA:CPU: `mean(broadcast(tanh(a[4])) -> [4, n], axis=1)` counts
+    no flops for n = 2, 3, 7, 32, 49, 100, 4 for n = 41 and 47, whose float32 `n * (1 / n)` is
+    not 1; the sum times 0.25 for n = 2, 4; fuzz seed 19 #734, the mean loss of a broadcast
+    mean: 2 flops XLA does not count). `prog` is `rewired` and `_pruned`; `uni` its
+    `uniform_dims`. The ops to count nothing for."""
+    uses = prog.uses()
+    outputs = set(prog.outputs)
+    out: set[int] = set()
+    for op in prog.ops:
+        if op.primitive != "reduce_sum" or len(op.results) != 1 or not op.operands:
+            continue
+        src, (r,) = prog.values[op.operands[0]], op.results
+        axes = set(op.param("axes", ()))
+        if not axes or not axes <= uni[src.id] or r in outputs or len(uses[r]) != 1:
+            continue
+        reader = prog.ops[uses[r][0][0]]
+        if _scaled_operand(reader, prog, const) != r:
+            continue
+        out.add(op.index)
+        other = next(v for v in reader.operands if v != r)
+        source = other if not prog.values[other].rank else _constant_splat(prog, other)
+        c = _literal(prog, source) if source is not None else None
+        if c is None or (reader.primitive == "div" and c == 0.0):
+            continue
+        scale = np.float32(1.0) / np.float32(c) if reader.primitive == "div" else np.float32(c)
+        if np.float32(prod(src.shape[d] for d in axes)) * scale == np.float32(1.0):
+            out.add(reader.index)
+    return out
+
+
+def _splats_of_one(prog: Program) -> frozenset[int]:
+    """Arrays that are a constant 1.0 spread (`_splats`, read on through the layout ops of
+    `_SPLAT_PIECES`), as an outer product may read them: the cotangent seed of a `sum`, or of a
+    mean of one element. XLA's simplifier rewrites a dot that contracts nothing of size > 1 as
+    a multiply of its two operands broadcast to the result (`_is_outer_product`), and `A * 1`
+    with a broadcast 1 as `A` (`HandleMultiply` looks through the broadcast), so the dot costs
+    nothing: the SGD step of `sum(x[5] @ w[5, 3])` counts 20 flops, the update alone, not 25;
+    of `mean(x[5] @ w[5, 1])` 10, not 15 (fuzz seed 19 #1534, 24 predicted of XLA's 19, and
+    #734). A scalar 1.0 read by a dot of the same shape is forwarded already (`_scaled_by_one`)."""
+    if not any(op.primitive == "dot_general" for op in prog.ops):
+        return frozenset()
+    one = {v for v, x in _splats(prog, constant_scalars(prog)).items() if x == 1.0 and v >= 0}
+    for op in prog.ops:
+        if op.primitive in _SPLAT_PIECES and op.operands and op.operands[0] in one:
+            one.update(op.results)
+    return frozenset(v for v in one if prog.values[v].rank)
 
 
 def flop_executions(prog: Program) -> list[float]:
