@@ -17,6 +17,7 @@ import weakref
 from math import prod
 
 from toast_core.cost.flops import spread_divisor_elements
+from toast_core.cost.flops_measured import EXPANDED_ON_BROADCAST
 from toast_core.cost.fusion_indexing import IndexingCounts
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
@@ -132,6 +133,7 @@ def fusion_work(
     copied: frozenset[int] = frozenset(),
     roots_out: list | None = None,
     local_shapes: dict[int, tuple[int, ...]] | None = None,
+    apart_on_broadcast: dict[int, int] | None = None,
 ) -> tuple[list[int], dict[int, int]]:
     """(copies, expanded): how many times each op is computed, once per fusion that contains
     it; and, for each special function XLA expands into many HLO ops (erfc, digamma: `prim.
@@ -169,13 +171,18 @@ def fusion_work(
     `local_shapes` [value id -> shape]: the shapes one device computes on, where they differ
     from the program's (a partitioned program's shards), for the tests XLA makes on the HLO it
     fuses (`_unfused_path`); the program's own shapes when None.
+
+    `apart_on_broadcast` [op -> n]: special functions run on a broadcast, whose expensive parts
+    are n fusions of their own however few read the result (`EXPANDED_APART_ON_BROADCAST`):
+    each reads the function's operand, so the cheap ops making it are computed there again.
     """
     fuses = _fusible_ops(prog)
     if unfused:
         fuses = [f and i not in unfused for i, f in enumerate(fuses)]
     fuses, is_materialized, gather_own = _with_fused_gathers(prog, fuses, is_materialized)
     costly = _costly_cones(prog, is_materialized, spread)
-    walk = (prog, fuses, is_materialized, gather_own, spread, copied)
+    reads_apart = _apart_roots(apart_on_broadcast or {})
+    walk = (prog, fuses, is_materialized, gather_own, spread, copied, reads_apart)
     roots, expanded = _fusion_work_roots(*walk, costly, local_shapes)
     stored = _stored_apart(prog, roots, fuses, spread)
     if stored:
@@ -205,11 +212,23 @@ def _stored_apart(prog: Program, roots, fuses, spread) -> list[int]:
     return out
 
 
+def _apart_roots(apart_on_broadcast: dict[int, int]) -> dict[int, frozenset[int]]:
+    """Per special function on a broadcast (`fusion_work`'s `apart_on_broadcast`), the
+    placeholder roots (below zero, in the op's slots as `EXPANDED_APART`'s) of its expensive
+    parts' fusions."""
+    return {
+        i: frozenset(-(i * 64 + j + 1) for j in range(n))
+        for i, n in apart_on_broadcast.items()
+        if n
+    }
+
+
 def _fusion_work_roots(
-    prog, fuses, is_materialized, gather_own, spread, copied, costly, local_shapes=None
+    prog, fuses, is_materialized, gather_own, spread, copied, reads_apart, costly, local_shapes=None
 ):
     """Per op, the fusions computing it, and the special functions expanded into several
-    readers (`fusion_work`'s walk, given the costly cones)."""
+    readers (`fusion_work`'s walk, given the costly cones). `reads_apart` [op -> placeholder roots]:
+    fusions that read an op's operands but compute none of the op (`_apart_roots`)."""
     uses = prog.uses()
     roots: list[frozenset[int]] = [frozenset()] * len(prog.ops)
     # Per fusion root, op indices and the placeholder roots below zero (a gather's own fusion,
@@ -237,6 +256,8 @@ def _fusion_work_roots(
             for o, pos in uses[r]
             if fuses[o]
         ]
+        if reads_apart:  # a special function's expensive parts read its operands apart
+            reading += [reads_apart[o] for r in op.results for o, _ in uses[r] if o in reads_apart]
         if op.index in gather_own and not _fills(op):
             roots[op.index] = frozenset((gather_own[op.index],))
             continue
@@ -324,6 +345,7 @@ def _fusion_work_roots(
                 (held is not None and held != shape)
                 or prog.ops[_root_op(prog, root)].primitive in _REDUCTIONS
                 or _reused_on_the_way(prog, op, root, roots, uses)
+                or _all_reduced(prog, op, local_shapes)
             )
             if not own:
                 holds_reduction[root] = shape
@@ -331,6 +353,24 @@ def _fusion_work_roots(
         if own and op.primitive in _REDUCTIONS:
             holds_reduction[op.index] = prog.values[op.results[0]].shape
     return roots, expanded
+
+
+def _all_reduced(prog: Program, op, local_shapes: dict | None) -> bool:
+    """Whether reduction `op` folds a dim cut across devices (its operand's local extent along a
+    reduced axis is shorter than the whole): the partitioner all-reduces each device's partial
+    result, and the loop reading it reads the all-reduce's. XLA's simplifier merges `reduce(a) +
+    reduce(b)` into one reduce of `a + b` (the siblings of `_fusion_work_roots`), not two
+    all-reduced sums, which stay fusions of their own (measured: `value_and_grad(mean(g) +
+    mean(min(g, 0.3)))`, `g` an exact GELU of f32[16, 32], data-parallel on 2 devices: 57,347
+    flops, erfc's expansion in both sums' loops; fuzz seed 19 #926, the means of an exact
+    GELU's min and of a difference, 0.81 of XLA's flops with the sums merged)."""
+    if not local_shapes or not op.operands:
+        return False
+    local = local_shapes.get(op.operands[0])
+    if local is None:
+        return False
+    shape = prog.values[op.operands[0]].shape
+    return any(local[d] < shape[d] for d in op.param("axes", ()) or ())
 
 
 def _with_fused_gathers(
@@ -437,6 +477,31 @@ EXPANDED_APART = {
     "sinh": 2,
     "zeta": 8,
 }
+
+#: Fusions of its own that each expensive part of a special function run on a broadcast gets
+#: however few fusions read its result (`fusion_work`'s `apart_on_broadcast`; the selects and
+#: what follows them run on the whole result: `flops_measured.EXPANDED_ON_BROADCAST`). XLA
+#: fuses no expensive producer into a consumer that reuses its elements
+#: (`CpuInstructionFusion::ShouldFuse`), and that loop reads the core through the broadcast:
+#: the exp and divisions stay apart, each reading the operand's core, where the cheap ops
+#: making it are computed again. On the plain operand they fuse into the one loop (`erfc(sin(
+#: x))` on f32[64]: one sine). Measured as the sines of `f(broadcast(sin(x)))`, x f32[64] to
+#: [64, 4], over 64, less one: erfc 3 (4 sines; fuzz seed 19 #1071, a gelu of a transposed
+#: broadcast, 0.93 of XLA's flops with the gelu's `-x / sqrt(2)` computed once), digamma 1.
+EXPANDED_APART_ON_BROADCAST = {
+    "acosh": 2,
+    "asinh": 2,
+    "atanh": 2,
+    "bessel_i0e": 2,
+    "bessel_i1e": 2,
+    "digamma": 1,
+    "erf_inv": 1,
+    "erfc": 3,
+    "lgamma": 0,
+    "sinh": 3,
+}
+if set(EXPANDED_APART_ON_BROADCAST) != set(EXPANDED_ON_BROADCAST):
+    raise AssertionError(sorted(set(EXPANDED_APART_ON_BROADCAST) ^ set(EXPANDED_ON_BROADCAST)))
 
 
 def _widened_by_its_reader(prog: Program, op, mat: bool, readers, roots, uses) -> bool:
