@@ -159,3 +159,20 @@ def test_all_reduced_sums_are_not_merged_into_one_reduce():
         jax.value_and_grad(loss), (f32(16, 32),), {"data": 2}
     )
     assert predicted == pytest.approx(compiled, rel=0.05)
+
+
+@pytest.mark.parametrize("shape", [(1, 4), (2, 1, 4), (4, 4)])
+def test_a_reduction_past_unit_dims_does_not_block_duplicating_its_operand(shape):
+    """Fuzz seed 19 #155: an exact GELU read by a row max and by the softmax's shift `g - max`,
+    on f32[8, 2] cut to [1, 2] per device. XLA reduces past the unit dims through bitcasts, so
+    the max's reader is a bitcast, not the broadcast, and the all-paths test lets the GELU be
+    duplicated into the max's fusion and the shift's (551 flops on [1, 4], 1,102 on [2, 1, 4];
+    on [4, 4] the max reads the broadcast, and the GELU is computed once: 1,052); counted once
+    there, 0.50 of XLA's flops (`fusion._keeps_unit_dims`)."""
+
+    def fn(x):
+        g = jax.nn.gelu(x, approximate=False)
+        return g - jnp.max(g, axis=-1, keepdims=True)
+
+    predicted, compiled = unsharded_flops(fn, f32(*shape))
+    assert predicted == pytest.approx(compiled, rel=0.01)
