@@ -17,6 +17,7 @@ import weakref
 from math import prod
 
 from toast_core.cost.flops import spread_divisor_elements
+from toast_core.cost.flops_measured import EXPANDED_ON_BROADCAST
 from toast_core.cost.fusion_indexing import IndexingCounts
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
@@ -132,6 +133,7 @@ def fusion_work(
     copied: frozenset[int] = frozenset(),
     roots_out: list | None = None,
     local_shapes: dict[int, tuple[int, ...]] | None = None,
+    apart_on_broadcast: dict[int, int] | None = None,
 ) -> tuple[list[int], dict[int, int]]:
     """(copies, expanded): how many times each op is computed, once per fusion that contains
     it; and, for each special function XLA expands into many HLO ops (erfc, digamma: `prim.
@@ -169,13 +171,18 @@ def fusion_work(
     `local_shapes` [value id -> shape]: the shapes one device computes on, where they differ
     from the program's (a partitioned program's shards), for the tests XLA makes on the HLO it
     fuses (`_unfused_path`); the program's own shapes when None.
+
+    `apart_on_broadcast` [op -> n]: special functions run on a broadcast, whose expensive parts
+    are n fusions of their own however few read the result (`EXPANDED_APART_ON_BROADCAST`):
+    each reads the function's operand, so the cheap ops making it are computed there again.
     """
     fuses = _fusible_ops(prog)
     if unfused:
         fuses = [f and i not in unfused for i, f in enumerate(fuses)]
     fuses, is_materialized, gather_own = _with_fused_gathers(prog, fuses, is_materialized)
     costly = _costly_cones(prog, is_materialized, spread)
-    walk = (prog, fuses, is_materialized, gather_own, spread, copied)
+    reads_apart = _apart_roots(apart_on_broadcast or {})
+    walk = (prog, fuses, is_materialized, gather_own, spread, copied, reads_apart)
     roots, expanded = _fusion_work_roots(*walk, costly, local_shapes)
     stored = _stored_apart(prog, roots, fuses, spread)
     if stored:
@@ -205,11 +212,23 @@ def _stored_apart(prog: Program, roots, fuses, spread) -> list[int]:
     return out
 
 
+def _apart_roots(apart_on_broadcast: dict[int, int]) -> dict[int, frozenset[int]]:
+    """Per special function on a broadcast (`fusion_work`'s `apart_on_broadcast`), the
+    placeholder roots (below zero, in the op's slots as `EXPANDED_APART`'s) of its expensive
+    parts' fusions."""
+    return {
+        i: frozenset(-(i * 64 + j + 1) for j in range(n))
+        for i, n in apart_on_broadcast.items()
+        if n
+    }
+
+
 def _fusion_work_roots(
-    prog, fuses, is_materialized, gather_own, spread, copied, costly, local_shapes=None
+    prog, fuses, is_materialized, gather_own, spread, copied, reads_apart, costly, local_shapes=None
 ):
     """Per op, the fusions computing it, and the special functions expanded into several
-    readers (`fusion_work`'s walk, given the costly cones)."""
+    readers (`fusion_work`'s walk, given the costly cones). `reads_apart` [op -> placeholder roots]:
+    fusions that read an op's operands but compute none of the op (`_apart_roots`)."""
     uses = prog.uses()
     roots: list[frozenset[int]] = [frozenset()] * len(prog.ops)
     # Per fusion root, op indices and the placeholder roots below zero (a gather's own fusion,
@@ -237,6 +256,8 @@ def _fusion_work_roots(
             for o, pos in uses[r]
             if fuses[o]
         ]
+        if reads_apart:  # a special function's expensive parts read its operands apart
+            reading += [reads_apart[o] for r in op.results for o, _ in uses[r] if o in reads_apart]
         if op.index in gather_own and not _fills(op):
             roots[op.index] = frozenset((gather_own[op.index],))
             continue
@@ -283,7 +304,7 @@ def _fusion_work_roots(
             (
                 (not mat or through_copies or _dots_read_reshaped(prog, op, fuses))
                 and len(readers) + mat > 1
-                and not _path_blocked(prog, op, roots)
+                and not _path_blocked(prog, op, roots, local_shapes)
             )
             or _widened_by_its_reader(prog, op, mat, readers, roots, uses)
         ):
@@ -324,6 +345,7 @@ def _fusion_work_roots(
                 (held is not None and held != shape)
                 or prog.ops[_root_op(prog, root)].primitive in _REDUCTIONS
                 or _reused_on_the_way(prog, op, root, roots, uses)
+                or _all_reduced(prog, op, local_shapes)
             )
             if not own:
                 holds_reduction[root] = shape
@@ -331,6 +353,24 @@ def _fusion_work_roots(
         if own and op.primitive in _REDUCTIONS:
             holds_reduction[op.index] = prog.values[op.results[0]].shape
     return roots, expanded
+
+
+def _all_reduced(prog: Program, op, local_shapes: dict | None) -> bool:
+    """Whether reduction `op` folds a dim cut across devices (its operand's local extent along a
+    reduced axis is shorter than the whole): the partitioner all-reduces each device's partial
+    result, and the loop reading it reads the all-reduce's. XLA's simplifier merges `reduce(a) +
+    reduce(b)` into one reduce of `a + b` (the siblings of `_fusion_work_roots`), not two
+    all-reduced sums, which stay fusions of their own (measured: `value_and_grad(mean(g) +
+    mean(min(g, 0.3)))`, `g` an exact GELU of f32[16, 32], data-parallel on 2 devices: 57,347
+    flops, erfc's expansion in both sums' loops; fuzz seed 19 #926, the means of an exact
+    GELU's min and of a difference, 0.81 of XLA's flops with the sums merged)."""
+    if not local_shapes or not op.operands:
+        return False
+    local = local_shapes.get(op.operands[0])
+    if local is None:
+        return False
+    shape = prog.values[op.operands[0]].shape
+    return any(local[d] < shape[d] for d in op.param("axes", ()) or ())
 
 
 def _with_fused_gathers(
@@ -437,6 +477,31 @@ EXPANDED_APART = {
     "sinh": 2,
     "zeta": 8,
 }
+
+#: Fusions of its own that each expensive part of a special function run on a broadcast gets
+#: however few fusions read its result (`fusion_work`'s `apart_on_broadcast`; the selects and
+#: what follows them run on the whole result: `flops_measured.EXPANDED_ON_BROADCAST`). XLA
+#: fuses no expensive producer into a consumer that reuses its elements
+#: (`CpuInstructionFusion::ShouldFuse`), and that loop reads the core through the broadcast:
+#: the exp and divisions stay apart, each reading the operand's core, where the cheap ops
+#: making it are computed again. On the plain operand they fuse into the one loop (`erfc(sin(
+#: x))` on f32[64]: one sine). Measured as the sines of `f(broadcast(sin(x)))`, x f32[64] to
+#: [64, 4], over 64, less one: erfc 3 (4 sines; fuzz seed 19 #1071, a gelu of a transposed
+#: broadcast, 0.93 of XLA's flops with the gelu's `-x / sqrt(2)` computed once), digamma 1.
+EXPANDED_APART_ON_BROADCAST = {
+    "acosh": 2,
+    "asinh": 2,
+    "atanh": 2,
+    "bessel_i0e": 2,
+    "bessel_i1e": 2,
+    "digamma": 1,
+    "erf_inv": 1,
+    "erfc": 3,
+    "lgamma": 0,
+    "sinh": 3,
+}
+if set(EXPANDED_APART_ON_BROADCAST) != set(EXPANDED_ON_BROADCAST):
+    raise AssertionError(sorted(set(EXPANDED_APART_ON_BROADCAST) ^ set(EXPANDED_ON_BROADCAST)))
 
 
 def _widened_by_its_reader(prog: Program, op, mat: bool, readers, roots, uses) -> bool:
@@ -692,7 +757,7 @@ def _unfused_path(
     Judged on `local_shapes` (`fusion_work`) where given: XLA tests the HLO of one device."""
     if _duplicable(prog, op, local_shapes=local_shapes) or not op.results:
         return False
-    return _path_blocked(prog, op, roots)
+    return _path_blocked(prog, op, roots, local_shapes)
 
 
 def _duplicable(
@@ -720,7 +785,9 @@ def _duplicable(
     return sum(map(size, unique)) <= made
 
 
-def _path_blocked(prog: Program, op, roots: list[frozenset[int]]) -> bool:
+def _path_blocked(
+    prog: Program, op, roots: list[frozenset[int]], local_shapes: dict | None = None
+) -> bool:
     """Whether some path of fusible ops from `op` to one of its readers runs through an op that
     is not fused into the next one (`_unfused_path`, without its tests on `op` itself: a special
     function's expansion ends in a select of several arrays whatever `op` reads)."""
@@ -759,7 +826,7 @@ def _path_blocked(prog: Program, op, roots: list[frozenset[int]]) -> bool:
                         return False  # see the docstring: not measured to hold across matmuls
                     blocked = True  # a scatter, a sort, a loop: its reader cannot fuse it
                 elif prog.ops[x].primitive in _REDUCTIONS:
-                    blocked = blocked or _reduction_edge_blocked(prog, x, uses)
+                    blocked = blocked or _reduction_edge_blocked(prog, x, uses, local_shapes)
                 elif not roots[y] <= roots[x]:
                     blocked = True
                 back.add(x)
@@ -767,7 +834,7 @@ def _path_blocked(prog: Program, op, roots: list[frozenset[int]]) -> bool:
     return blocked
 
 
-def _reduction_edge_blocked(prog: Program, x: int, uses) -> bool:
+def _reduction_edge_blocked(prog: Program, x: int, uses, local_shapes: dict | None = None) -> bool:
     """Whether XLA's all-paths test (`CanFuseOnAllPaths`, asked before any fusion) finds the
     edge out of reduction `x` unfusible. The reduction is expensive, so that edge is unfusible
     when fusing would duplicate it (several readers) or when its reader reads each element
@@ -787,6 +854,8 @@ def _reduction_edge_blocked(prog: Program, x: int, uses) -> bool:
     test_flops_norm.py), and so does log_softmax's `shifted - log(sum)`."""
     if _library_call(prog, prog.ops[x]) or prog.ops[x].primitive in prim.ARG_REDUCTIONS:
         return True  # an argmax's get-tuple-element is no loop op (`_fusion_work_roots`)
+    if _keeps_unit_dims(prog, prog.ops[x], local_shapes):
+        return len({o for r in prog.ops[x].results for o, _ in uses[r]}) > 1
     size = sum(prog.values[r].size for r in prog.ops[x].results)
 
     def widens(o: int) -> bool:
@@ -811,6 +880,27 @@ def _reduction_edge_blocked(prog: Program, x: int, uses) -> bool:
         expensive = _kept_once(prog.ops[at], prog)
         if not expensive and not passes(at):
             return False
+
+
+def _keeps_unit_dims(prog: Program, op, local_shapes: dict | None) -> bool:
+    """Whether reduction `op` reduces a dim longer than 1 of an operand that keeps a dim of size
+    1 (on one device's `local_shapes` where given). XLA's simplifier reduces such an operand
+    through a bitcast without the unit dims and bitcasts the result back: the reduction's
+    reader in the HLO is that bitcast, which reuses no element, and the broadcast after it is
+    a cheap op; so the all-paths test (`_reduction_edge_blocked`) passes where a broadcast
+    reading the reduction itself fails it (`CpuInstructionFusion::ShouldFuse`: an expensive
+    producer into a consumer that reuses its elements). Measured: `g - max(g, -1,
+    keepdims=True)`, `g` an exact GELU, duplicates `g` into the max's fusion and the
+    subtraction's on f32[1, 2] and [2, 1, 2] (137.5 flops per element), computes it once on
+    [2, 2] (65.5); fuzz seed 19 #155, that softmax on f32[8, 2] cut to [1, 2] on 8 devices,
+    0.50 of XLA's flops with `g` once."""
+    if not op.operands:
+        return False
+    shape = _shape_of(prog, op.operands[0], local_shapes)
+    axes = set(op.param("axes", ()) or ())
+    return any(shape[d] > 1 for d in axes) and any(
+        n == 1 for d, n in enumerate(shape) if d not in axes
+    )
 
 
 def _library_call(prog: Program, op) -> bool:

@@ -65,7 +65,15 @@ from toast_core.cost.flops_measured import (
     expanded_extra_copies,
     scan_combines,
 )
-from toast_core.cost.fusion import _duplicable, _kept_once, fusible, fusion_work, materialized
+from toast_core.cost.fusion import (
+    EXPANDED_APART_ON_BROADCAST,
+    _duplicable,
+    _kept_once,
+    _root_op,
+    fusible,
+    fusion_work,
+    materialized,
+)
 from toast_core.cost.gather_fusion import gather_copies
 from toast_core.cost.select_masks import convert_copies
 from toast_core.ir import primitives as prim
@@ -1403,6 +1411,11 @@ def executions(
         frozenset(copied),
         roots_out=roots,
         local_shapes=local_shapes,
+        apart_on_broadcast={
+            op.index: EXPANDED_APART_ON_BROADCAST[op.primitive]
+            for op in simple.ops
+            if live[op.index] and _expanded_on_broadcast(op, simple, uni)
+        },
     )
     fuses = [fusible(op, simple) and op.index not in apart for op in simple.ops]
     kept = lambda op: _kept_once(op, simple, spread)  # noqa: E731
@@ -1414,7 +1427,16 @@ def executions(
     for i, c in convert_copies(simple, roots).items():  # a mask's multiplies are selects
         copies[i] = c
     each = [c * w for c, w in zip(copies, factors)]
+    split_exps = []  # erfc's exp, shared with its gradient, in a fusion apart from erfc's
+    for i, chain, exps in erfc_gradient_exps(simple, live):  # merged into erfc's by XLA's CSE
+        for c in chain + exps:
+            each[c] = 0.0
+        if any(_root_op(simple, r) != i for c in chain for r in roots[c] - roots[i]):
+            split_exps.append((i, chain))
     each_flops = list(each)
+    for i, chain in split_exps:  # erfc's `-(x * x)` computed again in its exp's fusion
+        n = op_flops(simple.ops[i], simple)
+        each_flops[i] += sum(op_flops(simple.ops[c], simple) for c in chain) / n * factors[i]
     for op in simple.ops:  # a special function on a broadcast: its selects on the whole result
         f = expanded_factors(op, simple, uni) if live[op.index] else None
         if f is not None and factors[op.index]:
@@ -1442,6 +1464,45 @@ def executions(
         _costliest_branches(prog, each_flops, op_flops),
         _costliest_branches(prog, each, op_transcendentals),
     )
+
+
+def erfc_gradient_exps(prog: Program, live: list[bool]) -> list[tuple[int, list[int], list[int]]]:
+    """Per live `erfc(x)` whose operand `x` is read by `exp(-(x * x))` (erfc's gradient,
+    `-2 / sqrt(pi) * exp(-x * x)`): (erfc, [the square, its negation], [the exps]). XLA expands
+    erfc with that same expression, and its CSE merges the two: one exp per element, in erfc's
+    own count (`flops_measured.EXPANDED`), and so are the square and negation. Where the
+    gradient's fusion is none of erfc's (its loop, a reader it is expanded into, its exp's
+    fusion apart), XLA splits the shared exp from erfc's loop into a fusion of its own, which
+    computes `-(x * x)` again: erfc counts their flops once more (`simplify.executions`; a
+    GELU whose erfc XLA:CPU stores for a library reduction, 62 per element). Measured: `grad(sum(erfc(x) * x))`
+    on f32[16, 32], one loop, is 63 flops and 1 transcendental per element (erfc's 60 and the
+    gradient's three multiplies and adds); likewise exact GELU's value and gradient (141 and 1,
+    erfc in two loops; fuzz seed 19 #926 counted the square, the negation and the exp again)."""
+    uses = prog.uses()
+    out = []
+    for op in prog.ops:
+        if op.primitive != "erfc" or not live[op.index]:
+            continue
+        for sq, _ in uses[op.operands[0]]:
+            if not _squares(prog.ops[sq], op.operands[0]):
+                continue
+            for ng, _ in uses[prog.ops[sq].results[0]]:
+                if prog.ops[ng].primitive != "neg":
+                    continue
+                exps = [e for e, _ in uses[prog.ops[ng].results[0]]]
+                exps = [e for e in exps if prog.ops[e].primitive == "exp"]
+                if exps:
+                    out.append((op.index, [sq, ng], exps))
+    return out
+
+
+def _squares(op: Op, vid: int) -> bool:
+    """Whether `op` is `vid * vid` (`square`, `integer_pow` by 2, or a multiply by itself)."""
+    if op.primitive == "square":
+        return True
+    if op.primitive == "integer_pow":
+        return op.param("y") == 2
+    return op.primitive == "mul" and tuple(op.operands) == (vid, vid)
 
 
 def _costliest_branches(prog: Program, executions: list[float], count) -> list[float]:
