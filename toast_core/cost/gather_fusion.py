@@ -111,13 +111,18 @@ def gather_copies(
         blocked = (
             r in outputs
             or prog.values[r].is_output
-            or any(not fuses[o] for o, _ in readers if o not in through_copy)
+            or any(
+                not fuses[o] and not _gathered(prog, o, k)
+                for o, k in readers
+                if o not in through_copy
+            )
         )
         if blocked:  # stored with its mask, which the reader that does not fuse reads
             mask = 1
         else:
             ctx = frozenset().union(
-                *(roots[o] | into.get(o, frozenset()) for o, _ in readers if fuses[o])
+                *(roots[o] | into.get(o, frozenset()) for o, _ in readers if fuses[o]),
+                *(_gather_fusions(prog, o, roots) for o, k in readers if _gathered(prog, o, k)),
             )
             # Reductions to a scalar (a loss's `mean(a) + mean(b)`) are one fusion in XLA, which
             # computes the mask once for all of them (fuzz seed 16 #207: a gathered value read
@@ -158,6 +163,15 @@ def gather_copies(
             terminals[op.index] = frozenset(ts)
             out[op.index] = sum(reach[t] for t in ts)
     return out
+
+
+def _gathered(prog: Program, o: int, position: int) -> bool:
+    """Whether op `o` reads its `position` operand as a gather's operand: XLA fuses a fill-mode
+    gather's mask into the fusion of a gather reading the gathered value, like into any loop
+    (`fusion._with_fused_gathers`; fuzz seed 19 #1149: `v3 = take_along_axis(x, i)` read by
+    `take_along_axis(v3, j)`, `v3[k]` and a multiply computes its mask in 4 fusions, and its
+    index normalization in those and the raw gather's, 7,558 flops; 2,950 counted once)."""
+    return position == 0 and prog.ops[o].primitive == "gather"
 
 
 def _gather_fusions(prog: Program, g: int, roots: list[frozenset[int]]) -> frozenset[int]:

@@ -439,7 +439,8 @@ class Evaluator:
         )
         # Gathers with a masked operand dim, and how many times they run: `_masked_gathers`.
         self._gather_ops = np.array(masked_gathers(prog), dtype=np.int64)
-        self._gather_runs = executions[self._gather_ops]
+        self._gather_runs = self.trip[self._gather_ops]
+        self._gather_masks = np.array(flop_runs, dtype=np.float64)[self._gather_ops]
         # Scatters, counted on their local updates: `_sharded_scatters`.
         self._scatter_ops = np.array(sharded_scatters(prog), dtype=np.int64)
         self._scatter_runs = executions[self._scatter_ops]
@@ -941,7 +942,13 @@ class Evaluator:
                 masked_ways = 1.0  # conflicting cuts: the masked dims are gathered
             whole = masked_ways >= self.mesh.n_devices * (1 - 1e-9)
             local = masked_gather_flops(
-                prog.ops[i], prog, masked_ways, float(result_ways[j]), index_ways, whole
+                prog.ops[i],
+                prog,
+                masked_ways,
+                float(result_ways[j]),
+                index_ways,
+                whole,
+                float(self._gather_masks[j]),
             )
             out[i] = local * self._gather_runs[j]
         return out
