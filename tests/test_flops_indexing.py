@@ -278,3 +278,40 @@ def test_a_fill_mask_in_several_fusions_after_a_masked_gather():
     )
     assert compiled == 3620
     assert predicted == compiled
+
+
+def _take_along(x, i):
+    return jnp.take_along_axis(x, i, axis=0)
+
+
+#: A fill mask read by several fusions, as (fn of x[8, 16] and i[4, 16], XLA's flops on
+#: jaxlib 0.10.2): duplicated only when it fuses on every path to its readers.
+FILL_MASK_PATHS = {
+    # through the sum's broadcast (an unfused edge): the mask once; 1,200 before
+    "read_by_a_loop_and_its_sum": (
+        lambda x, i: _take_along(x, i) * jnp.sum(_take_along(x, i), 0),
+        560,
+    ),
+    # through the argmax's index into the second gather: once; 1,632 when duplicated
+    "gathered_at_its_argmax": (
+        lambda x, i: _take_along(
+            _take_along(x, i), jnp.argmax(_take_along(x, i), 0, keepdims=True)
+        ),
+        992,
+    ),
+    # an argmax and a gather on no common path: in both fusions; 1,104 before
+    "read_by_an_argmax_and_a_gather": (
+        lambda x, i: (_take_along(_take_along(x, i), i[:2]), jnp.argmax(_take_along(x, i), 0)),
+        1744,
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(FILL_MASK_PATHS))
+def test_a_fill_mask_is_duplicated_only_when_it_fuses_on_every_path(name):
+    fn, xla = FILL_MASK_PATHS[name]
+    args = (jax.ShapeDtypeStruct((8, 16), F32), jax.ShapeDtypeStruct((4, 16), jnp.int32))
+    predicted, compiled = unsharded_flops(fn, *args)
+    assert compiled == xla
+    assert predicted == compiled

@@ -283,7 +283,7 @@ def _fusion_work_roots(
             (
                 (not mat or through_copies or _dots_read_reshaped(prog, op, fuses))
                 and len(readers) + mat > 1
-                and not _path_blocked(prog, op, roots)
+                and not path_blocked(prog, op, roots)
             )
             or _widened_by_its_reader(prog, op, mat, readers, roots, uses)
         ):
@@ -692,7 +692,7 @@ def _unfused_path(
     Judged on `local_shapes` (`fusion_work`) where given: XLA tests the HLO of one device."""
     if _duplicable(prog, op, local_shapes=local_shapes) or not op.results:
         return False
-    return _path_blocked(prog, op, roots)
+    return path_blocked(prog, op, roots)
 
 
 def _duplicable(
@@ -720,7 +720,7 @@ def _duplicable(
     return sum(map(size, unique)) <= made
 
 
-def _path_blocked(prog: Program, op, roots: list[frozenset[int]]) -> bool:
+def path_blocked(prog: Program, op, roots: list[frozenset[int]]) -> bool:
     """Whether some path of fusible ops from `op` to one of its readers runs through an op that
     is not fused into the next one (`_unfused_path`, without its tests on `op` itself: a special
     function's expansion ends in a select of several arrays whatever `op` reads)."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 from math import prod
 
 from toast_core.cost.flops import op_flops
-from toast_core.cost.fusion import gather_root
+from toast_core.cost.fusion import gather_root, path_blocked
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
@@ -62,7 +62,11 @@ def gather_copies(
     The mask is fused into the readers only when all of them can take it: when one does not
     (a convolution or a sort reading the gathered value itself, or the output), XLA stores the
     gathered value with its mask applied, computed once (fuzz seed 16 #315: `take_along_axis`
-    read by a min's loops, a max and a convolution, one fusion computes the mask)."""
+    read by a min's loops, a max and a convolution, one fusion computes the mask). A gather
+    reading it takes it (`_gathered`). The mask's select reads two arrays, so XLA duplicates it
+    only when it fuses on every path to its readers (`fusion.path_blocked`, XLA's
+    `CanFuseOnAllPaths`): `v * sum(v, 0)` and `take_along_axis(v, argmax(v, 0))` compute it
+    once (the sum's broadcast and the argmax's index are not fused into their readers)."""
     uses = prog.uses()
     outputs = set(prog.outputs)
     out: dict[int, int] = {}
@@ -116,6 +120,7 @@ def gather_copies(
                 for o, k in readers
                 if o not in through_copy
             )
+            or path_blocked(prog, op, roots)
         )
         if blocked:  # stored with its mask, which the reader that does not fuse reads
             mask = 1
