@@ -315,3 +315,23 @@ def test_a_fill_mask_is_duplicated_only_when_it_fuses_on_every_path(name):
     predicted, compiled = unsharded_flops(fn, *args)
     assert compiled == xla
     assert predicted == compiled
+
+
+@pytest.mark.slow
+def test_a_fill_mask_goes_with_its_reader_into_the_gathers_computing_it_again():
+    """Fuzz seed 19 #435: `v = take_along_axis(x, i)[..., None] * w` read by a scatter-multiply
+    and by the gather of its update: XLA computes `v` in the scatter operand's loop and in the
+    gather's fusion, the fill mask with it in both, and the index normalization in those and
+    the raw gather's (`gather_fusion._with_gathers`): 866 flops; 546 with the mask once."""
+
+    def fn(x, i, w, j):
+        v = jnp.take_along_axis(x, i, axis=1)[..., None] * w
+        return v.at[:, j].multiply(jnp.tanh(v[:, j]))
+
+    args = [
+        jax.ShapeDtypeStruct(shape, dtype)
+        for shape, dtype in (((4, 8), F32), ((4, 8), jnp.int32), ((4,), F32), ((3,), jnp.int32))
+    ]
+    predicted, compiled = unsharded_flops(fn, *args)
+    assert compiled == 866
+    assert predicted == compiled
