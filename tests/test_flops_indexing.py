@@ -287,11 +287,6 @@ def _take_along(x, i):
 #: A fill mask read by several fusions, as (fn of x[8, 16] and i[4, 16], XLA's flops on
 #: jaxlib 0.10.2): duplicated only when it fuses on every path to its readers.
 FILL_MASK_PATHS = {
-    # through the sum's broadcast (an unfused edge): the mask once; 1,200 before
-    "read_by_a_loop_and_its_sum": (
-        lambda x, i: _take_along(x, i) * jnp.sum(_take_along(x, i), 0),
-        560,
-    ),
     # through the argmax's index into the second gather: once; 1,632 when duplicated
     "gathered_at_its_argmax": (
         lambda x, i: _take_along(
