@@ -254,3 +254,92 @@ def test_gathers_argmaxes_and_their_gradients_count_as_xla_counts_them(name):
     predicted, compiled = unsharded_flops(fn, *args)
     assert compiled == xla
     assert predicted == compiled
+
+
+def _take_along_read_by_a_gather(b):
+    v = jnp.take_along_axis(b["x"], b["i"], axis=0)
+    return jnp.take_along_axis(v, b["j"], axis=0), v * 2.0 + 1.0, v[b["k"]].T
+
+
+TAKE_ALONG_READ_BY_A_GATHER = {
+    "x": jax.ShapeDtypeStruct((8, 16, 2), F32),
+    "i": jax.ShapeDtypeStruct((3, 16, 2), jnp.int32),
+    "j": jax.ShapeDtypeStruct((2, 16, 2), jnp.int32),
+    "k": jax.ShapeDtypeStruct((1,), jnp.int32),
+}
+
+
+@pytest.mark.slow
+def test_a_fill_mask_is_computed_in_the_gathers_reading_it():
+    """Fuzz seed 19 #1149: a `take_along_axis` read by a second one, a loop and a row gather
+    (a dynamic-slice in two loops): XLA computes its fill mask in 4 fusions, the second
+    gather's among them, and its index normalization in those and the raw gather's
+    (`gather_fusion._gathered`): 2,947 flops; 1,315 with the mask stored once."""
+    predicted, compiled = unsharded_flops(_take_along_read_by_a_gather, TAKE_ALONG_READ_BY_A_GATHER)
+    assert compiled == 2947
+    assert predicted == compiled
+
+
+@pytest.mark.slow
+def test_a_fill_mask_in_several_fusions_after_a_masked_gather():
+    """The same with the gathered rows on 2 devices: the partitioned lookup once, the fill mask
+    and the index normalization in each fusion reading the all-reduced result (`masked_gather.
+    masked_gather_flops`' `mask_fusions`): 3,620 flops per device; 2,276 before."""
+    args = (TAKE_ALONG_READ_BY_A_GATHER,)
+    predicted, compiled = predicted_and_compiled(
+        _take_along_read_by_a_gather, args, {"data": 2, "model": 3}
+    )
+    assert compiled == 3620
+    assert predicted == compiled
+
+
+def _take_along(x, i):
+    return jnp.take_along_axis(x, i, axis=0)
+
+
+#: A fill mask read by several fusions, as (fn of x[8, 16] and i[4, 16], XLA's flops on
+#: jaxlib 0.10.2): duplicated only when it fuses on every path to its readers.
+FILL_MASK_PATHS = {
+    # through the argmax's index into the second gather: once; 1,632 when duplicated
+    "gathered_at_its_argmax": (
+        lambda x, i: _take_along(
+            _take_along(x, i), jnp.argmax(_take_along(x, i), 0, keepdims=True)
+        ),
+        992,
+    ),
+    # an argmax and a gather on no common path: in both fusions; 1,104 before
+    "read_by_an_argmax_and_a_gather": (
+        lambda x, i: (_take_along(_take_along(x, i), i[:2]), jnp.argmax(_take_along(x, i), 0)),
+        1744,
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(FILL_MASK_PATHS))
+def test_a_fill_mask_is_duplicated_only_when_it_fuses_on_every_path(name):
+    fn, xla = FILL_MASK_PATHS[name]
+    args = (jax.ShapeDtypeStruct((8, 16), F32), jax.ShapeDtypeStruct((4, 16), jnp.int32))
+    predicted, compiled = unsharded_flops(fn, *args)
+    assert compiled == xla
+    assert predicted == compiled
+
+
+@pytest.mark.slow
+def test_a_fill_mask_goes_with_its_reader_into_the_gathers_computing_it_again():
+    """Fuzz seed 19 #435: `v = take_along_axis(x, i)[..., None] * w` read by a scatter-multiply
+    and by the gather of its update: XLA computes `v` in the scatter operand's loop and in the
+    gather's fusion, the fill mask with it in both, and the index normalization in those and
+    the raw gather's (`gather_fusion._with_gathers`): 866 flops; 546 with the mask once."""
+
+    def fn(x, i, w, j):
+        v = jnp.take_along_axis(x, i, axis=1)[..., None] * w
+        return v.at[:, j].multiply(jnp.tanh(v[:, j]))
+
+    args = [
+        jax.ShapeDtypeStruct(shape, dtype)
+        for shape, dtype in (((4, 8), F32), ((4, 8), jnp.int32), ((4,), F32), ((3,), jnp.int32))
+    ]
+    predicted, compiled = unsharded_flops(fn, *args)
+    assert compiled == 866
+    assert predicted == compiled

@@ -5,6 +5,7 @@ ratio predicted / compiled of `tc.validate` on a data-parallel plan within 5 %."
 import jax
 import jax.numpy as jnp
 import pytest
+from jax import lax
 from xla_flops import predicted_and_compiled
 
 import toast_core as tc
@@ -247,3 +248,21 @@ def test_a_special_function_read_by_a_dot_without_free_dims_and_its_gradient():
 
     args = ({"w": jax.ShapeDtypeStruct((4, 16), F32)}, batch((8, 4)))
     assert flops_ratio(step, args, {"data": 2}) == pytest.approx(1.0, abs=0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("rows", "axes", "expected"),
+    [
+        (4, {"data": 2, "model": 3}, 7),  # fuzz seed 19 #384: the offset looked up, 1 multiply
+        (16, {"data": 8}, 32),  # cut over the whole mesh: a convert and a multiply
+    ],
+)
+def test_a_scan_cut_along_its_dim_offsets_each_window(rows, axes, expected):
+    """A `cummin` cut along its axis: each device reduces its windows of the gathered row
+    (`Evaluator._windowed_scans`) starting at its index times its shard length, computed from
+    the partition id: 1 or 2 flops besides the combines (6 and 30 counted before)."""
+    args = (batch((rows,)),)
+    predicted, compiled = predicted_and_compiled(lambda b: lax.cummin(b["x"], axis=0), args, axes)
+    assert compiled == expected
+    assert predicted == compiled

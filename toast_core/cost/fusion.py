@@ -304,7 +304,7 @@ def _fusion_work_roots(
             (
                 (not mat or through_copies or _dots_read_reshaped(prog, op, fuses))
                 and len(readers) + mat > 1
-                and not _path_blocked(prog, op, roots, local_shapes)
+                and not path_blocked(prog, op, roots, local_shapes)
             )
             or _widened_by_its_reader(prog, op, mat, readers, roots, uses)
         ):
@@ -757,7 +757,7 @@ def _unfused_path(
     Judged on `local_shapes` (`fusion_work`) where given: XLA tests the HLO of one device."""
     if _duplicable(prog, op, local_shapes=local_shapes) or not op.results:
         return False
-    return _path_blocked(prog, op, roots, local_shapes)
+    return path_blocked(prog, op, roots, local_shapes)
 
 
 def _duplicable(
@@ -785,7 +785,7 @@ def _duplicable(
     return sum(map(size, unique)) <= made
 
 
-def _path_blocked(
+def path_blocked(
     prog: Program, op, roots: list[frozenset[int]], local_shapes: dict | None = None
 ) -> bool:
     """Whether some path of fusible ops from `op` to one of its readers runs through an op that

@@ -24,7 +24,7 @@ from __future__ import annotations
 from math import prod
 
 from toast_core.cost.flops import op_flops
-from toast_core.cost.fusion import gather_root
+from toast_core.cost.fusion import gather_root, path_blocked
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
@@ -62,7 +62,14 @@ def gather_copies(
     The mask is fused into the readers only when all of them can take it: when one does not
     (a convolution or a sort reading the gathered value itself, or the output), XLA stores the
     gathered value with its mask applied, computed once (fuzz seed 16 #315: `take_along_axis`
-    read by a min's loops, a max and a convolution, one fusion computes the mask)."""
+    read by a min's loops, a max and a convolution, one fusion computes the mask). A gather
+    reading it takes it (`_gathered`), unless a path to that gather is not fused: the mask's
+    select reads two arrays, so XLA duplicates it only when it fuses on every path to its
+    readers (`fusion.path_blocked`, XLA's `CanFuseOnAllPaths`): `take_along_axis(v, argmax(v,
+    0))` computes it once (the argmax's index is not fused into its reader; fuzz seed 19 #920).
+    Not judged without a gather reader: `v * sum(v, 0)` computes it once too (560 flops on
+    v[4, 16], 1,200 counted), but the paths of a gradient through a scalar reduction (fuzz
+    seed 19 #614, `exp(dot(v + v, v))` under SGD) fuse in XLA where `path_blocked` says not."""
     uses = prog.uses()
     outputs = set(prog.outputs)
     out: dict[int, int] = {}
@@ -120,13 +127,23 @@ def gather_copies(
         blocked = (
             r in outputs
             or prog.values[r].is_output
-            or any(not fuses[o] for o, _ in readers if o not in through_copy)
+            or any(
+                not fuses[o] and not _gathered(prog, o, k)
+                for o, k in readers
+                if o not in through_copy
+            )
+            or (any(_gathered(prog, o, k) for o, k in readers) and path_blocked(prog, op, roots))
         )
         if blocked:  # stored with its mask, which the reader that does not fuse reads
             mask = 1
         else:
             ctx = frozenset().union(
-                *(roots[o] | into.get(o, frozenset()) for o, _ in readers if fuses[o])
+                *(
+                    _with_gathers(o, roots, into, kept_once(prog.ops[o]))
+                    for o, _ in readers
+                    if fuses[o]
+                ),
+                *(_gather_fusions(prog, o, roots) for o, k in readers if _gathered(prog, o, k)),
             )
             # Reductions to a scalar (a loss's `mean(a) + mean(b)`) are one fusion in XLA, which
             # computes the mask once for all of them (fuzz seed 16 #207: a gathered value read
@@ -167,6 +184,24 @@ def gather_copies(
             terminals[op.index] = frozenset(ts)
             out[op.index] = sum(reach[t] for t in ts)
     return out
+
+
+def _with_gathers(o: int, roots, into: dict[int, frozenset[int]], kept: bool) -> frozenset[int]:
+    """The fusions computing op `o`: its own (`roots`), and the gathers' fusions that compute
+    again a stored cheap value it makes, or one it is fused into (`into`; fuzz seed 19 #435: a
+    fill mask read by the broadcast of `v[..., None] * w`, which a loop and a gather fusion
+    both compute, is computed in both, 4,290 flops; 3,010 counted once)."""
+    hosts = frozenset() if kept else roots[o] & into.keys()
+    return roots[o].union(into.get(o, frozenset()), *(into[h] for h in hosts))
+
+
+def _gathered(prog: Program, o: int, position: int) -> bool:
+    """Whether op `o` reads its `position` operand as a gather's operand: XLA fuses a fill-mode
+    gather's mask into the fusion of a gather reading the gathered value, like into any loop
+    (`fusion._with_fused_gathers`; fuzz seed 19 #1149: `v3 = take_along_axis(x, i)` read by
+    `take_along_axis(v3, j)`, `v3[k]` and a multiply computes its mask in 4 fusions, and its
+    index normalization in those and the raw gather's, 7,558 flops; 2,950 counted once)."""
+    return position == 0 and prog.ops[o].primitive == "gather"
 
 
 def _gather_fusions(prog: Program, g: int, roots: list[frozenset[int]]) -> frozenset[int]:

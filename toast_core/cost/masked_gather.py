@@ -40,10 +40,17 @@ def masked_gather_flops(
     result_ways: float,
     index_ways: float,
     whole_mesh: bool,
+    mask_fusions: float = 1.0,
 ) -> float:
     """Flops of one execution of a gather on one device when its masked (indexed, slice size 1)
     operand dims are cut `masked_ways` ways, its result `result_ways` ways and its indices
-    `index_ways` ways; `whole_mesh` when the masked cut spans every device (module essay)."""
+    `index_ways` ways; `whole_mesh` when the masked cut spans every device (module essay).
+
+    `mask_fusions`: the loop fusions computing the fill mask (`gather_fusion.gather_copies`),
+    each with it; the partitioned lookup is one fusion, computed once. With the mask in
+    several fusions, the index normalization is counted on the ops making the index, once per
+    fusion, as the model counts it for any gather (fuzz seed 19 #1149, `take_along_axis(x[8,
+    64, 2], i)` with dim 0 on 2 devices, read by four loops: 17,799 flops)."""
     dn = dict(op.param("dimension_numbers"))
     slice_sizes = op.param("slice_sizes", ())
     operand = program.values[op.operands[0]].shape
@@ -52,15 +59,16 @@ def masked_gather_flops(
     result = program.values[op.results[0]].size / result_ways
     out = result + 3 * vectors if "FILL" in str(op.param("mode", "")) else 0.0
     if masked_ways <= 1 + 1e-9:
-        return out
+        return out * mask_fusions
     masked = [
         d for d in dn.get("start_index_map", ()) if slice_sizes[d] == 1 and operand[d] > 1
     ]  # fmt: skip
     one_row = prod(operand[d] for d in masked) / masked_ways <= 1 + 1e-9
     offset = (1 if one_row else 3) if whole_mesh else (0 if one_row else 1)
-    if out:  # the fill mask's fusion, after the all-reduce, normalizes the indices again
-        out += 3 * vectors
-    return out + result + (4 if one_row else 5) * vectors + offset
+    if out and mask_fusions <= 1:  # the fill mask's fusion, after the all-reduce, normalizes
+        out += 3 * vectors  # the indices again (in several: counted on the index's ops)
+    lookup = result + (4 if one_row else 5) * vectors + offset
+    return out * mask_fusions + lookup * min(mask_fusions, 1.0)  # none when it is dead
 
 
 def masked_gathers(program: Program) -> list[int]:

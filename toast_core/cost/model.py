@@ -439,7 +439,8 @@ class Evaluator:
         )
         # Gathers with a masked operand dim, and how many times they run: `_masked_gathers`.
         self._gather_ops = np.array(masked_gathers(prog), dtype=np.int64)
-        self._gather_runs = executions[self._gather_ops]
+        self._gather_runs = self.trip[self._gather_ops]
+        self._gather_masks = np.array(flop_runs, dtype=np.float64)[self._gather_ops]
         # Scatters, counted on their local updates: `_sharded_scatters`.
         self._scatter_ops = np.array(sharded_scatters(prog), dtype=np.int64)
         self._scatter_runs = executions[self._scatter_ops]
@@ -903,7 +904,8 @@ class Evaluator:
         16], axis=0)` with dim 0 on 6 devices: 640 flops per device, not 3840; #635): a whole
         row's `n - 1` combines per output, also for a row longer than 16, which the unsharded
         scan reduces in blocks (`window_scan_factor`; fuzz seed 15 #111, `cumsum` of 2304
-        elements on 4 devices: 1.33 M flops per device)."""
+        elements on 4 devices: 1.33 M flops per device); and the arithmetic of each device's
+        window offset."""
         if not len(self._scan_ops):
             return flops_local
         result = [self.ana.program.ops[i].results[0] for i in self._scan_ops.tolist()]
@@ -915,6 +917,12 @@ class Evaluator:
         out = flops_local.copy()
         ops = self._scan_ops[more]
         out[ops] = self.op_flops[ops] * self._scan_window[more] / result_ways[more]
+        # The window's start: the device's index along the scanned dim times its shard length,
+        # from the partition id (a convert and a multiply) when that dim is cut over the whole
+        # mesh, else looked up in a table (a multiply; fuzz seed 19 #384, `cummin(x[4])` on a
+        # 2 x 3 mesh: 6 combines and 1, 7 flops; `x[16]` on 8 devices: 30 and 2).
+        whole = result_ways[more] / ways[more] >= self.mesh.n_devices * (1 - 1e-9)
+        out[ops] += np.where(whole, 2.0, 1.0) * self.trip[ops]
         return out
 
     def _masked_gathers(self, flops_local, value_local, op_logdeg, masks) -> np.ndarray:
@@ -941,7 +949,13 @@ class Evaluator:
                 masked_ways = 1.0  # conflicting cuts: the masked dims are gathered
             whole = masked_ways >= self.mesh.n_devices * (1 - 1e-9)
             local = masked_gather_flops(
-                prog.ops[i], prog, masked_ways, float(result_ways[j]), index_ways, whole
+                prog.ops[i],
+                prog,
+                masked_ways,
+                float(result_ways[j]),
+                index_ways,
+                whole,
+                float(self._gather_masks[j]),
             )
             out[i] = local * self._gather_runs[j]
         return out
