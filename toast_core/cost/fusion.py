@@ -279,7 +279,7 @@ def _fusion_work_roots(
                 roots[op.index] = self_only if unfused_path else self_only | readers
             elif mat:
                 roots[op.index] = self_only | _recomputing_readers(
-                    prog, op, roots, costly, spread, fuses, local_shapes
+                    prog, op, roots, spread, fuses, local_shapes
                 )
             elif len(readers) > 1 and _unfused_path(prog, op, roots, local_shapes):
                 roots[op.index] = self_only
@@ -681,15 +681,12 @@ def _recomputing_readers(
     prog: Program,
     op,
     roots: list[frozenset[int]],
-    costly: list[bool],
     spread=None,
     fuses=None,
     local_shapes=None,
 ) -> frozenset[int]:
-    """The fusions that recompute a stored cheap result rather than read it: none when the
-    result's own fusion holds costly work (`gelu(x)` read by a dot and a max: the max reads
-    the stored result; an associative scan's slices of `1 + 0.1 * tanh(h)`); else the fusions
-    that read it: elementwise ops, reductions, outer products, and layout ops (XLA fuses the
+    """The fusions that recompute a stored cheap result rather than read it: those that read
+    it: elementwise ops, reductions, outer products, and layout ops (XLA fuses the
     producer into the copy a transpose, reshape or slice makes; measured: `v = x * 2 + 1` read
     by a dot and, transposed, reshaped, expanded or sliced, by an output is computed twice:
     fuzz seed 15 #46 and #58), whether or not they hold
@@ -700,8 +697,26 @@ def _recomputing_readers(
     `m' = beta * m + g`, an output read by the update `p - lr * m'`, is stored once and read,
     and so are Adam's moments, read by the update's division and square root; but a moment
     whose gradient is a broadcast is recomputed there, fuzz seed 14 #1668). On one device's
-    `local_shapes` where given (`fusion_work`)."""
-    if costly[op.index] or not _duplicable(prog, op, spread, local_shapes):
+    `local_shapes` where given (`fusion_work`).
+
+    A result stored only for dots that read it with no free dim (`_dots_read_reshaped`) is
+    read there through the dot decomposer's bitcast, a loop fusion like any reader: XLA can
+    fuse it into every consumer on every path, so it duplicates it whatever it reads, unless
+    a path is blocked (`_path_blocked`; measured: `v = x * y` read by `einsum('a,az->z', v,
+    w)` and `v * y` is computed in both loops, 121 flops on [11]; fuzz seed 19 #517, 0.92 of
+    XLA's flops counted once).
+
+    Costly work under it does not matter (once the costly op has several readers, XLA stores
+    it and duplicates the cheap ops after it, as `ShouldFuse` refuses only the expensive
+    producer itself): `tanh(x) * 2 + 1` read by the output, `* 3` and `sin` is computed in
+    all three loops, tanh once apart (112 flops on [16]; fuzz seed 19 #779, 0.92 of XLA's
+    flops counted once). A costly op reading two arrays is refused by `_duplicable` already
+    (`gelu(x)`'s final `x * (1 + tanh(...))`)."""
+    if not _duplicable(prog, op, spread, local_shapes) and not (
+        fuses is not None
+        and _dots_read_reshaped(prog, op, fuses)
+        and not _path_blocked(prog, op, roots)
+    ):
         return frozenset()
     uses = prog.uses()
     fuses = _fusible_ops(prog) if fuses is None else fuses
