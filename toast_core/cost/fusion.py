@@ -702,7 +702,7 @@ def _recomputing_readers(
     A result stored only for dots that read it with no free dim (`_dots_read_reshaped`) is
     read there through the dot decomposer's bitcast, a loop fusion like any reader: XLA can
     fuse it into every consumer on every path, so it duplicates it whatever it reads, unless
-    a path is blocked (`_path_blocked`; measured: `v = x * y` read by `einsum('a,az->z', v,
+    a path is blocked (`path_blocked`; measured: `v = x * y` read by `einsum('a,az->z', v,
     w)` and `v * y` is computed in both loops, 121 flops on [11]; fuzz seed 19 #517, 0.92 of
     XLA's flops counted once).
 
@@ -715,7 +715,7 @@ def _recomputing_readers(
     if not _duplicable(prog, op, spread, local_shapes) and not (
         fuses is not None
         and _dots_read_reshaped(prog, op, fuses)
-        and not _path_blocked(prog, op, roots)
+        and not path_blocked(prog, op, roots, local_shapes)
     ):
         return frozenset()
     uses = prog.uses()
