@@ -71,3 +71,54 @@ def test_summed_vector_matmul_on_devices_counts_as_xla_counts_it():
     args = (jnp.ones((16, 1), F32), jnp.linspace(0.0, 1.0, 16, dtype=F32))
     predicted, compiled = predicted_and_compiled(fn, args, {"data": 2})
     assert predicted == compiled
+
+
+def _splat_of_sum(x):
+    """1/3 spread over x's shape, computed from a one-element array (a `var`'s cotangent)."""
+    return jnp.broadcast_to(jnp.sum(jnp.full((1,), 1 / 3, F32)), x.shape)
+
+
+def _splat_of_scalars(x):
+    """1/4 spread over x's shape, computed from scalars alone (a `var` over a whole axis)."""
+    n = jnp.float32(4.0)
+    return jnp.broadcast_to(jnp.where(n > 0, jnp.float32(1.0), jnp.float32(0.0)) / n, x.shape)
+
+
+SPLAT_SCALINGS = {
+    # a splat computed through an array folds a scaling from either side: one multiply
+    "computed_splat_left": (lambda x: _splat_of_sum(x) * (2.0 * x), 24),
+    "computed_splat_left_divided": (lambda x: _splat_of_sum(x) * (x / 3.0), 24),
+    "computed_splat_right_of_splat_left": (
+        lambda x: (jnp.full(x.shape, 0.5, F32) * x) * _splat_of_sum(x),
+        24,
+    ),
+    # ...not when it is the inner scaling, nor when scalars alone make it (a scalar constant
+    # before the simplifier runs: its fixed-order rule), nor a literal's splat on the left
+    "computed_splat_inner_left": (lambda x: (_splat_of_sum(x) * x) * 3.0, 48),
+    "scalar_splat_left": (lambda x: _splat_of_scalars(x) * (2.0 * x), 48),
+    "literal_splat_left": (lambda x: jnp.full(x.shape, 1 / 3, F32) * (2.0 * x), 48),
+}
+
+
+@pytest.mark.parametrize("name", list(SPLAT_SCALINGS))
+def test_splat_scalings_fold_as_xla_folds_them(name):
+    """Seed 19 #1334: SGD on `var(x @ w, axis=0, keepdims=True)` (`simplify._computed_splat`)."""
+    fn, xla = SPLAT_SCALINGS[name]
+    predicted, compiled = predicted_and_compiled(
+        fn, (jnp.linspace(-1.0, 1.0, 24, dtype=F32),), {"data": 1}
+    )
+    assert compiled == xla
+    assert predicted == compiled
+
+
+def test_gradient_of_a_kept_dims_variance_counts_as_xla_counts_it():
+    """Seed 19 #1334 on 6 devices: the variance's gradient `sum(ct) / 3 * (2 * d)` is one
+    multiply by 2/3 (the fuzz program: 72 flops predicted before, 66 compiled; 66 now)."""
+    fn = _sgd(lambda w, x: jnp.mean(jnp.var(x @ w, axis=0, keepdims=True)))
+    args = (
+        jnp.linspace(-1.0, 1.0, 36, dtype=F32).reshape(12, 3),
+        jnp.linspace(0.0, 1.0, 12, dtype=F32),
+    )
+    predicted, compiled = predicted_and_compiled(fn, args, {"data": 6})
+    assert compiled == 56
+    assert predicted == compiled
