@@ -1086,6 +1086,69 @@ def test_cpu_view_computes_a_self_dot_operand_in_each_sides_copy(spec):
     assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
 
 
+def _reshaped_rhs(a, b, x):
+    y = a - b
+    return jnp.einsum("abc,bef->acef", x, y), y * 2.0
+
+
+def _vector_adam(x, w1, w, m, s):
+    def loss(w1, w):
+        return jnp.sum(jax.nn.gelu((x @ w1) @ w))
+
+    g1, g = jax.grad(loss, argnums=(0, 1))(w1, w)
+    return g1, 0.9 * m + 0.1 * g, 0.999 * s + 0.001 * g * g
+
+
+@pytest.mark.parametrize(
+    "fn, shapes",
+    [
+        (_reshaped_rhs, [(2, 4, 2), (2, 4, 2), (3, 2, 4)]),
+        (_vector_adam, [(4,), (4, 4), (4, 8), (4, 8), (4, 8)]),
+    ],
+    ids=["flattened-free-dims", "vector-operand"],
+)
+def test_cpu_view_fuses_what_a_dot_reads_reshaped(fn, shapes):
+    """A dot operand XLA:CPU reshapes (free dims flattened into one; a vector given a unit
+    dim) is read through a bitcast loop fusion, like a layout copy: a cheap producer reading
+    two arrays is computed there and in each other fusion reading it (`validate.
+    _reshaped_dot_operands`). `y = a - b` read as [b, e * f] by `einsum('abc,bef->acef')` and
+    by `y * 2`: 432 flops, 416 counted once (fuzz seed 19 #790); the GELU gradient of
+    `gelu(t @ w)`, `t` a vector, read by `g @ w.T` and by the outer-product weight gradient
+    that Adam's two moments read: 840, 616 counted once (seed 19 #388)."""
+    args = [X.reshape(-1)[: prod(s)].reshape(s) + 0.01 * i for i, s in enumerate(shapes)]
+    assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
+
+
+def test_an_expensive_op_read_into_more_elements_roots_its_own_fusion():
+    """`exp(t) * t` read by an outer product (a multiply of broadcasts): XLA does not fuse the
+    exp into a loop that reuses its elements, so the exp is a fusion of its own, and
+    `t = a * b + 1`, read by it and by the outer product's loop, is computed in both (208
+    flops; 176 with the exp in the outer product's loop: fuzz seed 19 #724, an erfc so, 0.74
+    of XLA's flops)."""
+
+    def fn(a, b, x):
+        t = a * b + 1.0
+        return (jnp.exp(t) * t)[:, None] * x[None, :]
+
+    args = (X[0, :16], X[1, :16], X[2, :8])
+    assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
+
+
+def test_a_dot_product_on_one_device_fuses_its_operands_producers():
+    """`(a * b) @ w` with `w` [16, 1] and the rows of `a` split 8 ways is a dot product on each
+    device ([1, 16] @ [16, 1]), which XLA's simplifier makes a multiply and a reduce: `a * b`,
+    read by it and by `a * b + 1`, is computed in both fusions (79 flops per device; 64 when
+    the fusion tests took the global dot, a matrix-vector product, and stored `a * b` once:
+    fuzz seed 19 #887, 0.74 of XLA's flops)."""
+
+    def fn(a, b, w):
+        p = a * b
+        return p @ w, p + 1.0
+
+    got, want = predicted_and_compiled(fn, (X[:8, :16], X[8:16, :16], X[:16, :1]), {"data": 8})
+    assert got == pytest.approx(want, rel=0.02)
+
+
 def test_a_reduction_read_by_a_gather_fusion_is_priced():
     """Fuzz seed 53 #28: an argmax read only by the gather fusion of a `take_along_axis` (a
     fusion with a placeholder root) crashed `fusion_work` with an IndexError; it is counted as

@@ -310,7 +310,12 @@ def cpu_flops(
         shifts |= _library_inputs(ana, strategy, mesh)
     local = _local_value_shapes(ana, strategy, mesh) if strategy and partitioned else None
     fusion, fusion_trans = _cpu_fusion_factors(
-        program, frozenset(unfused), _cpu_copied_operands(program), partitioned, shifts, local
+        program,
+        frozenset(unfused),
+        _cpu_copied_operands(program, local),
+        partitioned,
+        shifts,
+        local,
     )
     flops = sum(
         c.flops
@@ -587,12 +592,13 @@ def _normalizes(op, prog, uses, depth: int = 4) -> bool:
     return False
 
 
-def _cpu_copied_operands(program) -> frozenset[int]:
+def _cpu_copied_operands(program, local_shapes: dict | None = None) -> frozenset[int]:
     """Values XLA:CPU copies into another layout for the dots and convolutions reading them
     (`cost.cpu_buffers`): the copy is a loop fusion reading the value like any fusible reader.
     With them, the values a dot reads on both sides (`fusion._copied_for_both_sides` says
     whether each side is copied in its own order, even when the producer's fusion writes one of
-    them in place and `cpu_buffers` counts no copy's buffer)."""
+    them in place and `cpu_buffers` counts no copy's buffer), and those every dot reads
+    reshaped (`_reshaped_dot_operands`)."""
     is_mat = materialized(program)
     dots = dot_operand_copies(program, is_mat)[0].tolist()
     convs = [row[0] for row in conv_operand_copies(program, is_mat)]
@@ -601,7 +607,44 @@ def _cpu_copied_operands(program) -> frozenset[int]:
         for op in rewired(program).ops  # a value repeated (CSE'd) counts as the one value
         if op.primitive == "dot_general" and len(set(op.operands)) == 1
     ]
-    return frozenset(dots + convs + both)
+    return frozenset(dots + convs + both) | _reshaped_dot_operands(program, local_shapes)
+
+
+def _reshaped_dot_operands(program, local_shapes: dict | None = None) -> frozenset[int]:
+    """Values that every dot reading them reads in another shape than XLA:CPU's dot takes
+    (`_canonical_dot_operand`): XLA's dot decomposer (or its gemv rewriter, for a vector)
+    reshapes such an operand, a bitcast that is a loop fusion like a layout copy, so a cheap
+    producer is fused into it and into each other fusion reading it, however many arrays it
+    reads (`InstructionFusion::ComputeGloballyUnfusible` finds every consumer fusible). Measured:
+    the gradient of `gelu(t @ w)` for a vector `t` feeds the input-gradient dot (`g @ w.T`, a
+    vector read as [8, 1]) and the outer-product weight gradient, which Adam's two moments read:
+    the GELU's backward chain is in the dot's bitcast fusion and in both moments' fusions (fuzz
+    seed 19 #388, 0.82 of XLA's flops counted once); `einsum('abc,bef->acef', x, v)` reads `v`
+    as [b, e * f], and `v = min(a, b) - s` is computed there and in each other reader (seed 19
+    #790, 0.79). On one device's `local_shapes` (a dim cut to 1 is a unit dim there)."""
+    shape_of = lambda v: (local_shapes or {}).get(v, program.values[v].shape)  # noqa: E731
+    reads: dict[int, bool] = {}
+    for op in program.ops:
+        if op.primitive != "dot_general" or len(op.operands) != 2:
+            continue
+        dims = op.param("dimension_numbers")
+        for pos, v in enumerate(op.operands):
+            canonical = _canonical_dot_operand(shape_of(v), dims[0][pos], dims[1][pos])
+            reads[v] = reads.get(v, True) and not canonical
+    return frozenset(v for v, reshaped in reads.items() if reshaped)
+
+
+def _canonical_dot_operand(shape: tuple, contracted, batch) -> bool:
+    """Whether a dot reads an operand of `shape` as it is: its batch dims leading, then one
+    free and one contracted dim (in either order), no dim of size 1 (XLA's dot decomposer
+    flattens several free or contracted dims into one, and its simplifier drops unit dims)."""
+    free = [d for d in range(len(shape)) if d not in contracted and d not in batch]
+    return (
+        len(contracted) == 1
+        and len(free) == 1
+        and tuple(batch) == tuple(range(len(batch)))
+        and all(n > 1 for n in shape)
+    )
 
 
 def _cpu_fusion_factors(

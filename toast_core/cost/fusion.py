@@ -146,7 +146,8 @@ def fusion_work(
     An op whose result is materialized is the root of its own fusion; a cheap op is fused into
     the fusions of all its fusible readers as well. An op XLA does not duplicate (`NOT_DUPLICATED`) roots its own
     fusion only when several fusions read it: read by one, XLA fuses it into that one like any
-    op, and its cheap producers with it. `gelu(x, approximate=False)`'s gradient is one loop
+    op, and its cheap producers with it, unless that one reads it into more elements
+    (`_expensive_reused`). `gelu(x, approximate=False)`'s gradient is one loop
     fusion with the erfc expansion inside; counting erfc apart counted the `x / sqrt(2)` feeding
     both it and the exp twice. A reduction fuses into its one reader's loop too (logsumexp's
     `log(sum(exp(x - m))) + m` is one fusion: its `m` is computed once), unless that loop writes
@@ -299,6 +300,8 @@ def _fusion_work_roots(
             own = frozenset((_copy_root(op.index),)) if through_copies else self_only
             roots[op.index] = readers | placeholders | (own if mat else frozenset())
             continue
+        if not own and len(readers) == 1 and _expensive_reused(prog, op, readers, roots, uses):
+            own = True
         if op.primitive in prim.ARG_REDUCTIONS:
             # An argmax is a variadic reduce (value and index) that its reader reads through a
             # get-tuple-element, which XLA:CPU does not loop-fuse (`CpuInstructionFusion::
@@ -452,6 +455,26 @@ def _widened_by_its_reader(prog: Program, op, mat: bool, readers, roots, uses) -
     `digamma(x * x + 1)[:, None] * w` 3,104 flops (2,656 counted as one fusion), erfc 2,560
     (2,240), lgamma 2,560 (1,984), polygamma 3,136 (2,592); fuzz seed 19 #1258, #1525."""
     if mat or len(readers) != 1:
+        return False
+    (root,) = readers
+    return root >= 0 and _reused_on_the_way(prog, op, root, roots, uses)
+
+
+def _expensive_reused(prog: Program, op, readers, roots, uses) -> bool:
+    """Whether expensive elementwise `op` (an exp, a log, a division: kept once,
+    `_kept_once`), read by the one loop fusion `readers`, is read there into more elements
+    than it has (`_reused_on_the_way`): XLA:CPU fuses no expensive producer into a consumer
+    that reuses its elements (`CpuInstructionFusion::ShouldFuse`, "Fusion is not
+    profitable"), so it roots a fusion of its own, with its cheap producers, as it does for
+    several readers. An outer-product weight gradient `(g * exp(v))[:, None] * x[None, :]`
+    (a multiply of two broadcasts in the HLO) reads the exp so: measured, the erfc feeding
+    `exp(erfc(v))` is computed in the exp's fusion and again in each other fusion reading it
+    (fuzz seed 19 #724, 0.74 of XLA's flops when the exp was fused into the weight
+    gradient's loop). Reductions (`_REDUCTIONS`, their own rule), special functions (their
+    expansion's rule) and random bits (no one expensive op) aside."""
+    if op.primitive in _REDUCTIONS or op.primitive in RANDOM_BITS:
+        return False
+    if op.primitive in prim.EXPANDED_TRANSCENDENTAL:
         return False
     (root,) = readers
     return root >= 0 and _reused_on_the_way(prog, op, root, roots, uses)

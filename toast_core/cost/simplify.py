@@ -1304,7 +1304,8 @@ def executions(
     in the program `toast_core.apply.shard` replays, whose bodies are inlined: XLA's simplifier
     and CSE see through them there, and merge each recomputation with the forward.
     `local_shapes`: one device's shapes of the values, where XLA's fusion tests see them
-    (`fusion.fusion_work`); none in the cost model itself."""
+    (`fusion.fusion_work`) and its simplifier finds dot products (`dot_products.as_sums`: fuzz
+    seed 19 #887, a dot of w[4, 8] cut to [1, 8] per device); none in the cost model itself."""
     from toast_core.cost.flops import op_flops, op_transcendentals
 
     # the simplifier's work behind the checkpoint bodies' barriers, the fusions without them
@@ -1314,8 +1315,9 @@ def executions(
     uni = uniform_dims(behind)
     factors = _rewired_work_factors(behind, live, _pruned(behind, live), uni, partitioned)
     spread = [bool(u) for u in uni[: len(prog.values)]]
-    # the dot products are the reductions XLA makes of them (`dot_products.as_sums`)
-    simple = as_sums(_pruned(simple, live))
+    # the dot products are the reductions XLA makes of them (`dot_products.as_sums`), on one
+    # device's shapes where given: a dot whose free dims are cut to 1 there is one
+    simple = as_sums(_pruned(simple, live), _operand_shapes(simple, local_shapes))
     is_mat = materialized(simple)
     for i in unfused:
         for v in simple.ops[i].operands:
@@ -1374,6 +1376,19 @@ def executions(
         _costliest_branches(prog, each_flops, op_flops),
         _costliest_branches(prog, each, op_transcendentals),
     )
+
+
+def _operand_shapes(prog: Program, local_shapes: dict | None):
+    """`dot_products.as_sums`'s `local_shape(op, pos)` over one device's `local_shapes` (value id
+    -> shape), None (the program's own shapes) without them."""
+    if not local_shapes:
+        return None
+
+    def local_shape(op: int, pos: int) -> tuple:
+        v = prog.ops[op].operands[pos]
+        return local_shapes.get(v, prog.values[v].shape)
+
+    return local_shape
 
 
 def _costliest_branches(prog: Program, executions: list[float], count) -> list[float]:
