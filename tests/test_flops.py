@@ -1149,6 +1149,23 @@ def test_a_dot_product_on_one_device_fuses_its_operands_producers():
     assert got == pytest.approx(want, rel=0.02)
 
 
+@pytest.mark.parametrize("side", ["matrix-vector", "vector-matrix"])
+def test_cpu_view_fuses_a_matrix_vector_dot_reading_a_transposed_layout(side):
+    """`(a.T * b) @ v`: the multiply takes its first operand's layout, the transpose's, which
+    XLA's gemv rewriter does not rewrite, and XLA:CPU fuses the multiply into the
+    matrix-vector dot (`validate._fused_matrix_vector_dots`): read by the dot's fusion and by
+    `a.T * b + 1`, it is computed in both, 120 flops (96 stored once; fuzz seed 19 #1243, a
+    `prod`'s gradient, 0.82 of XLA's flops); so with the vector on the left. `(b * a.T) @ v`,
+    or `v @ (a.T * b).T` (the transposes cancel), stays a dot of a stored multiply."""
+
+    def fn(a, b, v):
+        m = a.T * b
+        return (m @ v if side == "matrix-vector" else v @ m), m + 1.0
+
+    args = (X[:4, :6], X[4:10, :4], X[0, :4] if side == "matrix-vector" else X[0, :6])
+    assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
+
+
 def test_a_reduction_read_by_a_gather_fusion_is_priced():
     """Fuzz seed 53 #28: an argmax read only by the gather fusion of a `take_along_axis` (a
     fusion with a placeholder root) crashed `fusion_work` with an IndexError; it is counted as

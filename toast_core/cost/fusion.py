@@ -132,6 +132,7 @@ def fusion_work(
     copied: frozenset[int] = frozenset(),
     roots_out: list | None = None,
     local_shapes: dict[int, tuple[int, ...]] | None = None,
+    fused_dots: frozenset[int] = frozenset(),
 ) -> tuple[list[int], dict[int, int]]:
     """(copies, expanded): how many times each op is computed, once per fusion that contains
     it; and, for each special function XLA expands into many HLO ops (erfc, digamma: `prim.
@@ -174,9 +175,11 @@ def fusion_work(
     fuses = _fusible_ops(prog)
     if unfused:
         fuses = [f and i not in unfused for i, f in enumerate(fuses)]
+    if fused_dots:
+        fuses = [f or i in fused_dots for i, f in enumerate(fuses)]
     fuses, is_materialized, gather_own = _with_fused_gathers(prog, fuses, is_materialized)
     costly = _costly_cones(prog, is_materialized, spread)
-    walk = (prog, fuses, is_materialized, gather_own, spread, copied)
+    walk = (prog, fuses, is_materialized, gather_own, spread, copied, fused_dots)
     roots, expanded = _fusion_work_roots(*walk, costly, local_shapes)
     stored = _stored_apart(prog, roots, fuses, spread)
     if stored:
@@ -207,7 +210,15 @@ def _stored_apart(prog: Program, roots, fuses, spread) -> list[int]:
 
 
 def _fusion_work_roots(
-    prog, fuses, is_materialized, gather_own, spread, copied, costly, local_shapes=None
+    prog,
+    fuses,
+    is_materialized,
+    gather_own,
+    spread,
+    copied,
+    fused_dots,
+    costly,
+    local_shapes=None,
 ):
     """Per op, the fusions computing it, and the special functions expanded into several
     readers (`fusion_work`'s walk, given the costly cones)."""
@@ -228,7 +239,7 @@ def _fusion_work_roots(
         if op.results and not any(prog.values[r].size for r in op.results):
             continue
         mat = any(is_materialized[r] for r in op.results if prog.values[r].size)
-        if not fuses[op.index]:
+        if not fuses[op.index] or op.index in fused_dots:
             roots[op.index] = frozenset((op.index,))
             continue
         reading = [

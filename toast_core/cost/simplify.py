@@ -1285,6 +1285,7 @@ def executions(
     stored: frozenset[int] = frozenset(),
     barriers: bool = True,
     local_shapes: dict[int, tuple[int, ...]] | None = None,
+    fused_dots: frozenset[int] = frozenset(),
 ) -> tuple[list[float], list[float]]:
     """(`flop_executions`, `transcendental_executions`) of `prog`, sharing the work they have
     in common (the rewiring, liveness and fusions: two seconds of the evaluator's set-up at
@@ -1318,7 +1319,14 @@ def executions(
     # the dot products are the reductions XLA makes of them (`dot_products.as_sums`), on one
     # device's shapes where given: a dot whose free dims are cut to 1 there is one
     simple = as_sums(_pruned(simple, live), _operand_shapes(simple, local_shapes))
-    is_mat = materialized(simple)
+    if fused_dots:
+        fuses = [fusible(op, simple) or op.index in fused_dots for op in simple.ops]
+        is_mat = materialized(simple, fuses)
+        for i in fused_dots:
+            for r in simple.ops[i].results:
+                is_mat[r] = True
+    else:
+        is_mat = materialized(simple)
     for i in unfused:
         for v in simple.ops[i].operands:
             is_mat[v] = True
@@ -1337,6 +1345,7 @@ def executions(
         frozenset(copied),
         roots_out=roots,
         local_shapes=local_shapes,
+        fused_dots=frozenset(fused_dots),
     )
     fuses = [fusible(op, simple) and op.index not in apart for op in simple.ops]
     kept = lambda op: _kept_once(op, simple, spread)  # noqa: E731
