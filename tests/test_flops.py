@@ -1166,6 +1166,43 @@ def test_cpu_view_fuses_a_matrix_vector_dot_reading_a_transposed_layout(side):
     assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
 
 
+def test_a_negative_integer_power_is_kept_once():
+    """`integer_pow(1 + v * v, -2)` is a division in the HLO, expensive: XLA computes it once
+    for the two loops reading it (240 flops; 304 when duplicated into both as a cheap power;
+    fuzz seed 19 #548, the gradient of `u / (1 + u * u)`, 1.11 of XLA's flops)."""
+
+    def fn(v, x):
+        d = lax.integer_pow(1.0 + v * v, -2)
+        return (d * v)[:, None] * x[None, :], d * x[:1] + v
+
+    args = (X[0, :16], X[1, :8])
+    assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
+
+
+def test_an_expensive_op_rooted_for_a_later_reuse_blocks_no_path():
+    """Fuzz seed 19 #316 (megatron on 2x4): the exact GELU's erfc reaches its gradient's
+    readers through `tanh(gelu(x) / c)`, whose tanh roots a fusion of its own because a loop
+    further on reads it into more elements (`fusion._expensive_reused`). XLA's all-paths test
+    asks `ShouldFuse` of each edge before fusing: the tanh's edge to its own reader passes,
+    and the erfc is computed in three fusions (15,132 flops per device; 9,180 predicted when
+    that edge blocked the path, 13,244 before the tanh was rooted alone)."""
+    from fuzz import pipeline as pl
+    from fuzz.programs import generate
+
+    prog = generate(19, 316, max_ops=10)
+    (st,) = [i for i in pl.front(prog, ["2x4"], with_search=False) if isinstance(i, pl.Front)]
+    rep = tc.validate(
+        st.fn,
+        st.args,
+        st.ana,
+        st.plans["2x4"]["megatron"],
+        pl.jax_mesh(pl.MESHES["2x4"]),
+        tc.hardware(pl.HARDWARE),
+        check_numerics=False,
+    )
+    assert rep.predicted_flops == pytest.approx(rep.compiled_flops, rel=0.05)
+
+
 def test_a_reduction_read_by_a_gather_fusion_is_priced():
     """Fuzz seed 53 #28: an argmax read only by the gather fusion of a `take_along_axis` (a
     fusion with a placeholder root) crashed `fusion_work` with an IndexError; it is counted as

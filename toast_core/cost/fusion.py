@@ -230,6 +230,7 @@ def _fusion_work_roots(
     expanded: dict[int, int] = {}
     self_only = frozenset()
     holds_reduction: dict[int, tuple[int, ...]] = {}  # per fusion root: its reductions' shape
+    reused_apart: set[int] = set()  # expensive ops rooted alone for a reuse further on
     indexing = IndexingCounts(prog)
     for op in reversed(prog.ops):
         # An empty result is a constant to XLA (its simplifier replaces any op making one):
@@ -266,13 +267,15 @@ def _fusion_work_roots(
             elif not readers or (mat and _is_loop_carry(prog, op, uses)):
                 roots[op.index] = self_only
             elif mat and _read_through_copies(prog, op, copied, fuses):
-                unfused_path = len(readers) > 1 and _unfused_path(prog, op, roots, local_shapes)
+                unfused_path = len(readers) > 1 and _unfused_path(
+                    prog, op, roots, local_shapes, reused_apart
+                )
                 roots[op.index] = self_only if unfused_path else self_only | readers
             elif mat:
                 roots[op.index] = self_only | _recomputing_readers(
                     prog, op, roots, costly, spread, fuses, local_shapes
                 )
-            elif len(readers) > 1 and _unfused_path(prog, op, roots, local_shapes):
+            elif len(readers) > 1 and _unfused_path(prog, op, roots, local_shapes, reused_apart):
                 roots[op.index] = self_only
             else:
                 roots[op.index] = readers
@@ -295,7 +298,7 @@ def _fusion_work_roots(
             (
                 (not mat or through_copies or _dots_read_reshaped(prog, op, fuses))
                 and len(readers) + mat > 1
-                and not _path_blocked(prog, op, roots)
+                and not _path_blocked(prog, op, roots, reused_apart)
             )
             or _widened_by_its_reader(prog, op, mat, readers, roots, uses)
         ):
@@ -313,6 +316,7 @@ def _fusion_work_roots(
             continue
         if not own and len(readers) == 1 and _expensive_reused(prog, op, readers, roots, uses):
             own = True
+            reused_apart.add(op.index)
         if op.primitive in prim.ARG_REDUCTIONS:
             # An argmax is a variadic reduce (value and index) that its reader reads through a
             # get-tuple-element, which XLA:CPU does not loop-fuse (`CpuInstructionFusion::
@@ -619,7 +623,12 @@ def _is_loop_carry(prog: Program, op, uses) -> bool:
 
 def _kept_once(op, prog: Program, spread: list[bool] | None = None) -> bool:
     """Whether XLA computes `op` once however many fusions read it (`NOT_DUPLICATED`), a
-    division by a spread divisor aside (`_is_reciprocal_multiply`)."""
+    division by a spread divisor aside (`_is_reciprocal_multiply`). A negative integer power
+    is a division in the HLO (`1 / (x * x)`), kept once like one (fuzz seed 19 #548: the
+    `v / (1 + v * v)` gradient's `integer_pow(1 + v * v, -2)` is computed in one fusion that
+    the reshaped dot operand's loop and the outer product's read)."""
+    if op.primitive == "integer_pow" and int(op.param("y", 0)) < 0:
+        return True
     return op.primitive in NOT_DUPLICATED and not _is_reciprocal_multiply(op, prog, spread)
 
 
@@ -702,7 +711,11 @@ _PATH_WALK_LIMIT = 512
 
 
 def _unfused_path(
-    prog: Program, op, roots: list[frozenset[int]], local_shapes: dict | None = None
+    prog: Program,
+    op,
+    roots: list[frozenset[int]],
+    local_shapes: dict | None = None,
+    apart=frozenset(),
 ) -> bool:
     """Whether XLA keeps a cheap producer read by several fusions in one fusion of its own,
     computed once: it reads more than one array (`_more_than_unary`) and more elements than it
@@ -723,10 +736,11 @@ def _unfused_path(
     producer stays duplicated as before, which matches XLA:CPU's count of the GPT train step
     (201.3 M flops; judging those paths too fell to 197.9 M, under by 1.7 %).
 
-    Judged on `local_shapes` (`fusion_work`) where given: XLA tests the HLO of one device."""
+    Judged on `local_shapes` (`fusion_work`) where given: XLA tests the HLO of one device.
+    `apart`: see `_path_blocked`."""
     if _duplicable(prog, op, local_shapes=local_shapes) or not op.results:
         return False
-    return _path_blocked(prog, op, roots)
+    return _path_blocked(prog, op, roots, apart)
 
 
 def _duplicable(
@@ -754,10 +768,15 @@ def _duplicable(
     return sum(map(size, unique)) <= made
 
 
-def _path_blocked(prog: Program, op, roots: list[frozenset[int]]) -> bool:
+def _path_blocked(prog: Program, op, roots: list[frozenset[int]], apart=frozenset()) -> bool:
     """Whether some path of fusible ops from `op` to one of its readers runs through an op that
     is not fused into the next one (`_unfused_path`, without its tests on `op` itself: a special
-    function's expansion ends in a select of several arrays whatever `op` reads)."""
+    function's expansion ends in a select of several arrays whatever `op` reads). An expensive
+    op in `apart` (`_expensive_reused`: rooted alone because a loop further on reads it into
+    more elements) blocks the edge to its reader only when that reader does so itself: XLA's
+    all-paths test (`CanFuseOnAllPaths`) asks `ShouldFuse` of each edge, before fusion (fuzz
+    seed 19 #316: the exact GELU's erfc, read through `tanh(gelu(x) / c)`, is computed in the
+    tanh's fusion and in two others; 0.61 of XLA's flops when that edge blocked it)."""
     if not op.results:
         return False
     uses = prog.uses()
@@ -794,6 +813,14 @@ def _path_blocked(prog: Program, op, roots: list[frozenset[int]]) -> bool:
                     blocked = True  # a scatter, a sort, a loop: its reader cannot fuse it
                 elif prog.ops[x].primitive in _REDUCTIONS:
                     blocked = blocked or _reduction_edge_blocked(prog, x, uses)
+                elif x in apart:
+                    # rooted alone for a reuse further on (`_expensive_reused`): XLA's test
+                    # asks of this edge only whether `y` itself reuses its elements
+                    blocked = blocked or any(
+                        prog.values[r].size > prog.values[v].size
+                        for r in prog.ops[y].results
+                        for v in prog.ops[x].results
+                    )
                 elif not roots[y] <= roots[x]:
                     blocked = True
                 back.add(x)
