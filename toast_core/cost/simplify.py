@@ -1413,6 +1413,7 @@ def executions(
     stored: frozenset[int] = frozenset(),
     barriers: bool = True,
     local_shapes: dict[int, tuple[int, ...]] | None = None,
+    fused_dots: frozenset[int] = frozenset(),
 ) -> tuple[list[float], list[float]]:
     """(`flop_executions`, `transcendental_executions`) of `prog`, sharing the work they have
     in common (the rewiring, liveness and fusions: two seconds of the evaluator's set-up at
@@ -1432,7 +1433,8 @@ def executions(
     in the program `toast_core.apply.shard` replays, whose bodies are inlined: XLA's simplifier
     and CSE see through them there, and merge each recomputation with the forward.
     `local_shapes`: one device's shapes of the values, where XLA's fusion tests see them
-    (`fusion.fusion_work`); none in the cost model itself."""
+    (`fusion.fusion_work`) and its simplifier finds dot products (`dot_products.as_sums`: fuzz
+    seed 19 #887, a dot of w[4, 8] cut to [1, 8] per device); none in the cost model itself."""
     from toast_core.cost.flops import op_flops, op_transcendentals
 
     # the simplifier's work behind the checkpoint bodies' barriers, the fusions without them
@@ -1442,9 +1444,17 @@ def executions(
     uni = uniform_dims(behind)
     factors = _rewired_work_factors(behind, live, _pruned(behind, live), uni, partitioned)
     spread = [bool(u) for u in uni[: len(prog.values)]]
-    # the dot products are the reductions XLA makes of them (`dot_products.as_sums`)
-    simple = as_sums(_pruned(simple, live))
-    is_mat = materialized(simple)
+    # the dot products are the reductions XLA makes of them (`dot_products.as_sums`), on one
+    # device's shapes where given: a dot whose free dims are cut to 1 there is one
+    simple = as_sums(_pruned(simple, live), _operand_shapes(simple, local_shapes))
+    if fused_dots:
+        fuses = [fusible(op, simple) or op.index in fused_dots for op in simple.ops]
+        is_mat = materialized(simple, fuses)
+        for i in fused_dots:
+            for r in simple.ops[i].results:
+                is_mat[r] = True
+    else:
+        is_mat = materialized(simple)
     for i in unfused:
         for v in simple.ops[i].operands:
             is_mat[v] = True
@@ -1468,6 +1478,7 @@ def executions(
             for op in simple.ops
             if live[op.index] and _expanded_on_broadcast(op, simple, uni)
         },
+        fused_dots=frozenset(fused_dots),
     )
     fuses = [fusible(op, simple) and op.index not in apart for op in simple.ops]
     kept = lambda op: _kept_once(op, simple, spread)  # noqa: E731
@@ -1555,6 +1566,19 @@ def _squares(op: Op, vid: int) -> bool:
     if op.primitive == "integer_pow":
         return op.param("y") == 2
     return op.primitive == "mul" and tuple(op.operands) == (vid, vid)
+
+
+def _operand_shapes(prog: Program, local_shapes: dict | None):
+    """`dot_products.as_sums`'s `local_shape(op, pos)` over one device's `local_shapes` (value id
+    -> shape), None (the program's own shapes) without them."""
+    if not local_shapes:
+        return None
+
+    def local_shape(op: int, pos: int) -> tuple:
+        v = prog.ops[op].operands[pos]
+        return local_shapes.get(v, prog.values[v].shape)
+
+    return local_shape
 
 
 def _costliest_branches(prog: Program, executions: list[float], count) -> list[float]:
