@@ -308,6 +308,25 @@ SIMPLIFIED = {
         ),
         (jnp.ones((2, 16, 4)),),
     ),
+    # a transpose that reorders a broadcast's core stays a transpose of a broadcast: an op that
+    # alone reads it runs on the core, the readers of one read twice on the whole array (fuzz
+    # seed 19 #758, the gradient of a prod of a tanh of such a transpose, 0.81 of XLA's flops)
+    "transposed_broadcast_read_once": (
+        lambda a: 1.0 + jnp.tanh(jnp.swapaxes(B(a, (8, 4, 16), (1, 2)), 1, 2)),
+        (X[:4, :16],),
+    ),
+    "transposed_broadcast_read_twice": (
+        lambda a: (lambda t: (2.0 * t) * t)(jnp.swapaxes(B(a, (8, 4, 16), (1, 2)), 1, 2)),
+        (X[:4, :16],),
+    ),
+    "transposed_broadcast_core_kept_in_order": (
+        lambda a: (lambda t: (2.0 * t) * t)(jnp.swapaxes(B(a, (8, 4, 16), (1, 2)), 0, 1)),
+        (X[:4, :16],),
+    ),
+    "gradient_of_a_transposed_broadcast": (
+        jax.grad(lambda a: jnp.sum(jnp.tanh(jnp.swapaxes(B(a, (8, 4, 16), (1, 2)), 1, 2)))),
+        (X[:4, :16],),
+    ),
     # a special function of a broadcast: its selects (and what follows) on the whole result,
     # the rest on the core (fuzz seed 18 #306, a gelu of a broadcast, 0.78 of XLA's flops)
     "special_functions_of_a_broadcast": (
@@ -1117,3 +1136,21 @@ def test_a_uniform_scaling_is_computed_on_its_core_when_partitioned():
     for axes in ({"data": 1}, {"data": 2, "model": 3}):
         predicted, compiled = predicted_and_compiled(step, (p, x), axes)
         assert predicted == compiled, (axes, predicted, compiled)
+
+
+def test_a_transposed_broadcast_keeps_its_core_order_where_cut_to_one():
+    """`swapaxes(broadcast_to(x[4, 12, 2][None], (2, 4, 12, 2)), 2, 0)` reorders the core dims 4
+    and 12: the gelu's readers of its operand run on the whole array (`simplify.
+    _transposed_core`) on one device. Cut 4 ways, the 4 is one element on a device
+    and the transpose keeps the order of what is left: the gelu runs on the core there, as the
+    CPU view's local shapes say (fuzz seed 19 #1071: 1.58 of XLA's flops when priced in full;
+    its 0.93 there is the gelu's selects on the core, not modelled)."""
+
+    def fn(x):
+        b = jnp.broadcast_to(x[None], (2,) + x.shape)
+        return jax.nn.gelu(jnp.swapaxes(b, 2, 0), approximate=False)
+
+    x = jnp.linspace(0.1, 1.0, 96).reshape(4, 12, 2)
+    for axes, rel in (({"data": 1}, 0.05), ({"data": 4}, 0.1)):
+        predicted, compiled = predicted_and_compiled(fn, (x,), axes)
+        assert predicted == pytest.approx(compiled, rel=rel), (axes, predicted, compiled)
