@@ -1154,3 +1154,25 @@ def test_a_transposed_broadcast_keeps_its_core_order_where_cut_to_one():
     for axes, rel in (({"data": 1}, 0.05), ({"data": 4}, 0.1)):
         predicted, compiled = predicted_and_compiled(fn, (x,), axes)
         assert predicted == pytest.approx(compiled, rel=rel), (axes, predicted, compiled)
+
+
+def test_cpu_view_computes_a_convolution_operand_in_each_orders_copy():
+    """A convolution's output cotangent read by the input-gradient and the weight-gradient
+    convolutions in two dim orders (dimension numbers ('CWN', 'WOI', 'WCN')): XLA:CPU makes a
+    transposed copy per order, and each copy's loop fusion computes the cheap chain making it
+    (`fusion._conv_copy_orders`; fuzz seed 19 #760, 0.74 of XLA's flops). Convolutions in
+    their canonical order ('NWC', 'WIO', 'NWC') read the value as it is."""
+
+    def step(p, x):
+        def loss(p):
+            v = x @ p["a"]
+            spec = ("CWN", "WOI", "WCN")
+            y = lax.conv_general_dilated(v, p["w"], (1,), "SAME", dimension_numbers=spec)
+            return jnp.mean(jnp.sin(y * y))
+
+        g = jax.grad(loss)(p)
+        return jax.tree.map(lambda u, v: u - 0.1 * v, p, g)
+
+    p = {"a": jnp.full((4, 32), 0.1), "w": jnp.full((1, 16, 4), 0.1)}
+    x = jnp.linspace(0.0, 1.0, 32).reshape(4, 2, 4)
+    assert cpu_view_flops(step, p, x) == pytest.approx(xla_cost(step, p, x)[0])
