@@ -1161,18 +1161,24 @@ def test_cpu_view_computes_a_convolution_operand_in_each_orders_copy():
     convolutions in two dim orders (dimension numbers ('CWN', 'WOI', 'WCN')): XLA:CPU makes a
     transposed copy per order, and each copy's loop fusion computes the cheap chain making it
     (`fusion._conv_copy_orders`; fuzz seed 19 #760, 0.74 of XLA's flops). Convolutions in
-    their canonical order ('NWC', 'WIO', 'NWC') read the value as it is."""
+    their canonical order ('NWC', 'WIO', 'NWC') read the value as it is, and so do those of a
+    loop body, which XLA:CPU's ConvCanonicalization does not visit (fuzz seed 19 #1513)."""
+
+    def loss(p, x):
+        v = x @ p["a"]
+        spec = ("CWN", "WOI", "WCN")
+        y = lax.conv_general_dilated(v, p["w"], (1,), "SAME", dimension_numbers=spec)
+        return jnp.mean(jnp.sin(y * y))
 
     def step(p, x):
-        def loss(p):
-            v = x @ p["a"]
-            spec = ("CWN", "WOI", "WCN")
-            y = lax.conv_general_dilated(v, p["w"], (1,), "SAME", dimension_numbers=spec)
-            return jnp.mean(jnp.sin(y * y))
+        return jax.tree.map(lambda u, v: u - 0.1 * v, p, jax.grad(loss)(p, x))
 
-        g = jax.grad(loss)(p)
+    def accumulated(p, xs):
+        body = lambda i, acc: jax.tree.map(jnp.add, acc, jax.grad(loss)(p, xs[i]))  # noqa: E731
+        g = lax.fori_loop(0, 2, body, jax.tree.map(jnp.zeros_like, p))
         return jax.tree.map(lambda u, v: u - 0.1 * v, p, g)
 
     p = {"a": jnp.full((4, 32), 0.1), "w": jnp.full((1, 16, 4), 0.1)}
-    x = jnp.linspace(0.0, 1.0, 32).reshape(4, 2, 4)
-    assert cpu_view_flops(step, p, x) == pytest.approx(xla_cost(step, p, x)[0])
+    xs = jnp.linspace(0.0, 1.0, 64).reshape(2, 4, 2, 4)
+    for fn, x in ((step, xs[0]), (accumulated, xs)):
+        assert cpu_view_flops(fn, p, x) == pytest.approx(xla_cost(fn, p, x)[0]), fn.__name__

@@ -575,13 +575,18 @@ def _conv_copy_orders(prog: Program, r: int, fuses) -> set[tuple[int, ...]]:
     computes a cheap producer again (measured: SGD on a `conv_general_dilated` with dimension
     numbers ('CWN', 'WOI', 'WCN'): the output's cotangent, read by the input-gradient and the
     weight-gradient convolutions in two orders, is computed in `transpose_copy_fusion` and
-    `transpose_copy_fusion.1`, 39,936 flops each; fuzz seed 19 #760, 0.74 of XLA's flops)."""
+    `transpose_copy_fusion.1`, 39,936 flops each; fuzz seed 19 #760, 0.74 of XLA's flops).
+    Only in the entry computation: the pass that inserts the transposes (`ConvCanonicalization`)
+    walks no loop body or branch, whose convolutions read their operands as they are (seed 19
+    #1513, a convolution's gradients in a `while_loop`: no copy in XLA's HLO)."""
     shape = prog.values[r].shape
     own = tuple(d for d in range(len(shape)) if shape[d] != 1)
     orders = set()
     for o, pos in prog.uses()[r]:
         reader = prog.ops[o]
         if fuses[o] or reader.primitive != "conv_general_dilated" or pos > 1:
+            continue
+        if reader.region_depth:  # XLA:CPU's ConvCanonicalization visits the entry alone
             continue
         wide = tuple(d for d in conv_read_order(reader, pos) if shape[d] != 1)
         if wide != own:
