@@ -323,6 +323,14 @@ SIMPLIFIED = {
         lambda a: (lambda t: (2.0 * t) * t)(jnp.swapaxes(B(a, (8, 4, 16), (1, 2)), 0, 1)),
         (X[:4, :16],),
     ),
+    # a slice of a broadcast is a broadcast of the core's slice
+    "slices_of_a_broadcast": (
+        lambda a: (
+            (lambda b: b[:4] * b[4:])(B(a, (8, 4, 16), (1, 2))),
+            (lambda b: b[:, :2] * b[:, 2:])(B(a, (8, 4, 16), (1, 2))),
+        ),
+        (X[:4, :16],),
+    ),
     "gradient_of_a_transposed_broadcast": (
         jax.grad(lambda a: jnp.sum(jnp.tanh(jnp.swapaxes(B(a, (8, 4, 16), (1, 2)), 1, 2)))),
         (X[:4, :16],),
