@@ -308,6 +308,33 @@ SIMPLIFIED = {
         ),
         (jnp.ones((2, 16, 4)),),
     ),
+    # a transpose that reorders a broadcast's core stays a transpose of a broadcast: an op that
+    # alone reads it runs on the core, the readers of one read twice on the whole array (fuzz
+    # seed 19 #758, the gradient of a prod of a tanh of such a transpose, 0.81 of XLA's flops)
+    "transposed_broadcast_read_once": (
+        lambda a: 1.0 + jnp.tanh(jnp.swapaxes(B(a, (8, 4, 16), (1, 2)), 1, 2)),
+        (X[:4, :16],),
+    ),
+    "transposed_broadcast_read_twice": (
+        lambda a: (lambda t: (2.0 * t) * t)(jnp.swapaxes(B(a, (8, 4, 16), (1, 2)), 1, 2)),
+        (X[:4, :16],),
+    ),
+    "transposed_broadcast_core_kept_in_order": (
+        lambda a: (lambda t: (2.0 * t) * t)(jnp.swapaxes(B(a, (8, 4, 16), (1, 2)), 0, 1)),
+        (X[:4, :16],),
+    ),
+    # a slice of a broadcast is a broadcast of the core's slice
+    "slices_of_a_broadcast": (
+        lambda a: (
+            (lambda b: b[:4] * b[4:])(B(a, (8, 4, 16), (1, 2))),
+            (lambda b: b[:, :2] * b[:, 2:])(B(a, (8, 4, 16), (1, 2))),
+        ),
+        (X[:4, :16],),
+    ),
+    "gradient_of_a_transposed_broadcast": (
+        jax.grad(lambda a: jnp.sum(jnp.tanh(jnp.swapaxes(B(a, (8, 4, 16), (1, 2)), 1, 2)))),
+        (X[:4, :16],),
+    ),
     # a special function of a broadcast: its selects (and what follows) on the whole result,
     # the rest on the core (fuzz seed 18 #306, a gelu of a broadcast, 0.78 of XLA's flops)
     "special_functions_of_a_broadcast": (
@@ -1275,3 +1302,49 @@ def test_a_vector_dot_operand_is_recomputed_in_its_other_readers():
     for fn, want in ((vector, 121.0), (also_output, 110.0), (matrix, 484.0)):
         predicted, compiled = unsharded_flops(fn, a, a, w)
         assert predicted == compiled == want, (fn.__name__, predicted, compiled)
+
+
+def test_a_transposed_broadcast_keeps_its_core_order_where_cut_to_one():
+    """`swapaxes(broadcast_to(x[4, 12, 2][None], (2, 4, 12, 2)), 2, 0)` reorders the core dims 4
+    and 12: the gelu's readers of its operand run on the whole array (`simplify.
+    _transposed_core`) on one device. Cut 4 ways, the 4 is one element on a device
+    and the transpose keeps the order of what is left: the gelu runs on the core there, as the
+    CPU view's local shapes say (fuzz seed 19 #1071: 1.58 of XLA's flops when priced in full;
+    its 0.93 there is the gelu's selects on the core, not modelled)."""
+
+    def fn(x):
+        b = jnp.broadcast_to(x[None], (2,) + x.shape)
+        return jax.nn.gelu(jnp.swapaxes(b, 2, 0), approximate=False)
+
+    x = jnp.linspace(0.1, 1.0, 96).reshape(4, 12, 2)
+    for axes, rel in (({"data": 1}, 0.05), ({"data": 4}, 0.1)):
+        predicted, compiled = predicted_and_compiled(fn, (x,), axes)
+        assert predicted == pytest.approx(compiled, rel=rel), (axes, predicted, compiled)
+
+
+def test_cpu_view_computes_a_convolution_operand_in_each_orders_copy():
+    """A convolution's output cotangent read by the input-gradient and the weight-gradient
+    convolutions in two dim orders (dimension numbers ('CWN', 'WOI', 'WCN')): XLA:CPU makes a
+    transposed copy per order, and each copy's loop fusion computes the cheap chain making it
+    (`fusion._conv_copy_orders`; fuzz seed 19 #760, 0.74 of XLA's flops). Convolutions in
+    their canonical order ('NWC', 'WIO', 'NWC') read the value as it is, and so do those of a
+    loop body, which XLA:CPU's ConvCanonicalization does not visit (fuzz seed 19 #1513)."""
+
+    def loss(p, x):
+        v = x @ p["a"]
+        spec = ("CWN", "WOI", "WCN")
+        y = lax.conv_general_dilated(v, p["w"], (1,), "SAME", dimension_numbers=spec)
+        return jnp.mean(jnp.sin(y * y))
+
+    def step(p, x):
+        return jax.tree.map(lambda u, v: u - 0.1 * v, p, jax.grad(loss)(p, x))
+
+    def accumulated(p, xs):
+        body = lambda i, acc: jax.tree.map(jnp.add, acc, jax.grad(loss)(p, xs[i]))  # noqa: E731
+        g = lax.fori_loop(0, 2, body, jax.tree.map(jnp.zeros_like, p))
+        return jax.tree.map(lambda u, v: u - 0.1 * v, p, g)
+
+    p = {"a": jnp.full((4, 32), 0.1), "w": jnp.full((1, 16, 4), 0.1)}
+    xs = jnp.linspace(0.0, 1.0, 64).reshape(2, 4, 2, 4)
+    for fn, x in ((step, xs[0]), (accumulated, xs)):
+        assert cpu_view_flops(fn, p, x) == pytest.approx(xla_cost(fn, p, x)[0]), fn.__name__

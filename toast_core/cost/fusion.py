@@ -685,6 +685,8 @@ def _copied_for_both_sides(prog: Program, op, fuses) -> bool:
 
     (r,) = op.results
     shape = prog.values[r].shape
+    if len(_conv_copy_orders(prog, r, fuses)) > 1:
+        return True
     for o, pos in prog.uses()[r]:
         reader = prog.ops[o]
         if pos != 0 or fuses[o] or reader.primitive != "dot_general" or reader.operands[1] != r:
@@ -702,6 +704,39 @@ def _copied_for_both_sides(prog: Program, op, fuses) -> bool:
         if both:
             return True
     return False
+
+
+def _conv_copy_orders(prog: Program, r: int, fuses) -> set[tuple[int, ...]]:
+    """The dim orders, other than its own, in which convolutions read value `r` (`cpu_buffers.
+    conv_operand_copies`): XLA:CPU makes one transposed copy per order, a loop fusion that
+    computes a cheap producer again (measured: SGD on a `conv_general_dilated` with dimension
+    numbers ('CWN', 'WOI', 'WCN'): the output's cotangent, read by the input-gradient and the
+    weight-gradient convolutions in two orders, is computed in `transpose_copy_fusion` and
+    `transpose_copy_fusion.1`, 39,936 flops each; fuzz seed 19 #760, 0.74 of XLA's flops).
+    Only in the entry computation: the pass that inserts the transposes (`ConvCanonicalization`)
+    walks no loop body or branch, whose convolutions read their operands as they are (seed 19
+    #1513, a convolution's gradients in a `while_loop`: no copy in XLA's HLO)."""
+    shape = prog.values[r].shape
+    own = tuple(d for d in range(len(shape)) if shape[d] != 1)
+    orders = set()
+    for o, pos in prog.uses()[r]:
+        reader = prog.ops[o]
+        if fuses[o] or reader.primitive != "conv_general_dilated" or pos > 1:
+            continue
+        if reader.region_depth:  # XLA:CPU's ConvCanonicalization visits the entry alone
+            continue
+        wide = tuple(d for d in conv_read_order(reader, pos) if shape[d] != 1)
+        if wide != own:
+            orders.add(wide)
+    return orders
+
+
+def conv_read_order(conv, pos: int) -> tuple[int, ...]:
+    """The dim order in which XLA:CPU's convolution reads its operand `pos` (0: the input,
+    batch, spatial dims, features; 1: the kernel, spatial dims, input and output features)."""
+    specs = dict(conv.param("dimension_numbers"))
+    (lb, lf, *ls), (ro, ri, *rs) = specs["lhs_spec"], specs["rhs_spec"]
+    return (lb, *ls, lf) if pos == 0 else (*rs, ri, ro)
 
 
 def _is_loop_carry(prog: Program, op, uses) -> bool:

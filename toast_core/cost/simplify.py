@@ -296,7 +296,17 @@ def _per_program(build):
 def uniform_dims(prog: Program) -> list[frozenset[int]]:
     """Per value, the dims along which XLA sees it as a broadcast (see module docstring). A
     dead op that `without_dead_ops` left reading nothing makes none."""
+    return uniform_dims_on(prog)
+
+
+def uniform_dims_on(
+    prog: Program, local_shapes: dict[int, tuple[int, ...]] | None = None
+) -> list[frozenset[int]]:
+    """`uniform_dims`, with one device's `local_shapes` of the values where the partitioned
+    program's transposes keep or reorder a broadcast's core (`_transposed_core`)."""
     uni: list[frozenset[int]] = [frozenset()] * len(prog.values)
+    reordered: dict[int, tuple[int, ...]] = {}  # `_transposed_core`
+    uses = prog.uses()
     for op in prog.ops:
         rule = _UNIFORM_RULES.get(op.primitive)
         if rule is None and op.primitive in prim.ELEMENTWISE:
@@ -304,7 +314,50 @@ def uniform_dims(prog: Program) -> list[frozenset[int]]:
         if rule is None or len(op.results) != 1 or not op.operands:
             continue
         uni[op.results[0]] = rule(op, prog, uni)
+        _transposed_core(op, prog, uni, reordered, uses, local_shapes or {})
     return uni
+
+
+def _transposed_core(op: Op, prog: Program, uni, reordered: dict, uses, local_shapes) -> None:
+    """A transpose that reorders a broadcast's core dims (`swapaxes(broadcast_to(x[4, 16][None],
+    (8, 4, 16)), 1, 2)`) is no broadcast to XLA: a broadcast keeps its operand's dims in order,
+    so the simplifier leaves `transpose(broadcast(x))`. It moves the transpose below an
+    elementwise op that alone reads it, which then sinks below the broadcast as usual, but not
+    below one of several readers: those run on the whole transposed array (measured on jaxlib
+    0.10.2, `t` such a [8, 16, 4] transpose: `2 * t` and `tanh(t) + 1` count 64 flops, `(2 * t)
+    * t`, `(1 - t) + t` and `exp(t) * t` 512 per op; with a transpose that keeps the core's
+    order, `transpose(b, (1, 0, 2))`, 128 for `(2 * t) * t`; fuzz seed 19 #758, the gradient of
+    `prod(1 + 0.1 * tanh(t))`, 0.81 of XLA's flops).
+
+    On a device, a core dim cut down to one element is no dim to order (fuzz seed 19 #1071:
+    `swapaxes(broadcast_to(v[4, 12, 2][None], ...), 2, 0)` with the 4 cut 4 ways keeps the
+    core's order, and a gelu on it runs on the core).
+
+    Updates `reordered` (value -> the broadcast position of each of its dims) with `op`'s
+    result, and empties the uniform dims of an elementwise reader of a reordered value read
+    by more than one op."""
+    (r,) = op.results
+    if not uni[r]:
+        return
+    if op.primitive == "transpose":
+        src = prog.values[op.operands[0]]
+        perm = op.param("permutation", ())
+        key = reordered.get(src.id, tuple(range(src.rank)))
+        shape = local_shapes.get(src.id, src.shape)
+        core = {d for d in range(src.rank) if d not in uni[src.id] and shape[d] > 1}
+        order = [key[p] for p in perm if p in core]
+        if order != sorted(order):
+            reordered[r] = tuple(key[p] for p in perm)
+        return
+    if op.primitive not in prim.ELEMENTWISE:
+        return
+    moved = [v for v in dict.fromkeys(op.operands) if v in reordered]
+    if not moved:
+        return
+    if any(len({o for o, _ in uses[v]}) > 1 for v in moved):
+        uni[r] = frozenset()
+        return
+    reordered[r] = reordered[moved[0]]
 
 
 def broadcast_work_dims(prog: Program) -> list[frozenset[int]]:
@@ -1441,7 +1494,7 @@ def executions(
     behind, sources = rewired_behind_barriers(prog) if barriers else (rewired(prog, False), {})
     simple = unbarred(behind, sources, prog)
     live = live_ops(simple)  # a dead reader (a repeat, an identity) is in no fusion
-    uni = uniform_dims(behind)
+    uni = uniform_dims(behind) if local_shapes is None else uniform_dims_on(behind, local_shapes)
     factors = _rewired_work_factors(behind, live, _pruned(behind, live), uni, partitioned)
     spread = [bool(u) for u in uni[: len(prog.values)]]
     # the dot products are the reductions XLA makes of them (`dot_products.as_sums`), on one
@@ -1850,6 +1903,15 @@ def _reduction_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
     return frozenset(i for i, d in enumerate(kept) if d in uni[op.operands[0]])
 
 
+def _slice_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
+    """A slice of a broadcast is a broadcast of the slice of its core (XLA's simplifier moves the
+    broadcast past the slice), along every dim it keeps longer than one (measured on jaxlib
+    0.10.2, `b` a [8, 4, 16] broadcast of `x[4, 16]`: `b[:4] * b[4:]` and `2 * b[:4]` count 64
+    flops, `b[:, :2] * b[:, 2:]` 32; 256 each when the slices were priced in full)."""
+    shape = prog.values[op.results[0]].shape
+    return frozenset(d for d in uni[op.operands[0]] if shape[d] > 1)
+
+
 def _pad_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
     """A pad stays a broadcast along the dims it does not pad (XLA's simplifier moves the
     broadcast past the pad: the gradient of `mean(p[2:])` on [8, 8] pads an [8] core)."""
@@ -1889,6 +1951,7 @@ _UNIFORM_RULES = {
     "expand_dims": _reshape_uniform,
     "dot_general": _dot_uniform,
     "pad": _pad_uniform,
+    "slice": _slice_uniform,
     **{name: _reduction_uniform for name in prim.REDUCTIONS},
 }
 
