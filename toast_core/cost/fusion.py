@@ -1117,6 +1117,11 @@ def _feeds_max_and_exp_shift(prog: Program, op) -> bool:
     return False
 
 
+#: The param `simplify._reassociated_product` sets on a product of two scalings of one element,
+#: `(A * c1) * (B * c2)`, that XLA computes as `(A * B) * (c1 * c2)`: a scaling, which XLA's
+#: effectively-unary test passes (`_more_than_unary`).
+REASSOCIATED = "reassociated"
+
 #: Annotations JAX lowers to nothing (or XLA removes before fusion): `_more_than_unary` looks
 #: through them (softmax's `stop_gradient(max)` reaches the fusion as a broadcast).
 _VANISHING = prim.NO_OP_ELEMENTWISE - {"optimization_barrier"}
@@ -1147,14 +1152,27 @@ def _more_than_unary(
     With `local_shapes` (`fusion_work`), on one device's shapes: a broadcast that adds only
     dims of local size 1 there is a bitcast after XLA's simplifier, a second array like any
     (measured: `y = x - mean(x, 0)` read by `sum(y * y, 0)` and `y * s`, x[8, 24] with dim 0
-    cut 8 ways: 144 flops per device, `y` computed once; duplicated it counted 192)."""
-    if op.primitive == "dot_general":
+    cut 8 ways: 144 flops per device, `y` computed once; duplicated it counted 192).
+
+    A scalar op's scalar operands are arrays to the test (rank 0, as its result's), but for
+    constants: measured on scalars (jaxlib 0.10.2 CPU), `v = x * ((1 + y) * 0.5)` read by the
+    output, `erf(v)` and `sin(v)` is computed once (3 flops), as on `[1]`.
+
+    A product of two scalings of one element (`REASSOCIATED`) is a scaling to XLA, its last op a
+    multiply by a constant, which the test does not count: XLA duplicates it into each reader.
+    """
+    if op.primitive == "dot_general" or op.param(REASSOCIATED):
         return False
     shape_of = lambda v: _shape_of(prog, v, local_shapes)  # noqa: E731
     rank = _true_rank(shape_of(op.results[0])) if op.results else 0
     producers = prog.producers()
+    # a scalar operand of a scalar op is an input like any, but for a constant (XLA's test
+    # passes an effective scalar constant), not a broadcast
+    scalar_op = bool(op.results) and not shape_of(op.results[0])
     arrays = 0
     for v in op.operands:
+        if scalar_op and prog.values[v].role in ("literal", "constant"):
+            continue
         p = producers[v]
         while p is not None and prog.ops[p].primitive in _VANISHING and prog.ops[p].operands:
             p = producers[prog.ops[p].operands[0]]  # gone from the HLO XLA tests
@@ -1167,7 +1185,7 @@ def _more_than_unary(
         if spread is not None and spread[v]:
             continue
         shape = shape_of(v)
-        if shape and _true_rank(shape) >= rank:
+        if (shape or scalar_op) and _true_rank(shape) >= rank:
             arrays += 1
     return arrays > 1
 
