@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from itertools import repeat
 
+from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
 #: XLA's `FusionNodeIndexingEvaluation::kAllowedCodeDuplication`.
@@ -110,7 +111,7 @@ class IndexingCounts:
         without a reader of it)."""
         branching = _is_branching(self.prog, op)
         if branching and self._users_in_fusions(op, roots) > 1:
-            return frozenset((op.index,))
+            return self._first_into_reductions(op, roots)
         wanted = proposed - {op.index}
         if wanted and min(wanted) < 0:  # placeholder fusions: no usage recorded
             wanted = frozenset(root for root in wanted if root >= 0)
@@ -224,6 +225,26 @@ class IndexingCounts:
                 total = sum(self._usage(u, root)[0] for u in union)
             counts[root] = total
             held[root] = union
+
+    def _first_into_reductions(self, op, roots: list[frozenset[int]]) -> frozenset[int]:
+        """The fusions of a branching `op` read several times: its own, and those of the
+        reductions reading it that root a fusion of their own. XLA:CPU asks
+        `CodeDuplicationTooHigh` only of a consumer that is a fusion already; a reduction is a
+        plain instruction when its first producer is fused (its other operand, the init
+        constant, is never fused alone), so `op` goes into it (measured: `var(pad(digamma(x *
+        x + 1)), axis=0)` computes the pad stored and again inside the mean's reduction, with
+        digamma's cheap part in both; fuzz seed 19 #829, 0.74 of XLA's flops counted once).
+        Read by such reductions only, it is in theirs alone (`sum(p, 0) + sum(p, 1)[:, None]
+        + max(p, 0)` on a pad: three fusions, each with the pad)."""
+        readers = {o for r in op.results for o, _ in self.uses[r]}
+        into = frozenset(
+            o
+            for o in readers
+            if roots[o] == frozenset((o,)) and self.prog.ops[o].primitive in prim.FUSED_REDUCTIONS
+        )
+        if into == readers:  # all fused: nothing else reads it, XLA removes it
+            return into
+        return into | {op.index}
 
     def _users_in_fusions(self, op, roots: list[frozenset[int]]) -> int:
         """`op`'s users as XLA's `UserCount` sees them: a reader computed in several fusions is
