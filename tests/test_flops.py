@@ -790,6 +790,40 @@ SIMPLIFIED = {
         ),
         (jnp.ones((16, 8)), jnp.ones((6, 16, 8)), jnp.ones((2, 16, 8), jnp.int32)),
     ),
+    # ...and in each scalar fusion of a gradient that reads it: the exp read by the loss and
+    # the gradient, the loss, the updated scalar are three fusions (fuzz seed 19 #614, 0.81)
+    "take_along_axis_sgd_of_scalars": (
+        lambda p, x, i: (lambda lg: (jax.tree.map(lambda a, b: a - 0.1 * b, p, lg[1]), lg[0]))(
+            jax.value_and_grad(
+                lambda p: (lambda v: jnp.exp(jnp.dot(v + v, v)) + jnp.mean(v * p["s"]))(
+                    jnp.take_along_axis(x @ p["w"], i, axis=0)
+                )
+            )(p)
+        ),
+        ({"w": jnp.ones((16, 4)), "s": jnp.float32(2.0)}, jnp.ones(16), jnp.ones(8, jnp.int32)),
+    ),
+    # a pad read by several fusions is stored, and computed again inside each reduction that
+    # reads it and roots its own fusion (XLA asks `CodeDuplicationTooHigh` only of a consumer
+    # that is a fusion already), with what it reads: digamma's cheap part in both (fuzz seed
+    # 19 #829, 0.74); read by such reductions only, it is in those alone
+    "pad_read_by_a_variance": (
+        lambda x: jnp.var(
+            jnp.pad(jax.scipy.special.digamma(x * x + 1.0), [(0, 0), (0, 0), (1, 2)]), axis=0
+        ),
+        (jnp.ones((8, 6, 2)),),
+    ),
+    "pad_read_by_a_sum_and_a_loop": (
+        lambda x: (lambda p: (jnp.sum(p, 0), p * 2.0))(
+            jnp.pad(jnp.sin(x) * x, [(0, 0), (0, 0), (1, 2)])
+        ),
+        (jnp.ones((8, 6, 2)),),
+    ),
+    "pad_read_by_three_reductions": (
+        lambda x: (lambda p: jnp.sum(p, 0) + jnp.sum(p, 1)[:, None, :] + jnp.max(p, 0))(
+            jnp.pad(x * x + 1.0, [(0, 0), (0, 0), (1, 2)])
+        ),
+        (jnp.ones((8, 6, 2)),),
+    ),
     "product_read_by_a_gather_and_a_sort": (
         lambda x, i, w: (jnp.take(x * w, i, axis=0, mode="clip"), jnp.sort(x * w, axis=0)),
         (jnp.ones((16, 8)), jnp.ones(4, jnp.int32), jnp.float32(2.0)),

@@ -68,8 +68,12 @@ def gather_copies(
     readers (`fusion.path_blocked`, XLA's `CanFuseOnAllPaths`): `take_along_axis(v, argmax(v,
     0))` computes it once (the argmax's index is not fused into its reader; fuzz seed 19 #920).
     Not judged without a gather reader: `v * sum(v, 0)` computes it once too (560 flops on
-    v[4, 16], 1,200 counted), but the paths of a gradient through a scalar reduction (fuzz
-    seed 19 #614, `exp(dot(v + v, v))` under SGD) fuse in XLA where `path_blocked` says not."""
+    v[4, 16], 1,200 counted; on v[8] 71, 151 counted), but a gradient's (fuzz seed 19 #614,
+    `exp(dot(v + v, v))` under SGD) is fused into every reader: there XLA's select makes
+    [8, 1], reshaped to v[8] by one bitcast that all readers read, so the select has one
+    user and passes `CanFuseOnAllPaths` whatever lies past the bitcast (the simplifier sinks
+    that bitcast past a lone reader, as in `v * sum(v, 0)`; not modelled).
+    Scalar readers count once per scalar fusion (`_scalar_fusion`)."""
     uses = prog.uses()
     outputs = set(prog.outputs)
     out: dict[int, int] = {}
@@ -148,7 +152,7 @@ def gather_copies(
             # Reductions to a scalar (a loss's `mean(a) + mean(b)`) are one fusion in XLA, which
             # computes the mask once for all of them (fuzz seed 16 #207: a gathered value read
             # by a concatenate, an add and a transpose, each then averaged into the loss).
-            ctx = frozenset(-1 if _to_scalar(prog, c) else c for c in ctx)
+            ctx = frozenset(_scalar_fusion(prog, c, uses, fuses, kept_once) for c in ctx)
             mask = max(1, len(ctx) + len(set(through_copy)))
         out[op.index] = mask
         idx = op.operands[1]
@@ -234,6 +238,28 @@ def _one_window(op, prog: Program) -> bool:
     `x.at[i].set(tanh(x[i]))` with one index normalizes it twice, fuzz seed 17 #812)."""
     indices = prog.values[op.operands[1]].shape
     return not indices or prod(indices[:-1]) == 1
+
+
+def _scalar_fusion(prog: Program, c: int, uses, fuses, kept_once) -> int:
+    """The scalar loop fusion root `c` ends in (a placeholder below zero for itself when it is
+    none): XLA fuses a scalar result into its one scalar reader, so scalar roots in one chain
+    are one fusion, the loss's `mean(a) + mean(b)` (fuzz seed 16 #207). The chain stops at an
+    op with several readers (expensive, XLA keeps it apart rather than duplicate it; cheap, it
+    is duplicated into each) and at an output: a gradient's scalars (fuzz seed 19 #614,
+    `exp(dot(v + v, v))` under SGD: the exp read by the loss and the gradient, the loss, the
+    updated scalar weight) are three fusions, each computing the mask again (565 flops)."""
+    if not _to_scalar(prog, c):
+        return c
+    at = c
+    while True:
+        readers = {o for r in prog.ops[at].results for o, _ in uses[r]}
+        outputs = any(prog.values[r].is_output for r in prog.ops[at].results)
+        if len(readers) != 1 or outputs:
+            return -1 - at
+        (o,) = readers
+        if not fuses[o] or not _to_scalar(prog, o):
+            return -1 - at
+        at = o
 
 
 def _to_scalar(prog: Program, i: int) -> bool:
