@@ -266,3 +266,27 @@ def test_a_scan_cut_along_its_dim_offsets_each_window(rows, axes, expected):
     predicted, compiled = predicted_and_compiled(lambda b: lax.cummin(b["x"], axis=0), args, axes)
     assert compiled == expected
     assert predicted == compiled
+
+
+@pytest.mark.slow
+def test_a_moment_whose_gradient_is_spread_along_a_dim_cut_to_one_is_stored():
+    """Fuzz seed 19 #1267: Adam on `w5` of `einsum("a,az->z", v3, w5)` read by a mean, its
+    gradient uniform along z (`v3 * 1/Z`), with z (2) cut 2 ways (dp_megatron on 2x2x2). On
+    the device the gradient's broadcast adds a dim of size 1, a bitcast: `0.9 * m + 0.1 * g`
+    reads two arrays, so XLA stores each moment and the update reads it (681 flops); the model
+    computed both moments again in the update (782, 1.148)."""
+    from fuzz import pipeline as pl
+    from fuzz.programs import generate
+
+    mesh = "2x2x2"
+    st = next(o for o in pl.front(generate(19, 1267), [mesh]) if isinstance(o, pl.Front))
+    rep = tc.validate(
+        st.fn,
+        st.args,
+        st.ana,
+        st.plans[mesh]["dp_megatron"],
+        pl.jax_mesh(pl.MESHES[mesh]),
+        tc.hardware(pl.HARDWARE),
+    )
+    assert rep.compiled_flops == 681
+    assert rep.predicted_flops / rep.compiled_flops == pytest.approx(1.0, abs=0.02)
