@@ -290,3 +290,40 @@ def test_a_moment_whose_gradient_is_spread_along_a_dim_cut_to_one_is_stored():
     )
     assert rep.compiled_flops == 681
     assert rep.predicted_flops / rep.compiled_flops == pytest.approx(1.0, abs=0.02)
+
+
+def _gathered_select(p, b):
+    """A select of two arrays, gathered for a `pad` of its cut dim and read by `var`'s sums."""
+    x = b["x"]
+    v = jnp.where(x > 0.5, x * p["s"], b["y"])
+    return lax.pad(v, 0.0, [(1, 0, 1)]), jnp.var(v, axis=0, keepdims=True)
+
+
+def _gathered_scaling(p, b):
+    """`tanh(x) * 2`, effectively unary, gathered for a `pad` and read by a sum of squares."""
+    v = jnp.tanh(b["x"]) * 2.0
+    return lax.pad(v, 0.0, [(1, 0, 1)]), jnp.sum(v * v)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, fn, expected",
+    [
+        ("a select is stored for the all-gather and read", _gathered_select, 23),
+        ("a scaling is computed again in the sum, not in the pad", _gathered_scaling, 12),
+    ],
+)
+def test_a_value_gathered_before_an_op_is_a_buffer(name, fn, expected):
+    """x[24] cut 8 ways: a `pad` of the cut dim all-gathers its operand first. The collective
+    fuses nothing, so XLA stores the value in a loop of its own: a producer reading two arrays
+    is computed there once and read by the other loops (fuzz seed 19 #545, dropout's select
+    gathered for a pad and read by `var`: 277 flops, 331 predicted with it in all three), one
+    XLA duplicates is computed again in each other loop; the pad reads the gathered copy and
+    computes none of it (validate's `_collected`)."""
+    args = (
+        {"s": jax.ShapeDtypeStruct((), F32)},
+        {"x": jax.ShapeDtypeStruct((24,), F32), "y": jax.ShapeDtypeStruct((24,), F32)},
+    )
+    predicted, compiled = predicted_and_compiled(fn, args, {"data": 8})
+    assert compiled == expected, name
+    assert predicted == compiled, name

@@ -1415,6 +1415,7 @@ def executions(
     stored: frozenset[int] = frozenset(),
     barriers: bool = True,
     local_shapes: dict[int, tuple[int, ...]] | None = None,
+    collected: frozenset[tuple[int, int]] = frozenset(),
 ) -> tuple[list[float], list[float]]:
     """(`flop_executions`, `transcendental_executions`) of `prog`, sharing the work they have
     in common (the rewiring, liveness and fusions: two seconds of the evaluator's set-up at
@@ -1434,7 +1435,13 @@ def executions(
     in the program `toast_core.apply.shard` replays, whose bodies are inlined: XLA's simplifier
     and CSE see through them there, and merge each recomputation with the forward.
     `local_shapes`: one device's shapes of the values, where XLA's fusion tests see them
-    (`fusion.fusion_work`); none in the cost model itself."""
+    (`fusion.fusion_work`); none in the cost model itself. `collected`: (value, op) pairs, a
+    value that a collective of the partitioned program reads whole for that op (an all-gather
+    before an op reading a cut dim whole; `toast_core.apply.validate.cpu_flops`): a collective
+    fuses nothing, so the value is a buffer, its producer a fusion root, computed once there
+    unless XLA duplicates it into its other readers (`fusion._duplicable`), and the op reads
+    the collective's result, not the value (`_read_after_collectives`); none in the cost
+    model itself."""
     from toast_core.cost.flops import op_flops, op_transcendentals
 
     # the simplifier's work behind the checkpoint bodies' barriers, the fusions without them
@@ -1446,6 +1453,8 @@ def executions(
     spread = _spread_on_device(uni[: len(prog.values)], local_shapes)
     # the dot products are the reductions XLA makes of them (`dot_products.as_sums`)
     simple = as_sums(_pruned(simple, live))
+    if collected:
+        simple, spread = _read_after_collectives(simple, spread, collected)
     is_mat = materialized(simple)
     for i in unfused:
         for v in simple.ops[i].operands:
@@ -1456,6 +1465,11 @@ def executions(
         is_mat[v] = True
         if producers[v] is not None:
             apart.add(producers[v])
+    for v, _ in collected:  # read by no fusion: the readers that do not duplicate it read it
+        is_mat[v] = True
+        p = producers[v]
+        if p is not None and not _duplicable(simple, simple.ops[p], spread, local_shapes):
+            apart.add(p)
     roots: list = []
     copies, expanded = fusion_work(
         simple,
@@ -1536,6 +1550,27 @@ def _spread_on_device(
         any(local_shapes[v][d] > 1 for d in u) if u and v in local_shapes else bool(u)
         for v, u in enumerate(uni)
     ]
+
+
+def _read_after_collectives(
+    prog: Program, spread: list[bool], collected: frozenset[tuple[int, int]]
+) -> tuple[Program, list[bool]]:
+    """`prog` with each op of `collected` (value, op) reading, instead of the value, a new input
+    of its shape: the collective's result, which no fusion of the value's producer makes (an
+    all-gather's result read by a `pad`: measured, `v = tanh(x) * 2` gathered for a pad and
+    read by `sum(v * v)` computes the multiply in the gather's loop and the sum's, not the
+    pad's); and `spread` extended over the new values (none spread)."""
+    values, ops = list(prog.values), list(prog.ops)
+    spread = list(spread) + [False] * (len(values) - len(spread))
+    for v, o in sorted(collected):
+        if o >= len(ops) or v not in ops[o].operands:
+            continue
+        new = replace(values[v], id=len(values), role="input", output_name=None, updates=None)
+        values.append(new)
+        spread.append(False)
+        operands = tuple(new.id if x == v else x for x in ops[o].operands)
+        ops[o] = replace(ops[o], operands=operands)
+    return replace(prog, values=tuple(values), ops=tuple(ops)), spread
 
 
 def erfc_gradient_exps(prog: Program, live: list[bool]) -> list[tuple[int, list[int], list[int]]]:
