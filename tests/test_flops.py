@@ -308,6 +308,33 @@ SIMPLIFIED = {
         ),
         (jnp.ones((2, 16, 4)),),
     ),
+    # a transpose that reorders a broadcast's core stays a transpose of a broadcast: an op that
+    # alone reads it runs on the core, the readers of one read twice on the whole array (fuzz
+    # seed 19 #758, the gradient of a prod of a tanh of such a transpose, 0.81 of XLA's flops)
+    "transposed_broadcast_read_once": (
+        lambda a: 1.0 + jnp.tanh(jnp.swapaxes(B(a, (8, 4, 16), (1, 2)), 1, 2)),
+        (X[:4, :16],),
+    ),
+    "transposed_broadcast_read_twice": (
+        lambda a: (lambda t: (2.0 * t) * t)(jnp.swapaxes(B(a, (8, 4, 16), (1, 2)), 1, 2)),
+        (X[:4, :16],),
+    ),
+    "transposed_broadcast_core_kept_in_order": (
+        lambda a: (lambda t: (2.0 * t) * t)(jnp.swapaxes(B(a, (8, 4, 16), (1, 2)), 0, 1)),
+        (X[:4, :16],),
+    ),
+    # a slice of a broadcast is a broadcast of the core's slice
+    "slices_of_a_broadcast": (
+        lambda a: (
+            (lambda b: b[:4] * b[4:])(B(a, (8, 4, 16), (1, 2))),
+            (lambda b: b[:, :2] * b[:, 2:])(B(a, (8, 4, 16), (1, 2))),
+        ),
+        (X[:4, :16],),
+    ),
+    "gradient_of_a_transposed_broadcast": (
+        jax.grad(lambda a: jnp.sum(jnp.tanh(jnp.swapaxes(B(a, (8, 4, 16), (1, 2)), 1, 2)))),
+        (X[:4, :16],),
+    ),
     # a special function of a broadcast: its selects (and what follows) on the whole result,
     # the rest on the core (fuzz seed 18 #306, a gelu of a broadcast, 0.78 of XLA's flops)
     "special_functions_of_a_broadcast": (
@@ -1086,6 +1113,123 @@ def test_cpu_view_computes_a_self_dot_operand_in_each_sides_copy(spec):
     assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
 
 
+def _reshaped_rhs(a, b, x):
+    y = a - b
+    return jnp.einsum("abc,bef->acef", x, y), y * 2.0
+
+
+def _vector_adam(x, w1, w, m, s):
+    def loss(w1, w):
+        return jnp.sum(jax.nn.gelu((x @ w1) @ w))
+
+    g1, g = jax.grad(loss, argnums=(0, 1))(w1, w)
+    return g1, 0.9 * m + 0.1 * g, 0.999 * s + 0.001 * g * g
+
+
+@pytest.mark.parametrize(
+    "fn, shapes",
+    [
+        (_reshaped_rhs, [(2, 4, 2), (2, 4, 2), (3, 2, 4)]),
+        (_vector_adam, [(4,), (4, 4), (4, 8), (4, 8), (4, 8)]),
+    ],
+    ids=["flattened-free-dims", "vector-operand"],
+)
+def test_cpu_view_fuses_what_a_dot_reads_reshaped(fn, shapes):
+    """A dot operand XLA:CPU reshapes (free dims flattened into one; a vector given a unit
+    dim) is read through a bitcast loop fusion, like a layout copy: a cheap producer reading
+    two arrays is computed there and in each other fusion reading it (`validate.
+    _reshaped_dot_operands`). `y = a - b` read as [b, e * f] by `einsum('abc,bef->acef')` and
+    by `y * 2`: 432 flops, 416 counted once (fuzz seed 19 #790); the GELU gradient of
+    `gelu(t @ w)`, `t` a vector, read by `g @ w.T` and by the outer-product weight gradient
+    that Adam's two moments read: 840, 616 counted once (seed 19 #388)."""
+    args = [X.reshape(-1)[: prod(s)].reshape(s) + 0.01 * i for i, s in enumerate(shapes)]
+    assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
+
+
+def test_an_expensive_op_read_into_more_elements_roots_its_own_fusion():
+    """`exp(t) * t` read by an outer product (a multiply of broadcasts): XLA does not fuse the
+    exp into a loop that reuses its elements, so the exp is a fusion of its own, and
+    `t = a * b + 1`, read by it and by the outer product's loop, is computed in both (208
+    flops; 176 with the exp in the outer product's loop: fuzz seed 19 #724, an erfc so, 0.74
+    of XLA's flops)."""
+
+    def fn(a, b, x):
+        t = a * b + 1.0
+        return (jnp.exp(t) * t)[:, None] * x[None, :]
+
+    args = (X[0, :16], X[1, :16], X[2, :8])
+    assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
+
+
+def test_a_dot_product_on_one_device_fuses_its_operands_producers():
+    """`(a * b) @ w` with `w` [16, 1] and the rows of `a` split 8 ways is a dot product on each
+    device ([1, 16] @ [16, 1]), which XLA's simplifier makes a multiply and a reduce: `a * b`,
+    read by it and by `a * b + 1`, is computed in both fusions (79 flops per device; 64 when
+    the fusion tests took the global dot, a matrix-vector product, and stored `a * b` once:
+    fuzz seed 19 #887, 0.74 of XLA's flops)."""
+
+    def fn(a, b, w):
+        p = a * b
+        return p @ w, p + 1.0
+
+    got, want = predicted_and_compiled(fn, (X[:8, :16], X[8:16, :16], X[:16, :1]), {"data": 8})
+    assert got == pytest.approx(want, rel=0.02)
+
+
+@pytest.mark.parametrize("side", ["matrix-vector", "vector-matrix"])
+def test_cpu_view_fuses_a_matrix_vector_dot_reading_a_transposed_layout(side):
+    """`(a.T * b) @ v`: the multiply takes its first operand's layout, the transpose's, which
+    XLA's gemv rewriter does not rewrite, and XLA:CPU fuses the multiply into the
+    matrix-vector dot (`validate._fused_matrix_vector_dots`): read by the dot's fusion and by
+    `a.T * b + 1`, it is computed in both, 120 flops (96 stored once; fuzz seed 19 #1243, a
+    `prod`'s gradient, 0.82 of XLA's flops); so with the vector on the left. `(b * a.T) @ v`,
+    or `v @ (a.T * b).T` (the transposes cancel), stays a dot of a stored multiply."""
+
+    def fn(a, b, v):
+        m = a.T * b
+        return (m @ v if side == "matrix-vector" else v @ m), m + 1.0
+
+    args = (X[:4, :6], X[4:10, :4], X[0, :4] if side == "matrix-vector" else X[0, :6])
+    assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
+
+
+def test_a_negative_integer_power_is_kept_once():
+    """`integer_pow(1 + v * v, -2)` is a division in the HLO, expensive: XLA computes it once
+    for the two loops reading it (240 flops; 304 when duplicated into both as a cheap power;
+    fuzz seed 19 #548, the gradient of `u / (1 + u * u)`, 1.11 of XLA's flops)."""
+
+    def fn(v, x):
+        d = lax.integer_pow(1.0 + v * v, -2)
+        return (d * v)[:, None] * x[None, :], d * x[:1] + v
+
+    args = (X[0, :16], X[1, :8])
+    assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
+
+
+def test_an_expensive_op_rooted_for_a_later_reuse_blocks_no_path():
+    """Fuzz seed 19 #316 (megatron on 2x4): the exact GELU's erfc reaches its gradient's
+    readers through `tanh(gelu(x) / c)`, whose tanh roots a fusion of its own because a loop
+    further on reads it into more elements (`fusion._expensive_reused`). XLA's all-paths test
+    asks `ShouldFuse` of each edge before fusing: the tanh's edge to its own reader passes,
+    and the erfc is computed in three fusions (15,132 flops per device; 9,180 predicted when
+    that edge blocked the path, 13,244 before the tanh was rooted alone)."""
+    from fuzz import pipeline as pl
+    from fuzz.programs import generate
+
+    prog = generate(19, 316, max_ops=10)
+    (st,) = [i for i in pl.front(prog, ["2x4"], with_search=False) if isinstance(i, pl.Front)]
+    rep = tc.validate(
+        st.fn,
+        st.args,
+        st.ana,
+        st.plans["2x4"]["megatron"],
+        pl.jax_mesh(pl.MESHES["2x4"]),
+        tc.hardware(pl.HARDWARE),
+        check_numerics=False,
+    )
+    assert rep.predicted_flops == pytest.approx(rep.compiled_flops, rel=0.05)
+
+
 def test_a_reduction_read_by_a_gather_fusion_is_priced():
     """Fuzz seed 53 #28: an argmax read only by the gather fusion of a `take_along_axis` (a
     fusion with a placeholder root) crashed `fusion_work` with an IndexError; it is counted as
@@ -1158,3 +1302,49 @@ def test_a_vector_dot_operand_is_recomputed_in_its_other_readers():
     for fn, want in ((vector, 121.0), (also_output, 110.0), (matrix, 484.0)):
         predicted, compiled = unsharded_flops(fn, a, a, w)
         assert predicted == compiled == want, (fn.__name__, predicted, compiled)
+
+
+def test_a_transposed_broadcast_keeps_its_core_order_where_cut_to_one():
+    """`swapaxes(broadcast_to(x[4, 12, 2][None], (2, 4, 12, 2)), 2, 0)` reorders the core dims 4
+    and 12: the gelu's readers of its operand run on the whole array (`simplify.
+    _transposed_core`) on one device. Cut 4 ways, the 4 is one element on a device
+    and the transpose keeps the order of what is left: the gelu runs on the core there, as the
+    CPU view's local shapes say (fuzz seed 19 #1071: 1.58 of XLA's flops when priced in full;
+    its 0.93 there is the gelu's selects on the core, not modelled)."""
+
+    def fn(x):
+        b = jnp.broadcast_to(x[None], (2,) + x.shape)
+        return jax.nn.gelu(jnp.swapaxes(b, 2, 0), approximate=False)
+
+    x = jnp.linspace(0.1, 1.0, 96).reshape(4, 12, 2)
+    for axes, rel in (({"data": 1}, 0.05), ({"data": 4}, 0.1)):
+        predicted, compiled = predicted_and_compiled(fn, (x,), axes)
+        assert predicted == pytest.approx(compiled, rel=rel), (axes, predicted, compiled)
+
+
+def test_cpu_view_computes_a_convolution_operand_in_each_orders_copy():
+    """A convolution's output cotangent read by the input-gradient and the weight-gradient
+    convolutions in two dim orders (dimension numbers ('CWN', 'WOI', 'WCN')): XLA:CPU makes a
+    transposed copy per order, and each copy's loop fusion computes the cheap chain making it
+    (`fusion._conv_copy_orders`; fuzz seed 19 #760, 0.74 of XLA's flops). Convolutions in
+    their canonical order ('NWC', 'WIO', 'NWC') read the value as it is, and so do those of a
+    loop body, which XLA:CPU's ConvCanonicalization does not visit (fuzz seed 19 #1513)."""
+
+    def loss(p, x):
+        v = x @ p["a"]
+        spec = ("CWN", "WOI", "WCN")
+        y = lax.conv_general_dilated(v, p["w"], (1,), "SAME", dimension_numbers=spec)
+        return jnp.mean(jnp.sin(y * y))
+
+    def step(p, x):
+        return jax.tree.map(lambda u, v: u - 0.1 * v, p, jax.grad(loss)(p, x))
+
+    def accumulated(p, xs):
+        body = lambda i, acc: jax.tree.map(jnp.add, acc, jax.grad(loss)(p, xs[i]))  # noqa: E731
+        g = lax.fori_loop(0, 2, body, jax.tree.map(jnp.zeros_like, p))
+        return jax.tree.map(lambda u, v: u - 0.1 * v, p, g)
+
+    p = {"a": jnp.full((4, 32), 0.1), "w": jnp.full((1, 16, 4), 0.1)}
+    xs = jnp.linspace(0.0, 1.0, 64).reshape(2, 4, 2, 4)
+    for fn, x in ((step, xs[0]), (accumulated, xs)):
+        assert cpu_view_flops(fn, p, x) == pytest.approx(xla_cost(fn, p, x)[0]), fn.__name__

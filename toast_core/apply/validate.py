@@ -68,7 +68,7 @@ from toast_core.cost.cpu_tree_reduce import (
     tree_factor,
     view_source_operand,
 )
-from toast_core.cost.fusion import materialized
+from toast_core.cost.fusion import fusible, materialized
 from toast_core.cost.iota_offsets import iota_offset_flops
 from toast_core.cost.loop_control import loop_control_flops
 from toast_core.cost.model import evaluator, reduction_flops
@@ -317,7 +317,7 @@ def cpu_flops(
     fusion, fusion_trans = _cpu_fusion_factors(
         program,
         frozenset(unfused),
-        _cpu_copied_operands(program),
+        _cpu_copied_operands(program, local),
         partitioned,
         shifts,
         local,
@@ -603,12 +603,13 @@ def _normalizes(op, prog, uses, depth: int = 4) -> bool:
     return False
 
 
-def _cpu_copied_operands(program) -> frozenset[int]:
+def _cpu_copied_operands(program, local_shapes: dict | None = None) -> frozenset[int]:
     """Values XLA:CPU copies into another layout for the dots and convolutions reading them
     (`cost.cpu_buffers`): the copy is a loop fusion reading the value like any fusible reader.
     With them, the values a dot reads on both sides (`fusion._copied_for_both_sides` says
     whether each side is copied in its own order, even when the producer's fusion writes one of
-    them in place and `cpu_buffers` counts no copy's buffer)."""
+    them in place and `cpu_buffers` counts no copy's buffer), and those every dot reads
+    reshaped (`_reshaped_dot_operands`)."""
     is_mat = materialized(program)
     dots = dot_operand_copies(program, is_mat)[0].tolist()
     convs = [row[0] for row in conv_operand_copies(program, is_mat)]
@@ -617,7 +618,44 @@ def _cpu_copied_operands(program) -> frozenset[int]:
         for op in rewired(program).ops  # a value repeated (CSE'd) counts as the one value
         if op.primitive == "dot_general" and len(set(op.operands)) == 1
     ]
-    return frozenset(dots + convs + both)
+    return frozenset(dots + convs + both) | _reshaped_dot_operands(program, local_shapes)
+
+
+def _reshaped_dot_operands(program, local_shapes: dict | None = None) -> frozenset[int]:
+    """Values that every dot reading them reads in another shape than XLA:CPU's dot takes
+    (`_canonical_dot_operand`): XLA's dot decomposer (or its gemv rewriter, for a vector)
+    reshapes such an operand, a bitcast that is a loop fusion like a layout copy, so a cheap
+    producer is fused into it and into each other fusion reading it, however many arrays it
+    reads (`InstructionFusion::ComputeGloballyUnfusible` finds every consumer fusible). Measured:
+    the gradient of `gelu(t @ w)` for a vector `t` feeds the input-gradient dot (`g @ w.T`, a
+    vector read as [8, 1]) and the outer-product weight gradient, which Adam's two moments read:
+    the GELU's backward chain is in the dot's bitcast fusion and in both moments' fusions (fuzz
+    seed 19 #388, 0.82 of XLA's flops counted once); `einsum('abc,bef->acef', x, v)` reads `v`
+    as [b, e * f], and `v = min(a, b) - s` is computed there and in each other reader (seed 19
+    #790, 0.79). On one device's `local_shapes` (a dim cut to 1 is a unit dim there)."""
+    shape_of = lambda v: (local_shapes or {}).get(v, program.values[v].shape)  # noqa: E731
+    reads: dict[int, bool] = {}
+    for op in program.ops:
+        if op.primitive != "dot_general" or len(op.operands) != 2:
+            continue
+        dims = op.param("dimension_numbers")
+        for pos, v in enumerate(op.operands):
+            canonical = _canonical_dot_operand(shape_of(v), dims[0][pos], dims[1][pos])
+            reads[v] = reads.get(v, True) and not canonical
+    return frozenset(v for v, reshaped in reads.items() if reshaped)
+
+
+def _canonical_dot_operand(shape: tuple, contracted, batch) -> bool:
+    """Whether a dot reads an operand of `shape` as it is: its batch dims leading, then one
+    free and one contracted dim (in either order), no dim of size 1 (XLA's dot decomposer
+    flattens several free or contracted dims into one, and its simplifier drops unit dims)."""
+    free = [d for d in range(len(shape)) if d not in contracted and d not in batch]
+    return (
+        len(contracted) == 1
+        and len(free) == 1
+        and tuple(batch) == tuple(range(len(batch)))
+        and all(n > 1 for n in shape)
+    )
 
 
 def _collected(collectives) -> frozenset[tuple[int, int]]:
@@ -653,7 +691,8 @@ def _cpu_fusion_factors(
     one per device is a bitcast there), over the model's (`simplify.executions`), where they
     differ (`partitioned`: for more than one device, as the model's)."""
     remat = any(not REMAT_CALLS.isdisjoint(op.call_path) for op in program.ops)
-    if not (unfused or copied or stored or remat or local_shapes or collected):
+    dots = _fused_matrix_vector_dots(program, local_shapes)
+    if not (unfused or copied or stored or remat or local_shapes or dots or collected):
         return {}, {}
     base = executions(program, partitioned=partitioned)
     cpu = executions(
@@ -664,6 +703,7 @@ def _cpu_fusion_factors(
         stored=stored,
         barriers=False,
         local_shapes=local_shapes,
+        fused_dots=dots,
         collected=collected,
     )
     if remat:
@@ -672,6 +712,80 @@ def _cpu_fusion_factors(
         {i: c / b for i, (b, c) in enumerate(zip(base[k], cpu[k])) if b > 0 and c != b}
         for k in (0, 1)
     )
+
+
+#: XLA:CPU fuses producers into a matrix-vector dot whose vector is smaller than this
+#: (`CpuInstructionFusion::ShouldFuse`'s `kFusionThresholdBytes`).
+_MATVEC_FUSION_BYTES = 16 * 1024
+
+
+def _fused_matrix_vector_dots(program, local_shapes: dict | None = None) -> frozenset[int]:
+    """Dots XLA:CPU emits as loop fusions: matrix-vector products (unit dims aside: no batch,
+    a matrix, a vector of under 16 KiB, one free dim in all) whose matrix reaches the dot in a
+    transposed layout (`_transposed_layouts`). XLA's gemv rewriter gives any other
+    matrix-vector dot a unit dim (a matrix-matrix dot no fusion takes), but it leaves a dot
+    whose operand has a layout other than row-major, and `CpuInstructionFusion::ShouldFuse`
+    then fuses the matrix's producers into the dot ("small matrix-vector product"), then the
+    vector's: a fusible reader of both. Measured: `(a.T * b) @ v` is one fusion, `(b * a.T) @
+    v` (the multiply takes its first operand's layout) is a dot reading a stored multiply;
+    the gradient of `prod(1 + 0.1 * tanh(v4 @ w), axis=1)` (whose `reshape` with `dimensions`
+    transposes) reads the tanh's gradient chain in both weight-gradient dots' fusions (fuzz
+    seed 19 #1243, 0.82 of XLA's flops when the chain was stored once)."""
+    shape_of = lambda v: (local_shapes or {}).get(v, program.values[v].shape)  # noqa: E731
+    transposed = _transposed_layouts(program)
+    out = []
+    for op in program.ops:
+        if op.primitive != "dot_general" or len(op.operands) != 2 or fusible(op, program):
+            continue
+        (lc, rc), (lb, rb) = op.param("dimension_numbers")
+        shapes = [shape_of(v) for v in op.operands]
+        if any(shapes[0][d] > 1 for d in lb):
+            continue
+        free = [
+            [d for d in range(len(s)) if d not in c and d not in b and s[d] > 1]
+            for s, c, b in zip(shapes, (lc, rc), (lb, rb))
+        ]
+        wide = [sum(n > 1 for n in s) for s in shapes]
+        if len(free[0]) + len(free[1]) != 1:
+            continue  # a dot product (a reduce) or a matrix-matrix product
+        m = 0 if free[0] else 1  # the matrix side
+        vector = program.values[op.operands[1 - m]]
+        nbytes = np.prod(shapes[1 - m]) * vector.nbytes / max(vector.size, 1)
+        if (wide[m], wide[1 - m]) != (2, 1) or nbytes >= _MATVEC_FUSION_BYTES:
+            continue
+        if transposed[op.operands[m]]:
+            out.append(op.index)
+    return frozenset(out)
+
+
+def _transposed_layouts(program) -> list[bool]:
+    """Per value, whether XLA's HLO before layout assignment gives it a layout other than
+    row-major: a transpose's result (JAX lowers it, and a `reshape` with `dimensions`, to a
+    transpose XLA lays out as a bitcast of its operand), and an elementwise op's whose first
+    operand of its own shape has one (measured on XLA:CPU, jaxlib 0.10.2)."""
+    out = [False] * len(program.values)
+    for op in program.ops:
+        if len(op.results) != 1:
+            continue
+        (r,) = op.results
+        if op.primitive == "transpose":  # a bitcast of its operand: the permutations compose
+            src = program.values[op.operands[0]].shape
+            wide = [d for d in op.param("permutation") if src[d] > 1]
+            out[r] = (wide != sorted(wide)) != out[op.operands[0]]
+        elif op.primitive == "reshape" and op.param("dimensions") is not None:
+            src = program.values[op.operands[0]].shape
+            wide = [d for d in op.param("dimensions") if src[d] > 1]
+            out[r] = wide != sorted(wide)
+        elif op.primitive in prim.ELEMENTWISE:
+            shape = program.values[r].shape
+            for v in op.operands:
+                if program.values[v].shape == shape and program.values[v].role not in (
+                    "literal",
+                    "constant",
+                ):
+                    out[r] = out[v]
+                    break
+    return out
 
 
 def _charge_merged_to_counted(program, base, cpu) -> None:

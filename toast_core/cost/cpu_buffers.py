@@ -206,7 +206,7 @@ from toast_core.cost.cpu_tree_reduce import CPU_REDUCE_WINDOW, CPU_TREE_MAX_ELEM
 from toast_core.cost.dot_products import as_sums
 from toast_core.cost.flops import spread_divisor_elements
 from toast_core.cost.flops_measured import top_k_stays_a_sort
-from toast_core.cost.fusion import FUSIBLE, fused_away, fusible, materialized
+from toast_core.cost.fusion import FUSIBLE, conv_read_order, fused_away, fusible, materialized
 from toast_core.cost.reshaped_dots import canonical_dot_dims
 from toast_core.cost.simplify import constant_values, uniform_dims
 from toast_core.cost.top_k_sorts import keeps_whole_dim, sorts_values_alone
@@ -883,9 +883,8 @@ def conv_operand_copies(prog: Program, is_materialized: list[bool]) -> list[tupl
     for op in prog.ops:
         if op.primitive != "conv_general_dilated":
             continue
-        specs = dict(op.param("dimension_numbers"))
-        (lb, lf, *ls), (ro, ri, *rs) = specs["lhs_spec"], specs["rhs_spec"]
-        for x, order in ((op.operands[0], (lb, *ls, lf)), (op.operands[1], (*rs, ri, ro))):
+        for pos, x in enumerate(op.operands[:2]):
+            order = conv_read_order(op, pos)
             shape = prog.values[x].shape
             wide = tuple(d for d in order if shape[d] != 1)
             if wide != tuple(d for d in range(len(shape)) if shape[d] != 1) and is_materialized[x]:

@@ -134,6 +134,7 @@ def fusion_work(
     roots_out: list | None = None,
     local_shapes: dict[int, tuple[int, ...]] | None = None,
     apart_on_broadcast: dict[int, int] | None = None,
+    fused_dots: frozenset[int] = frozenset(),
 ) -> tuple[list[int], dict[int, int]]:
     """(copies, expanded): how many times each op is computed, once per fusion that contains
     it; and, for each special function XLA expands into many HLO ops (erfc, digamma: `prim.
@@ -148,7 +149,8 @@ def fusion_work(
     An op whose result is materialized is the root of its own fusion; a cheap op is fused into
     the fusions of all its fusible readers as well. An op XLA does not duplicate (`NOT_DUPLICATED`) roots its own
     fusion only when several fusions read it: read by one, XLA fuses it into that one like any
-    op, and its cheap producers with it. `gelu(x, approximate=False)`'s gradient is one loop
+    op, and its cheap producers with it, unless that one reads it into more elements
+    (`_expensive_reused`). `gelu(x, approximate=False)`'s gradient is one loop
     fusion with the erfc expansion inside; counting erfc apart counted the `x / sqrt(2)` feeding
     both it and the exp twice. A reduction fuses into its one reader's loop too (logsumexp's
     `log(sum(exp(x - m))) + m` is one fusion: its `m` is computed once), unless that loop writes
@@ -179,10 +181,12 @@ def fusion_work(
     fuses = _fusible_ops(prog)
     if unfused:
         fuses = [f and i not in unfused for i, f in enumerate(fuses)]
+    if fused_dots:
+        fuses = [f or i in fused_dots for i, f in enumerate(fuses)]
     fuses, is_materialized, gather_own = _with_fused_gathers(prog, fuses, is_materialized)
     costly = _costly_cones(prog, is_materialized, spread)
     reads_apart = _apart_roots(apart_on_broadcast or {})
-    walk = (prog, fuses, is_materialized, gather_own, spread, copied, reads_apart)
+    walk = (prog, fuses, is_materialized, gather_own, spread, copied, reads_apart, fused_dots)
     roots, expanded = _fusion_work_roots(*walk, costly, local_shapes)
     stored = _stored_apart(prog, roots, fuses, spread)
     if stored:
@@ -257,7 +261,16 @@ def _apart_roots(apart_on_broadcast: dict[int, int]) -> dict[int, frozenset[int]
 
 
 def _fusion_work_roots(
-    prog, fuses, is_materialized, gather_own, spread, copied, reads_apart, costly, local_shapes=None
+    prog,
+    fuses,
+    is_materialized,
+    gather_own,
+    spread,
+    copied,
+    reads_apart,
+    fused_dots,
+    costly,
+    local_shapes=None,
 ):
     """Per op, the fusions computing it, and the special functions expanded into several
     readers (`fusion_work`'s walk, given the costly cones). `reads_apart` [op -> placeholder roots]:
@@ -270,6 +283,7 @@ def _fusion_work_roots(
     expanded: dict[int, int] = {}
     self_only = frozenset()
     holds_reduction: dict[int, tuple[int, ...]] = {}  # per fusion root: its reductions' shape
+    reused_apart: set[int] = set()  # expensive ops rooted alone for a reuse further on
     indexing = IndexingCounts(prog)
     for op in reversed(prog.ops):
         # An empty result is a constant to XLA (its simplifier replaces any op making one):
@@ -279,7 +293,7 @@ def _fusion_work_roots(
         if op.results and not any(prog.values[r].size for r in op.results):
             continue
         mat = any(is_materialized[r] for r in op.results if prog.values[r].size)
-        if not fuses[op.index] or _added_into_scatter(prog, op, uses):
+        if not fuses[op.index] or op.index in fused_dots or _added_into_scatter(prog, op, uses):
             roots[op.index] = frozenset((op.index,))
             continue
         reading = [
@@ -308,13 +322,15 @@ def _fusion_work_roots(
             elif not readers or (mat and _is_loop_carry(prog, op, uses)):
                 roots[op.index] = self_only
             elif mat and _read_through_copies(prog, op, copied, fuses):
-                unfused_path = len(readers) > 1 and _unfused_path(prog, op, roots, local_shapes)
+                unfused_path = len(readers) > 1 and _unfused_path(
+                    prog, op, roots, local_shapes, reused_apart
+                )
                 roots[op.index] = self_only if unfused_path else self_only | readers
             elif mat:
                 roots[op.index] = self_only | _recomputing_readers(
                     prog, op, roots, spread, fuses, local_shapes
                 )
-            elif len(readers) > 1 and _unfused_path(prog, op, roots, local_shapes):
+            elif len(readers) > 1 and _unfused_path(prog, op, roots, local_shapes, reused_apart):
                 roots[op.index] = self_only
             else:
                 roots[op.index] = readers
@@ -337,7 +353,7 @@ def _fusion_work_roots(
             (
                 (not mat or through_copies or _dots_read_reshaped(prog, op, fuses))
                 and len(readers) + mat > 1
-                and not path_blocked(prog, op, roots, local_shapes)
+                and not path_blocked(prog, op, roots, local_shapes, reused_apart)
             )
             or _widened_by_its_reader(prog, op, mat, readers, roots, uses)
         ):
@@ -353,6 +369,9 @@ def _fusion_work_roots(
             own = frozenset((_copy_root(op.index),)) if through_copies else self_only
             roots[op.index] = readers | placeholders | (own if mat else frozenset())
             continue
+        if not own and len(readers) == 1 and _expensive_reused(prog, op, readers, roots, uses):
+            own = True
+            reused_apart.add(op.index)
         if op.primitive in prim.ARG_REDUCTIONS:
             # An argmax is a variadic reduce (value and index) that its reader reads through a
             # get-tuple-element, which XLA:CPU does not loop-fuse (`CpuInstructionFusion::
@@ -555,6 +574,26 @@ def _widened_by_its_reader(prog: Program, op, mat: bool, readers, roots, uses) -
     return root >= 0 and _reused_on_the_way(prog, op, root, roots, uses)
 
 
+def _expensive_reused(prog: Program, op, readers, roots, uses) -> bool:
+    """Whether expensive elementwise `op` (an exp, a log, a division: kept once,
+    `_kept_once`), read by the one loop fusion `readers`, is read there into more elements
+    than it has (`_reused_on_the_way`): XLA:CPU fuses no expensive producer into a consumer
+    that reuses its elements (`CpuInstructionFusion::ShouldFuse`, "Fusion is not
+    profitable"), so it roots a fusion of its own, with its cheap producers, as it does for
+    several readers. An outer-product weight gradient `(g * exp(v))[:, None] * x[None, :]`
+    (a multiply of two broadcasts in the HLO) reads the exp so: measured, the erfc feeding
+    `exp(erfc(v))` is computed in the exp's fusion and again in each other fusion reading it
+    (fuzz seed 19 #724, 0.74 of XLA's flops when the exp was fused into the weight
+    gradient's loop). Reductions (`_REDUCTIONS`, their own rule), special functions (their
+    expansion's rule) and random bits (no one expensive op) aside."""
+    if op.primitive in _REDUCTIONS or op.primitive in RANDOM_BITS:
+        return False
+    if op.primitive in prim.EXPANDED_TRANSCENDENTAL:
+        return False
+    (root,) = readers
+    return root >= 0 and _reused_on_the_way(prog, op, root, roots, uses)
+
+
 def _dots_read_reshaped(prog: Program, op, fuses) -> bool:
     """Whether `op`'s result, not an output, is stored only for dots that read it with no free
     dim (each dim contracted or batch): XLA reads such an operand through a loop fusion, into
@@ -646,6 +685,8 @@ def _copied_for_both_sides(prog: Program, op, fuses) -> bool:
 
     (r,) = op.results
     shape = prog.values[r].shape
+    if len(_conv_copy_orders(prog, r, fuses)) > 1:
+        return True
     for o, pos in prog.uses()[r]:
         reader = prog.ops[o]
         if pos != 0 or fuses[o] or reader.primitive != "dot_general" or reader.operands[1] != r:
@@ -663,6 +704,39 @@ def _copied_for_both_sides(prog: Program, op, fuses) -> bool:
         if both:
             return True
     return False
+
+
+def _conv_copy_orders(prog: Program, r: int, fuses) -> set[tuple[int, ...]]:
+    """The dim orders, other than its own, in which convolutions read value `r` (`cpu_buffers.
+    conv_operand_copies`): XLA:CPU makes one transposed copy per order, a loop fusion that
+    computes a cheap producer again (measured: SGD on a `conv_general_dilated` with dimension
+    numbers ('CWN', 'WOI', 'WCN'): the output's cotangent, read by the input-gradient and the
+    weight-gradient convolutions in two orders, is computed in `transpose_copy_fusion` and
+    `transpose_copy_fusion.1`, 39,936 flops each; fuzz seed 19 #760, 0.74 of XLA's flops).
+    Only in the entry computation: the pass that inserts the transposes (`ConvCanonicalization`)
+    walks no loop body or branch, whose convolutions read their operands as they are (seed 19
+    #1513, a convolution's gradients in a `while_loop`: no copy in XLA's HLO)."""
+    shape = prog.values[r].shape
+    own = tuple(d for d in range(len(shape)) if shape[d] != 1)
+    orders = set()
+    for o, pos in prog.uses()[r]:
+        reader = prog.ops[o]
+        if fuses[o] or reader.primitive != "conv_general_dilated" or pos > 1:
+            continue
+        if reader.region_depth:  # XLA:CPU's ConvCanonicalization visits the entry alone
+            continue
+        wide = tuple(d for d in conv_read_order(reader, pos) if shape[d] != 1)
+        if wide != own:
+            orders.add(wide)
+    return orders
+
+
+def conv_read_order(conv, pos: int) -> tuple[int, ...]:
+    """The dim order in which XLA:CPU's convolution reads its operand `pos` (0: the input,
+    batch, spatial dims, features; 1: the kernel, spatial dims, input and output features)."""
+    specs = dict(conv.param("dimension_numbers"))
+    (lb, lf, *ls), (ro, ri, *rs) = specs["lhs_spec"], specs["rhs_spec"]
+    return (lb, *ls, lf) if pos == 0 else (*rs, ri, ro)
 
 
 def _is_loop_carry(prog: Program, op, uses) -> bool:
@@ -683,7 +757,12 @@ def _is_loop_carry(prog: Program, op, uses) -> bool:
 
 def _kept_once(op, prog: Program, spread: list[bool] | None = None) -> bool:
     """Whether XLA computes `op` once however many fusions read it (`NOT_DUPLICATED`), a
-    division by a spread divisor aside (`_is_reciprocal_multiply`)."""
+    division by a spread divisor aside (`_is_reciprocal_multiply`). A negative integer power
+    is a division in the HLO (`1 / (x * x)`), kept once like one (fuzz seed 19 #548: the
+    `v / (1 + v * v)` gradient's `integer_pow(1 + v * v, -2)` is computed in one fusion that
+    the reshaped dot operand's loop and the outer product's read)."""
+    if op.primitive == "integer_pow" and int(op.param("y", 0)) < 0:
+        return True
     return op.primitive in NOT_DUPLICATED and not _is_reciprocal_multiply(op, prog, spread)
 
 
@@ -781,7 +860,11 @@ _PATH_WALK_LIMIT = 512
 
 
 def _unfused_path(
-    prog: Program, op, roots: list[frozenset[int]], local_shapes: dict | None = None
+    prog: Program,
+    op,
+    roots: list[frozenset[int]],
+    local_shapes: dict | None = None,
+    apart=frozenset(),
 ) -> bool:
     """Whether XLA keeps a cheap producer read by several fusions in one fusion of its own,
     computed once: it reads more than one array (`_more_than_unary`) and more elements than it
@@ -802,10 +885,11 @@ def _unfused_path(
     producer stays duplicated as before, which matches XLA:CPU's count of the GPT train step
     (201.3 M flops; judging those paths too fell to 197.9 M, under by 1.7 %).
 
-    Judged on `local_shapes` (`fusion_work`) where given: XLA tests the HLO of one device."""
+    Judged on `local_shapes` (`fusion_work`) where given: XLA tests the HLO of one device.
+    `apart`: see `_path_blocked`."""
     if _duplicable(prog, op, local_shapes=local_shapes) or not op.results:
         return False
-    return path_blocked(prog, op, roots, local_shapes)
+    return path_blocked(prog, op, roots, local_shapes, apart)
 
 
 def _duplicable(
@@ -834,11 +918,20 @@ def _duplicable(
 
 
 def path_blocked(
-    prog: Program, op, roots: list[frozenset[int]], local_shapes: dict | None = None
+    prog: Program,
+    op,
+    roots: list[frozenset[int]],
+    local_shapes: dict | None = None,
+    apart=frozenset(),
 ) -> bool:
     """Whether some path of fusible ops from `op` to one of its readers runs through an op that
     is not fused into the next one (`_unfused_path`, without its tests on `op` itself: a special
-    function's expansion ends in a select of several arrays whatever `op` reads)."""
+    function's expansion ends in a select of several arrays whatever `op` reads). An expensive
+    op in `apart` (`_expensive_reused`: rooted alone because a loop further on reads it into
+    more elements) blocks the edge to its reader only when that reader does so itself: XLA's
+    all-paths test (`CanFuseOnAllPaths`) asks `ShouldFuse` of each edge, before fusion (fuzz
+    seed 19 #316: the exact GELU's erfc, read through `tanh(gelu(x) / c)`, is computed in the
+    tanh's fusion and in two others; 0.61 of XLA's flops when that edge blocked it)."""
     if not op.results:
         return False
     uses = prog.uses()
@@ -875,6 +968,14 @@ def path_blocked(
                     blocked = True  # a scatter, a sort, a loop: its reader cannot fuse it
                 elif prog.ops[x].primitive in _REDUCTIONS:
                     blocked = blocked or _reduction_edge_blocked(prog, x, uses, local_shapes)
+                elif x in apart:
+                    # rooted alone for a reuse further on (`_expensive_reused`): XLA's test
+                    # asks of this edge only whether `y` itself reuses its elements
+                    blocked = blocked or any(
+                        prog.values[r].size > prog.values[v].size
+                        for r in prog.ops[y].results
+                        for v in prog.ops[x].results
+                    )
                 elif not roots[y] <= roots[x]:
                     blocked = True
                 back.add(x)
@@ -1299,6 +1400,11 @@ def _widens(prog: Program, op, readers: frozenset[int]) -> bool:
     )
 
 
+#: Ops that write each element of an operand once however many elements they make (XLA's
+#: `ReusesOperandElements` is false for them).
+_PLACES_ONCE = frozenset({"pad", "concatenate", "stack"})
+
+
 def _reused_on_the_way(prog: Program, op, root: int, roots, uses) -> bool:
     """Whether an op of the reader loop `root` reads reduction `op`'s result, or a value made
     from it in that loop, into more elements than that value has, other than by padding it.
@@ -1310,7 +1416,9 @@ def _reused_on_the_way(prog: Program, op, root: int, roots, uses) -> bool:
     seed 18 #163). A pad places each element once, and XLA fuses the reduction into the padded
     loop, however many more elements it writes (the gradient of
     `jnp.pad(p, ((1, 2), (0, 0)), mode="edge")`: the sum of the two edge rows' cotangents,
-    padded into p's, is computed in that loop with the split it reads, 312 flops on [8, 8])."""
+    padded into p's, is computed in that loop with the split it reads, 312 flops on [8, 8]).
+    So does a concatenate (`jnp.stack([g, tanh(g)])`: the tanh is fused into the stack's loop;
+    tests/test_flops_indexing.py, 181 flops where rooting it apart counted 216)."""
     stack, seen = [op.index], {op.index}
     while stack:
         i = stack.pop()
@@ -1320,7 +1428,7 @@ def _reused_on_the_way(prog: Program, op, root: int, roots, uses) -> bool:
                 if o in seen or root not in roots[o]:
                     continue
                 reader = prog.ops[o]
-                if reader.primitive != "pad" and any(
+                if reader.primitive not in _PLACES_ONCE and any(
                     prog.values[v].size > size for v in reader.results
                 ):
                     return True

@@ -296,7 +296,17 @@ def _per_program(build):
 def uniform_dims(prog: Program) -> list[frozenset[int]]:
     """Per value, the dims along which XLA sees it as a broadcast (see module docstring). A
     dead op that `without_dead_ops` left reading nothing makes none."""
+    return uniform_dims_on(prog)
+
+
+def uniform_dims_on(
+    prog: Program, local_shapes: dict[int, tuple[int, ...]] | None = None
+) -> list[frozenset[int]]:
+    """`uniform_dims`, with one device's `local_shapes` of the values where the partitioned
+    program's transposes keep or reorder a broadcast's core (`_transposed_core`)."""
     uni: list[frozenset[int]] = [frozenset()] * len(prog.values)
+    reordered: dict[int, tuple[int, ...]] = {}  # `_transposed_core`
+    uses = prog.uses()
     for op in prog.ops:
         rule = _UNIFORM_RULES.get(op.primitive)
         if rule is None and op.primitive in prim.ELEMENTWISE:
@@ -304,7 +314,50 @@ def uniform_dims(prog: Program) -> list[frozenset[int]]:
         if rule is None or len(op.results) != 1 or not op.operands:
             continue
         uni[op.results[0]] = rule(op, prog, uni)
+        _transposed_core(op, prog, uni, reordered, uses, local_shapes or {})
     return uni
+
+
+def _transposed_core(op: Op, prog: Program, uni, reordered: dict, uses, local_shapes) -> None:
+    """A transpose that reorders a broadcast's core dims (`swapaxes(broadcast_to(x[4, 16][None],
+    (8, 4, 16)), 1, 2)`) is no broadcast to XLA: a broadcast keeps its operand's dims in order,
+    so the simplifier leaves `transpose(broadcast(x))`. It moves the transpose below an
+    elementwise op that alone reads it, which then sinks below the broadcast as usual, but not
+    below one of several readers: those run on the whole transposed array (measured on jaxlib
+    0.10.2, `t` such a [8, 16, 4] transpose: `2 * t` and `tanh(t) + 1` count 64 flops, `(2 * t)
+    * t`, `(1 - t) + t` and `exp(t) * t` 512 per op; with a transpose that keeps the core's
+    order, `transpose(b, (1, 0, 2))`, 128 for `(2 * t) * t`; fuzz seed 19 #758, the gradient of
+    `prod(1 + 0.1 * tanh(t))`, 0.81 of XLA's flops).
+
+    On a device, a core dim cut down to one element is no dim to order (fuzz seed 19 #1071:
+    `swapaxes(broadcast_to(v[4, 12, 2][None], ...), 2, 0)` with the 4 cut 4 ways keeps the
+    core's order, and a gelu on it runs on the core).
+
+    Updates `reordered` (value -> the broadcast position of each of its dims) with `op`'s
+    result, and empties the uniform dims of an elementwise reader of a reordered value read
+    by more than one op."""
+    (r,) = op.results
+    if not uni[r]:
+        return
+    if op.primitive == "transpose":
+        src = prog.values[op.operands[0]]
+        perm = op.param("permutation", ())
+        key = reordered.get(src.id, tuple(range(src.rank)))
+        shape = local_shapes.get(src.id, src.shape)
+        core = {d for d in range(src.rank) if d not in uni[src.id] and shape[d] > 1}
+        order = [key[p] for p in perm if p in core]
+        if order != sorted(order):
+            reordered[r] = tuple(key[p] for p in perm)
+        return
+    if op.primitive not in prim.ELEMENTWISE:
+        return
+    moved = [v for v in dict.fromkeys(op.operands) if v in reordered]
+    if not moved:
+        return
+    if any(len({o for o, _ in uses[v]}) > 1 for v in moved):
+        uni[r] = frozenset()
+        return
+    reordered[r] = reordered[moved[0]]
 
 
 def broadcast_work_dims(prog: Program) -> list[frozenset[int]]:
@@ -1415,6 +1468,7 @@ def executions(
     stored: frozenset[int] = frozenset(),
     barriers: bool = True,
     local_shapes: dict[int, tuple[int, ...]] | None = None,
+    fused_dots: frozenset[int] = frozenset(),
     collected: frozenset[tuple[int, int]] = frozenset(),
 ) -> tuple[list[float], list[float]]:
     """(`flop_executions`, `transcendental_executions`) of `prog`, sharing the work they have
@@ -1435,27 +1489,36 @@ def executions(
     in the program `toast_core.apply.shard` replays, whose bodies are inlined: XLA's simplifier
     and CSE see through them there, and merge each recomputation with the forward.
     `local_shapes`: one device's shapes of the values, where XLA's fusion tests see them
-    (`fusion.fusion_work`); none in the cost model itself. `collected`: (value, op) pairs, a
-    value that a collective of the partitioned program reads whole for that op (an all-gather
-    before an op reading a cut dim whole; `toast_core.apply.validate.cpu_flops`): a collective
-    fuses nothing, so the value is a buffer, its producer a fusion root, computed once there
-    unless XLA duplicates it into its other readers (`fusion._duplicable`), and the op reads
-    the collective's result, not the value (`_read_after_collectives`); none in the cost
-    model itself."""
+    (`fusion.fusion_work`) and its simplifier finds dot products (`dot_products.as_sums`: fuzz
+    seed 19 #887, a dot of w[4, 8] cut to [1, 8] per device); none in the cost model itself.
+    `collected`: (value, op) pairs, a value that a collective of the partitioned program reads
+    whole for that op (an all-gather before an op reading a cut dim whole; `toast_core.apply.
+    validate.cpu_flops`): a collective fuses nothing, so the value is a buffer, its producer a
+    fusion root, computed once there unless XLA duplicates it into its other readers
+    (`fusion._duplicable`), and the op reads the collective's result, not the value
+    (`_read_after_collectives`); none in the cost model itself."""
     from toast_core.cost.flops import op_flops, op_transcendentals
 
     # the simplifier's work behind the checkpoint bodies' barriers, the fusions without them
     behind, sources = rewired_behind_barriers(prog) if barriers else (rewired(prog, False), {})
     simple = unbarred(behind, sources, prog)
     live = live_ops(simple)  # a dead reader (a repeat, an identity) is in no fusion
-    uni = uniform_dims(behind)
+    uni = uniform_dims(behind) if local_shapes is None else uniform_dims_on(behind, local_shapes)
     factors = _rewired_work_factors(behind, live, _pruned(behind, live), uni, partitioned)
     spread = _spread_on_device(uni[: len(prog.values)], local_shapes)
-    # the dot products are the reductions XLA makes of them (`dot_products.as_sums`)
-    simple = as_sums(_pruned(simple, live))
+    # the dot products are the reductions XLA makes of them (`dot_products.as_sums`), on one
+    # device's shapes where given: a dot whose free dims are cut to 1 there is one
+    simple = as_sums(_pruned(simple, live), _operand_shapes(simple, local_shapes))
     if collected:
         simple, spread = _read_after_collectives(simple, spread, collected)
-    is_mat = materialized(simple)
+    if fused_dots:
+        fuses = [fusible(op, simple) or op.index in fused_dots for op in simple.ops]
+        is_mat = materialized(simple, fuses)
+        for i in fused_dots:
+            for r in simple.ops[i].results:
+                is_mat[r] = True
+    else:
+        is_mat = materialized(simple)
     for i in unfused:
         for v in simple.ops[i].operands:
             is_mat[v] = True
@@ -1484,6 +1547,7 @@ def executions(
             for op in simple.ops
             if live[op.index] and _expanded_on_broadcast(op, simple, uni)
         },
+        fused_dots=frozenset(fused_dots),
     )
     fuses = [fusible(op, simple) and op.index not in apart for op in simple.ops]
     kept = lambda op: _kept_once(op, simple, spread)  # noqa: E731
@@ -1610,6 +1674,19 @@ def _squares(op: Op, vid: int) -> bool:
     if op.primitive == "integer_pow":
         return op.param("y") == 2
     return op.primitive == "mul" and tuple(op.operands) == (vid, vid)
+
+
+def _operand_shapes(prog: Program, local_shapes: dict | None):
+    """`dot_products.as_sums`'s `local_shape(op, pos)` over one device's `local_shapes` (value id
+    -> shape), None (the program's own shapes) without them."""
+    if not local_shapes:
+        return None
+
+    def local_shape(op: int, pos: int) -> tuple:
+        v = prog.ops[op].operands[pos]
+        return local_shapes.get(v, prog.values[v].shape)
+
+    return local_shape
 
 
 def _costliest_branches(prog: Program, executions: list[float], count) -> list[float]:
@@ -1881,6 +1958,15 @@ def _reduction_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
     return frozenset(i for i, d in enumerate(kept) if d in uni[op.operands[0]])
 
 
+def _slice_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
+    """A slice of a broadcast is a broadcast of the slice of its core (XLA's simplifier moves the
+    broadcast past the slice), along every dim it keeps longer than one (measured on jaxlib
+    0.10.2, `b` a [8, 4, 16] broadcast of `x[4, 16]`: `b[:4] * b[4:]` and `2 * b[:4]` count 64
+    flops, `b[:, :2] * b[:, 2:]` 32; 256 each when the slices were priced in full)."""
+    shape = prog.values[op.results[0]].shape
+    return frozenset(d for d in uni[op.operands[0]] if shape[d] > 1)
+
+
 def _pad_uniform(op: Op, prog: Program, uni) -> frozenset[int]:
     """A pad stays a broadcast along the dims it does not pad (XLA's simplifier moves the
     broadcast past the pad: the gradient of `mean(p[2:])` on [8, 8] pads an [8] core)."""
@@ -1920,6 +2006,7 @@ _UNIFORM_RULES = {
     "expand_dims": _reshape_uniform,
     "dot_general": _dot_uniform,
     "pad": _pad_uniform,
+    "slice": _slice_uniform,
     **{name: _reduction_uniform for name in prim.REDUCTIONS},
 }
 
