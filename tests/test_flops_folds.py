@@ -122,3 +122,37 @@ def test_gradient_of_a_kept_dims_variance_counts_as_xla_counts_it():
     predicted, compiled = predicted_and_compiled(fn, args, {"data": 6})
     assert compiled == 56
     assert predicted == compiled
+
+
+def _dot_of_broadcasts(spec: str, shape: tuple[int, ...], dims=None, scale=None):
+    """`einsum(spec, b(x), b(y))` with `b` broadcasting an operand to `shape` (`dims`: where
+    its dims go, as `lax.broadcast_in_dim`), times `scale` if given."""
+
+    def fn(x, y):
+        b = lambda v: jax.lax.broadcast_in_dim(v, shape, dims or ())  # noqa: E731
+        out = jnp.einsum(spec, b(x), b(y))
+        return out if scale is None else out * scale
+
+    return fn
+
+
+DOTS = {
+    # a dot of two broadcast scalars is `x * y * 32` (fuzz seed 19 #857: 63 counted)
+    "vector_dot_of_broadcast_scalars": (_dot_of_broadcasts("a,a->", (32,)), (), 2),
+    # batched, the broadcast rows summed: the multiply on the core [4], then `* 32`
+    "batched_dot_over_broadcast_rows": (_dot_of_broadcasts("ab,ab->b", (32, 4), (1,)), (4,), 8),
+    # summed over broadcast and core dims alike: the multiply on the core, the sum in full
+    "dot_over_both_kinds": (_dot_of_broadcasts("ab,ab->", (32, 4), (1,)), (4,), 131),
+}
+
+
+@pytest.mark.parametrize("name", list(DOTS))
+def test_dot_products_of_broadcasts_count_as_xla_counts_them(name):
+    """`simplify._spread_dot_product_fraction`: XLA's simplifier makes the dot product a
+    multiply and a sum, runs the multiply of two broadcasts on their core and folds the sum
+    over broadcast dims into a multiply (measured on jaxlib 0.10.2's CPU)."""
+    fn, shape, xla = DOTS[name]
+    args = [jax.ShapeDtypeStruct(shape, F32)] * 2
+    predicted, compiled = unsharded_flops(fn, *args)
+    assert compiled == xla
+    assert predicted == compiled

@@ -266,3 +266,64 @@ def test_a_scan_cut_along_its_dim_offsets_each_window(rows, axes, expected):
     predicted, compiled = predicted_and_compiled(lambda b: lax.cummin(b["x"], axis=0), args, axes)
     assert compiled == expected
     assert predicted == compiled
+
+
+@pytest.mark.slow
+def test_a_moment_whose_gradient_is_spread_along_a_dim_cut_to_one_is_stored():
+    """Fuzz seed 19 #1267: Adam on `w5` of `einsum("a,az->z", v3, w5)` read by a mean, its
+    gradient uniform along z (`v3 * 1/Z`), with z (2) cut 2 ways (dp_megatron on 2x2x2). On
+    the device the gradient's broadcast adds a dim of size 1, a bitcast: `0.9 * m + 0.1 * g`
+    reads two arrays, so XLA stores each moment and the update reads it (681 flops); the model
+    computed both moments again in the update (782, 1.148)."""
+    from fuzz import pipeline as pl
+    from fuzz.programs import generate
+
+    mesh = "2x2x2"
+    st = next(o for o in pl.front(generate(19, 1267), [mesh]) if isinstance(o, pl.Front))
+    rep = tc.validate(
+        st.fn,
+        st.args,
+        st.ana,
+        st.plans[mesh]["dp_megatron"],
+        pl.jax_mesh(pl.MESHES[mesh]),
+        tc.hardware(pl.HARDWARE),
+    )
+    assert rep.compiled_flops == 681
+    assert rep.predicted_flops / rep.compiled_flops == pytest.approx(1.0, abs=0.02)
+
+
+def _gathered_select(p, b):
+    """A select of two arrays, gathered for a `pad` of its cut dim and read by `var`'s sums."""
+    x = b["x"]
+    v = jnp.where(x > 0.5, x * p["s"], b["y"])
+    return lax.pad(v, 0.0, [(1, 0, 1)]), jnp.var(v, axis=0, keepdims=True)
+
+
+def _gathered_scaling(p, b):
+    """`tanh(x) * 2`, effectively unary, gathered for a `pad` and read by a sum of squares."""
+    v = jnp.tanh(b["x"]) * 2.0
+    return lax.pad(v, 0.0, [(1, 0, 1)]), jnp.sum(v * v)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, fn, expected",
+    [
+        ("a select is stored for the all-gather and read", _gathered_select, 23),
+        ("a scaling is computed again in the sum, not in the pad", _gathered_scaling, 12),
+    ],
+)
+def test_a_value_gathered_before_an_op_is_a_buffer(name, fn, expected):
+    """x[24] cut 8 ways: a `pad` of the cut dim all-gathers its operand first. The collective
+    fuses nothing, so XLA stores the value in a loop of its own: a producer reading two arrays
+    is computed there once and read by the other loops (fuzz seed 19 #545, dropout's select
+    gathered for a pad and read by `var`: 277 flops, 331 predicted with it in all three), one
+    XLA duplicates is computed again in each other loop; the pad reads the gathered copy and
+    computes none of it (validate's `_collected`)."""
+    args = (
+        {"s": jax.ShapeDtypeStruct((), F32)},
+        {"x": jax.ShapeDtypeStruct((24,), F32), "y": jax.ShapeDtypeStruct((24,), F32)},
+    )
+    predicted, compiled = predicted_and_compiled(fn, args, {"data": 8})
+    assert compiled == expected, name
+    assert predicted == compiled, name

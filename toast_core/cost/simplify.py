@@ -1422,6 +1422,8 @@ def _rewired_work_factors(
             out.append(0.0)  # a multiply by a broadcast 1: its other operand, broadcast
         elif op.param(INTO_ADDEND):  # an add that is a scatter now: its updates' combines
             out.append(op_flops(op, prog) / max(prog.values[op.results[0]].size, 1))
+        elif (dot := _spread_dot_product_fraction(op, prog, uni)) is not None:
+            out.append(dot)
         elif op.primitive in prim.ELEMENTWISE or _is_outer_product(op, prog):
             # a special function on a broadcast: its core (`executions` adds the whole part)
             u = _expanded_on_broadcast(op, prog, uni) or uni[op.results[0]]
@@ -1511,6 +1513,7 @@ def executions(
     barriers: bool = True,
     local_shapes: dict[int, tuple[int, ...]] | None = None,
     fused_dots: frozenset[int] = frozenset(),
+    collected: frozenset[tuple[int, int]] = frozenset(),
 ) -> tuple[list[float], list[float]]:
     """(`flop_executions`, `transcendental_executions`) of `prog`, sharing the work they have
     in common (the rewiring, liveness and fusions: two seconds of the evaluator's set-up at
@@ -1531,7 +1534,13 @@ def executions(
     and CSE see through them there, and merge each recomputation with the forward.
     `local_shapes`: one device's shapes of the values, where XLA's fusion tests see them
     (`fusion.fusion_work`) and its simplifier finds dot products (`dot_products.as_sums`: fuzz
-    seed 19 #887, a dot of w[4, 8] cut to [1, 8] per device); none in the cost model itself."""
+    seed 19 #887, a dot of w[4, 8] cut to [1, 8] per device); none in the cost model itself.
+    `collected`: (value, op) pairs, a value that a collective of the partitioned program reads
+    whole for that op (an all-gather before an op reading a cut dim whole; `toast_core.apply.
+    validate.cpu_flops`): a collective fuses nothing, so the value is a buffer, its producer a
+    fusion root, computed once there unless XLA duplicates it into its other readers
+    (`fusion._duplicable`), and the op reads the collective's result, not the value
+    (`_read_after_collectives`); none in the cost model itself."""
     from toast_core.cost.flops import op_flops, op_transcendentals
 
     # the simplifier's work behind the checkpoint bodies' barriers, the fusions without them
@@ -1540,10 +1549,12 @@ def executions(
     live = live_ops(simple)  # a dead reader (a repeat, an identity) is in no fusion
     uni = uniform_dims(behind) if local_shapes is None else uniform_dims_on(behind, local_shapes)
     factors = _rewired_work_factors(behind, live, _pruned(behind, live), uni, partitioned)
-    spread = [bool(u) for u in uni[: len(prog.values)]]
+    spread = _spread_on_device(uni[: len(prog.values)], local_shapes)
     # the dot products are the reductions XLA makes of them (`dot_products.as_sums`), on one
     # device's shapes where given: a dot whose free dims are cut to 1 there is one
     simple = as_sums(_pruned(simple, live), _operand_shapes(simple, local_shapes))
+    if collected:
+        simple, spread = _read_after_collectives(simple, spread, collected)
     if fused_dots:
         fuses = [fusible(op, simple) or op.index in fused_dots for op in simple.ops]
         is_mat = materialized(simple, fuses)
@@ -1561,6 +1572,11 @@ def executions(
         is_mat[v] = True
         if producers[v] is not None:
             apart.add(producers[v])
+    for v, _ in collected:  # read by no fusion: the readers that do not duplicate it read it
+        is_mat[v] = True
+        p = producers[v]
+        if p is not None and not _duplicable(simple, simple.ops[p], spread, local_shapes):
+            apart.add(p)
     roots: list = []
     copies, expanded = fusion_work(
         simple,
@@ -1624,6 +1640,45 @@ def executions(
         _costliest_branches(prog, each_flops, op_flops),
         _costliest_branches(prog, each, op_transcendentals),
     )
+
+
+def _spread_on_device(
+    uni: list[frozenset[int]], local_shapes: dict[int, tuple[int, ...]] | None
+) -> list[bool]:
+    """Per value, whether XLA's fusion meets it as a broadcast of a smaller array: uniform along
+    some dim (`uniform_dims`) that is longer than 1 on one device (`local_shapes`, where given).
+    Uniform only along dims cut to one element per device, a value is as large as its core
+    there: the partitioned broadcast adds size-1 dims, a bitcast after XLA's simplifier, and
+    fusion reads it as an array like any (fuzz seed 19 #1267: Adam's `0.9 * m + 0.1 * g`, `g`
+    spread along a dim cut to one column per device, is stored and read by the update, not
+    computed again there: 681 flops compiled, 782 predicted with it duplicated)."""
+    if not local_shapes:
+        return [bool(u) for u in uni]
+    return [
+        any(local_shapes[v][d] > 1 for d in u) if u and v in local_shapes else bool(u)
+        for v, u in enumerate(uni)
+    ]
+
+
+def _read_after_collectives(
+    prog: Program, spread: list[bool], collected: frozenset[tuple[int, int]]
+) -> tuple[Program, list[bool]]:
+    """`prog` with each op of `collected` (value, op) reading, instead of the value, a new input
+    of its shape: the collective's result, which no fusion of the value's producer makes (an
+    all-gather's result read by a `pad`: measured, `v = tanh(x) * 2` gathered for a pad and
+    read by `sum(v * v)` computes the multiply in the gather's loop and the sum's, not the
+    pad's); and `spread` extended over the new values (none spread)."""
+    values, ops = list(prog.values), list(prog.ops)
+    spread = list(spread) + [False] * (len(values) - len(spread))
+    for v, o in sorted(collected):
+        if o >= len(ops) or v not in ops[o].operands:
+            continue
+        new = replace(values[v], id=len(values), role="input", output_name=None, updates=None)
+        values.append(new)
+        spread.append(False)
+        operands = tuple(new.id if x == v else x for x in ops[o].operands)
+        ops[o] = replace(ops[o], operands=operands)
+    return replace(prog, values=tuple(values), ops=tuple(ops)), spread
 
 
 def erfc_gradient_exps(prog: Program, live: list[bool]) -> list[tuple[int, list[int], list[int]]]:
@@ -2039,6 +2094,41 @@ def _outer_operand_uniform(op: Op, prog: Program, uni) -> tuple[frozenset[int], 
 
 def _core_fraction(shape: tuple[int, ...], uniform: frozenset[int]) -> float:
     return 1.0 / prod(shape[d] for d in uniform) if uniform else 1.0
+
+
+def _spread_dot_product_fraction(op: Op, prog: Program, uni) -> float | None:
+    """The share of its flops that XLA runs of a dot product (`dot_products.is_dot_product`)
+    whose operands are both uniform along some of the same dims, else None. XLA's simplifier
+    rewrites the dot into `reduce(multiply(x, y))`, computes the multiply of two broadcasts on
+    their common core, and then folds the sum as it folds any (`_reduction_fraction`): over
+    broadcast dims alone it is a multiply of the core by their count. Measured (jaxlib 0.10.2
+    CPU): `einsum("a,a->", b, b)` with `b` a scalar's broadcast to [32] is `s * s * 32`, 2
+    flops, not 63 (fuzz seed 19 #857, 1.49 of XLA's flops); `ab,ab->b` on two broadcasts of
+    [4] to [32, 4] 8, `ab,ab->` 131 (the multiply's 4, and the sum over both kinds in full);
+    one operand spread, `a,a->` still 63."""
+    if op.primitive != "dot_general" or len(op.operands) != 2 or _is_outer_product(op, prog):
+        return None
+    lhs, rhs = (prog.values[v] for v in op.operands)
+    (lc, rc), (lb, rb) = op.param("dimension_numbers")
+    free = lambda v, c, b: [n for d, n in enumerate(v.shape) if d not in c and d not in b]  # noqa: E731
+    if any(n != 1 for n in free(lhs, lc, lb) + free(rhs, rc, rb)):
+        return None  # a dot with a free dim stays a dot
+    ul, ur = uni[lhs.id], uni[rhs.id]
+    batch = [(lhs.shape[i], i in ul and j in ur) for i, j in zip(lb, rb)]
+    summed = [(lhs.shape[i], i in ul and j in ur) for i, j in zip(lc, rc)]
+    if not any(both and n > 1 for n, both in batch + summed):
+        return None
+    core_out = prod(n for n, both in batch if not both)
+    core = core_out * prod(n for n, both in summed if not both)
+    k = prod(n for n, _ in summed)
+    if all(both or n == 1 for n, both in summed):
+        fold = core_out  # a sum over broadcast dims alone: the core times their count
+    elif any(both and n > 1 for n, both in summed):
+        fold = prod(n for n, _ in batch) * (k - 1)  # over both kinds: in full
+    else:
+        fold = core - core_out
+    full = op_flops(op, prog)
+    return (core + fold) / full if full else None
 
 
 def _reduction_fraction(op: Op, prog: Program, uni) -> float:
