@@ -886,7 +886,7 @@ def _unfused_path(
     (201.3 M flops; judging those paths too fell to 197.9 M, under by 1.7 %).
 
     Judged on `local_shapes` (`fusion_work`) where given: XLA tests the HLO of one device.
-    `apart`: see `_path_blocked`."""
+    `apart`: see `path_blocked`."""
     if _duplicable(prog, op, local_shapes=local_shapes) or not op.results:
         return False
     return path_blocked(prog, op, roots, local_shapes, apart)
