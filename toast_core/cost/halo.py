@@ -103,27 +103,37 @@ def _compact(s: int, n: int, start: int, out: int) -> tuple[int, ...]:
             at = src * s + piece_hi
     for p in pending:
         p.sort(key=lambda x: x[0])
-    nxt = [0] * n
-    sizes = []
+    return tuple(width for width, _ in _greedy_permutes(pending, s, lambda t: t[1:]))
+
+
+def _greedy_permutes(pending: list[list], s: int, piece) -> list[tuple[int, list]]:
+    """The permutes `ExchangeHaloCompact` builds greedily from `pending` (per source shard, the
+    pieces other shards need from it, in window order; `piece(item)` is (destination, lo, hi)
+    in the source's local coordinates, of a shard of `s` elements): each round takes every
+    source's next piece unless its destination is already served or the ranges would wrap.
+    Per permute: (the width of its range, the pending items it carries)."""
+    nxt = [0] * len(pending)
+    out = []
     while True:
         seen: set[int] = set()
-        lo, hi, taken = s, 0, False
-        for src in range(n):
-            if nxt[src] >= len(pending[src]):
+        lo, hi, carried = s, 0, []
+        for src, items in enumerate(pending):
+            if nxt[src] >= len(items):
                 continue
-            _, dst, p_lo, p_hi = pending[src][nxt[src]]
-            if taken and (
+            dst, p_lo, p_hi = piece(items[nxt[src]])
+            if carried and (
                 dst in seen
                 or (lo > p_hi and hi == s and p_lo == 0)
                 or (hi < p_lo and lo == 0 and p_hi == s)
             ):
                 continue
             seen.add(dst)
-            lo, hi, taken = min(lo, p_lo), max(hi, p_hi), True
+            lo, hi = min(lo, p_lo), max(hi, p_hi)
+            carried.append(items[nxt[src]])
             nxt[src] += 1
-        if not taken:
-            return tuple(sizes)
-        sizes.append(hi - lo)
+        if not carried:
+            return out
+        out.append((hi - lo, carried))
 
 
 def compact_halo_selects(
@@ -168,27 +178,12 @@ def compact_halo_selects(
     for p in pending:
         p.sort()
     cp = [[-1] * len(pieces) for pieces in halos]
-    ranges, nxt = [], [0] * n
-    while True:
-        seen, lo, hi, taken = set(), s, 0, False
-        for src in range(n):
-            if nxt[src] >= len(pending[src]):
-                continue
-            _, dst, j = pending[src][nxt[src]]
-            _, p_lo, p_hi, _ = halos[dst][j]
-            if taken and (
-                dst in seen
-                or (lo > p_hi and hi == s and p_lo == 0)
-                or (hi < p_lo and lo == 0 and p_hi == s)
-            ):
-                continue
-            seen.add(dst)
-            lo, hi, taken = min(lo, p_lo), max(hi, p_hi), True
-            cp[dst][j] = len(ranges)
-            nxt[src] += 1
-        if not taken:
-            break
-        ranges.append(hi - lo)
+    ranges = []
+    piece = lambda t: (t[1], *halos[t[1]][t[2]][1:3])  # noqa: E731
+    for k, (width, carried) in enumerate(_greedy_permutes(pending, s, piece)):
+        ranges.append(width)
+        for _, dst, j in carried:
+            cp[dst][j] = k
     out_pieces = []
     for j in range(max(len(p) for p in halos)):
         sources, widest, self_lo, self_hi = set(), 0, s, 0
