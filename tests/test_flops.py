@@ -894,11 +894,36 @@ TILED = {
         lambda x: jax.grad(lambda x: jnp.mean(jax.scipy.special.digamma(jnp.tile(x, (1, 2)))))(x),
         (jnp.ones((6, 8)),),
     ),
-    # ...nor a chain with a fork: a tile read twice, or returned and read (seed 14 #27)
+    # ...nor past a value one of whose readers is no such op, or which is returned: a tile read
+    # by a dot, or returned and read (seed 14 #27); XLA's reshape mover moves all or none
     "forked_tile_chains": (
         lambda x: (
             (lambda t: (jnp.exp(t), t @ jnp.ones((16, 4))))(jnp.tile(x, (1, 2))),
             (lambda t: (jnp.cos(t), t))(jnp.tile(x, (2, 1))),
+        ),
+        (jnp.ones((6, 8)),),
+    ),
+    # ...but past several readers that all are (fuzz seed 19 #944: log1p(abs(tile)) and its
+    # gradient, abs, compare, add and divide on the source; the selects of a predicate on the tile)
+    "a_tile_read_by_several_elementwise_ops": (
+        lambda x: (lambda t: (jnp.exp(t), jnp.sin(t), jnp.abs(t) + 1.0))(jnp.tile(x, (2, 1))),
+        (jnp.ones((6, 8)),),
+    ),
+    "log1p_abs_of_a_tile_gradient": (
+        lambda x: jax.grad(lambda x: jnp.mean(jnp.log1p(jnp.abs(jnp.tile(x, (1, 2))))))(x),
+        (jnp.ones((6, 8)),),
+    ),
+    # ...and up to the value whose readers stop it: exp on the source, sin on the tile
+    "a_tile_chain_stops_where_a_reader_does": (
+        lambda x: (lambda a: (jnp.sin(a), a @ jnp.ones((8, 3)), jnp.sum(a, axis=1)))(
+            jnp.exp(jnp.tile(x, (2, 1)))
+        ),
+        (jnp.ones((6, 8)),),
+    ),
+    # ...a reduction over every tiled dim reads the broadcast whole and stops nothing
+    "a_reduction_over_the_tiled_dims_stops_nothing": (
+        lambda x: (lambda t: (jnp.exp(t), jnp.sum(t), jnp.sum(jnp.sin(t), axis=0)))(
+            jnp.tile(x, (2, 1))
         ),
         (jnp.ones((6, 8)),),
     ),

@@ -1785,26 +1785,31 @@ def tiled_copies(prog: Program, uni) -> dict[int, tuple[tuple, int]]:
     CPU comparison (`validate.cpu_flops`), not in the model's own count.
 
     XLA lowers `tile(x, reps)` to a reshape of a broadcast. Its reshape mover sinks that reshape
-    below an elementwise op whose non-scalar operands are all the same reshape (or splats), and
-    the simplifier then sinks the broadcast too: the op runs on `x` (measured, jaxlib 0.10.2 CPU:
-    `exp(tile(x[6, 8], (2, 1)))` and `tile(x, (2, 1)) + tile(sin(x), (2, 1))` count 48 each,
-    `tile(x, (2, 1)) + y[12, 8]` and `tile(x, (2, 1)) + y[0]` count 96; fuzz seed 14 #685,
-    `erf(tile(x) - tile(x))`, predicted 384 of 192). A dim of `x` of size 1, or along which `x`
-    is already uniform, is a plain broadcast (`uniform_dims`), not a tiled dim. A reduction over
-    none of the tiled dims keeps the tiling (`exp(sum(exp(tile(x[6, 8], (2, 1))), axis=1))`
-    counts 6 exponentials after the sum, not 12). Nothing moves when a value of the chain, the
-    tile included, has several readers or is also an output (measured: `exp(t)` with `t` also
-    returned or also read by `sin` or a dot, and `u = t * 2 + 1` read by `exp` and `sin`, count
-    the whole tile; fuzz seed 14 #27, a tile read by a dot and a softplus, 0.95 of XLA's flops
-    when moved)."""
+    below the ops that read it, all of them or none: each must be elementwise with every other
+    operand the same reshape (or a splat), and the value must not be an output; the moved
+    reshape then sits on each op's result and moves on from there (measured, jaxlib 0.10.2 CPU,
+    `t = tile(x[6, 8], (2, 1))`: `(exp(t), sin(t))` counts 96 transcendentals, `(exp(t), t @ w)`
+    and `(exp(t), t)` 144 and 96 flops of a full `exp`, `t * 2 + t` 192 flops: the add reads
+    `t * 2`, not yet the reshape, so `t` stays; `a = exp(t)` read by `sin` and a dot runs `exp`
+    on `x`, `sin` on the tile). The simplifier then sinks the broadcast below each moved op whose
+    non-splat operands are all such broadcasts of one element type: a select of a predicate
+    moves with the reshape but runs on the whole tile (fuzz seed 19 #944, `log1p(abs(tile(v)))`:
+    the abs, its compare, add and divide on `v`, the gradient's selects on the tile). A reduction
+    over none of the tiled dims that is the value's only reader keeps the tiling
+    (`exp(sum(exp(tile(x[6, 8], (2, 1))), axis=1))` counts 6 exponentials after the sum, not 12;
+    beside another reader, `sum(t, axis=1)` counts 84 flops and keeps the other on the tile); one
+    over every tiled dim reads the broadcast itself and stops no other reader (`(exp(t), sum(t))`
+    counts 48 exponentials: a mean loss of a tiled output).
+    A dim of `x` of size 1, or along which `x` is already uniform, is a plain broadcast
+    (`uniform_dims`), not a tiled dim. Special functions XLA expands first (`_NOT_SUNK`) stop
+    the reshape (digamma's gradient: fuzz seed 14 #291)."""
     values = prog.values
-    out: dict[int, tuple[tuple, int]] = {}
-    origin: dict[int, frozenset[int]] = {}  # per tiled value, the tiles it comes from
+    uses = prog.uses()
+    outputs = set(prog.outputs)
+    reshaped: dict[int, tuple[tuple, int]] = {}  # where a tile's reshape sits (its tiling)
+    core: set[int] = set()  # values computed on the tile's source
     for op in prog.ops:
-        if len(op.results) != 1:
-            continue
-        r = op.results[0]
-        if op.primitive == "tile":
+        if op.primitive == "tile" and len(op.results) == 1:
             src = values[op.operands[0]]
             dims = tuple(
                 (d, k)
@@ -1812,37 +1817,82 @@ def tiled_copies(prog: Program, uni) -> dict[int, tuple[tuple, int]]:
                 if k > 1 and n > 1 and d not in uni[src.id]
             )
             if dims:
-                out[r] = ((values[r].shape, dims), prod(k for _, k in dims))
-        elif op.primitive in prim.ELEMENTWISE and op.primitive not in _NOT_SUNK:
-            keys = set()
-            for v in op.operands:
-                val = values[v]
-                if val.rank == 0 or _is_splat(val, uni[v]):
-                    continue
-                keys.add(out[v] if v in out else None)
-            if len(keys) == 1 and None not in keys and values[r].shape == next(iter(keys))[0][0]:
-                out[r] = next(iter(keys))
-        elif op.primitive in prim.REDUCTIONS and op.operands and op.operands[0] in out:
-            (_, dims), copies = out[op.operands[0]]
-            axes = set(op.param("axes", ()))
-            if not axes & {d for d, _ in dims}:
-                kept = [d for d in range(values[op.operands[0]].rank) if d not in axes]
-                where = {d: i for i, d in enumerate(kept)}
-                out[r] = ((values[r].shape, tuple((where[d], k) for d, k in dims)), copies)
-        if r in out:
-            origin[r] = (
-                frozenset((r,))
-                if op.primitive == "tile"
-                else frozenset().union(*(origin[v] for v in op.operands if v in origin))
-            )
-    # A chain is moved whole or not at all: not when one of its values has several readers.
-    uses = prog.uses()
-    outputs = set(prog.outputs)
-    forked = set()
-    for v, tiles in origin.items():
-        if len({o for o, _ in uses[v]}) + (v in outputs) > 1:
-            forked |= tiles
-    return {v: t for v, t in out.items() if not origin[v] & forked}
+                reshaped[op.results[0]] = (
+                    (values[op.results[0]].shape, dims),
+                    prod(k for _, k in dims),
+                )
+                core.add(op.results[0])
+    passed: set[int] = set()  # reshapes moved below all their readers
+    while True:
+        waiting = [v for v in reshaped if v not in passed]
+        moves = {}
+        for v in waiting:
+            for o, _ in uses[v]:
+                if o not in moves:
+                    moves[o] = _reshape_move(prog.ops[o], prog, uni, reshaped, passed, core)
+        moves = {o: m for o, m in moves.items() if m is not None}
+        blocked = True
+        while blocked:  # a reshape moves below all its readers or none
+            blocked = False
+            for v in waiting:
+                readers = {o for o, _ in uses[v]}
+                if readers & moves.keys() and (v in outputs or not readers <= moves.keys()):
+                    for o in readers & moves.keys():
+                        del moves[o]
+                    blocked = True
+        if not moves:
+            break
+        for o, (tiling, on_core) in moves.items():
+            op = prog.ops[o]
+            passed.update(v for v in op.operands if v in reshaped)
+            if tiling is None:
+                continue
+            reshaped[op.results[0]] = tiling
+            if on_core:
+                core.add(op.results[0])
+    return {v: reshaped[v] for v in core}
+
+
+def _reshape_move(op: Op, prog: Program, uni, reshaped, passed, core) -> tuple | None:
+    """(the result's tiling, whether it runs on the tile's source) when XLA's reshape mover
+    sinks a tile's reshape below `op` (`tiled_copies`); (None, False) for a reduction over every
+    tiled dim, which the simplifier makes read the broadcast whole (no reshape left to move, and
+    none in the way of the other readers'); else None."""
+    values = prog.values
+    if len(op.results) != 1:
+        return None
+    r = op.results[0]
+    if op.primitive in prim.REDUCTIONS:
+        v = op.operands[0] if op.operands else None
+        if v not in reshaped or v in passed:
+            return None
+        (_, dims), copies = reshaped[v]
+        axes, tiled = set(op.param("axes", ())), {d for d, _ in dims}
+        if tiled <= axes:
+            return None, False  # reduces the broadcast itself: in full, and no obstacle
+        if axes & tiled or len({o for o, _ in prog.uses()[v]}) != 1:
+            return None
+        kept = [d for d in range(values[v].rank) if d not in axes]
+        where = {d: i for i, d in enumerate(kept)}
+        return ((values[r].shape, tuple((where[d], k) for d, k in dims)), copies), v in core
+    if op.primitive not in prim.ELEMENTWISE or op.primitive in _NOT_SUNK:
+        return None
+    keys, kinds, on_core = set(), set(), True
+    for v in op.operands:
+        val = values[v]
+        if val.rank == 0 or _is_splat(val, uni[v]):
+            continue
+        if v not in reshaped or v in passed:
+            return None
+        keys.add(reshaped[v])
+        kinds.add(val.dtype)
+        on_core = on_core and v in core
+    if len(keys) != 1:
+        return None
+    tiling = next(iter(keys))
+    if values[r].shape != tiling[0][0]:
+        return None
+    return tiling, on_core and len(kinds) == 1
 
 
 def _is_splat(val, uniform: frozenset[int]) -> bool:
@@ -1857,7 +1907,7 @@ def tiled_operand(op: Op, tiled) -> tuple[int, tuple] | None:
     else None."""
     if op.primitive in prim.REDUCTIONS:
         v = op.operands[0] if op.operands else None
-        if v not in tiled:
+        if v not in tiled or op.results[0] not in tiled:
             return None
         (_, dims), _ = tiled[v]
         return None if set(op.param("axes", ())) & {d for d, _ in dims} else (0, tiled[v][0])
