@@ -839,10 +839,24 @@ def _constant_splat(prog: Program, vid: int) -> int | None:
     producers = prog.producers()
     while prog.values[vid].rank and prog.values[vid].size != 1:
         p = producers[vid]
+        if p is not None and _scaled_splat(prog.ops[p], prog):
+            return vid  # a splat of a scalar XLA folds, whose value the program does not hold
         if p is None or prog.ops[p].primitive not in _SPLAT_PIECES or not prog.ops[p].operands:
             return None
         vid = prog.ops[p].operands[0]
     return vid
+
+
+def _scaled_splat(op: Op, prog: Program) -> bool:
+    """Whether `op` multiplies or divides a constant splat by a scalar constant (`c * broadcast
+    (1 / N)`: an `erf`'s derivative `2 / sqrt(pi)` times a mean's cotangent): XLA's simplifier
+    multiplies the scalars and broadcasts the product, a splat again (fuzz seed 19 #503)."""
+    if op.primitive not in ("mul", "div") or len(op.operands) != 2:
+        return False
+    a, b = (prog.values[v] for v in op.operands)
+    if a.rank == 0 and b.rank and op.primitive == "mul":
+        return _constant_splat(prog, b.id) is not None
+    return b.rank == 0 and a.rank > 0 and _constant_splat(prog, a.id) is not None
 
 
 def spread_dot_other(op: Op, prog: Program) -> int:
@@ -1252,7 +1266,10 @@ def clamps(prog: Program, const: list[bool]) -> set[int]:
 
 
 def moved_to_smaller(
-    prog: Program, const: list[bool], partitioned: bool = False
+    prog: Program,
+    const: list[bool],
+    partitioned: bool = False,
+    local_shapes: dict[int, tuple[int, ...]] | None = None,
 ) -> dict[int, float]:
     """Ops XLA's simplifier moves onto a smaller array, with the fraction of their work left:
 
@@ -1264,7 +1281,10 @@ def moved_to_smaller(
       the gradient of a variance, `2 * (x - m) * g`); so does one whose other operand has
       size-1 dims the multiply broadcasts (lax's implicit broadcasting: the gradient of
       `sum(softmax(x, 0) ** 2)`, `(2 * p) * r[None]`, scales the [12, 8] `r`, measured 17,184
-      flops on [16, 12, 8], where scaling `p` counted 20,160).
+      flops on [16, 12, 8], where scaling `p` counted 20,160); so does one read by an outer
+      product (a dot_general with no contracted or batch dims) whose other operand is a single
+      element: XLA's simplifier makes that dot a multiply by the broadcast element, and the
+      scaling moves onto it (`_outer_of_one`).
 
     `partitioned`: the program is compiled for more than one device. XLA's SPMD pipeline then
     keeps such a division a real divide (the gradient's `g / s`, on any sharding, replicated
@@ -1272,6 +1292,9 @@ def moved_to_smaller(
     broadcast's source: the scaling counts the mean over its readers (measured: the softmax
     gradient above on 8 devices, sharded 8 ways along dim 0: softmax on axis 1 2,336 flops
     per device, moved everywhere 2,176, nowhere 2,528; on axis 0, 2,784: 2,616 and 2,976).
+
+    `local_shapes`: one device's shapes of the values, where the partitioned program's
+    simplifier meets an outer product's single element (`_outer_of_one`).
     """
     uses = prog.uses()
     producers = prog.producers()
@@ -1286,6 +1309,11 @@ def moved_to_smaller(
         if not readers or not size:
             continue
         if _scaled_operand(op, prog, const, fold=False) is not None:
+            if all(_outer_of_one(prog.ops[o], k, prog, const, local_shapes) for o, k in readers):
+                local = (local_shapes or {}).get(r, prog.values[r].shape)
+                if prod(local) > 1:  # the one multiply left per outer product: one element
+                    out[op.index] = 1 / prod(local)
+                continue
             sources = [
                 _broadcast_factor_size(prog.ops[o], k, prog, producers, const, partitioned)
                 for o, k in readers
@@ -1303,6 +1331,28 @@ def moved_to_smaller(
         if op.primitive == "neg" and reader.primitive == "reduce_sum":
             out[op.index] = prog.values[reader.results[0]].size / size
     return out
+
+
+def _outer_of_one(
+    reader: Op, k: int, prog: Program, const: list[bool], local_shapes: dict | None
+) -> bool:
+    """Whether `reader` is an outer product (a dot_general with no contracted or batch dims)
+    whose operand other than `k` is one non-constant element (on one device, `local_shapes`).
+    XLA's simplifier makes such a dot a multiply of operand `k` by the broadcast element, and
+    `(a * c) * broadcast(b)` is `a * broadcast(b * c)` (`AlgebraicSimplifierVisitor::
+    HandleMultiply`): a scaling of operand `k` costs one flop (measured: the gradient of
+    `mean(erf(x[1] @ w[1, 8]))` wrt `w` scales `x`, 33 flops; fuzz seed 19 #503, `x[3]` cut
+    3 ways, 169 flops, not 183 with `exp(-v * v) * 2 / sqrt(pi) / 8` scaled on [8]). With
+    more elements both operands are broadcasts and the scaling stays (`x[3]`: 96 flops)."""
+    if reader.primitive != "dot_general" or len(reader.operands) != 2:
+        return False
+    (contracted, _), (batch, _) = reader.param("dimension_numbers")
+    if contracted or batch:
+        return False
+    other = reader.operands[1 - k]
+    if other == reader.operands[k] or const[other]:
+        return False
+    return prod((local_shapes or {}).get(other, prog.values[other].shape)) == 1
 
 
 def _broadcast_factor_size(
@@ -1403,9 +1453,11 @@ def _rewired_work_factors(
     pruned: Program | None = None,
     uni: list[frozenset[int]] | None = None,
     partitioned: bool = False,
+    local_shapes: dict[int, tuple[int, ...]] | None = None,
 ) -> list[float]:
     """`work_factors` of a program already `rewired`, whose `live_ops` are `live` (and whose
-    `_pruned` program and `uniform_dims` are `pruned` and `uni`, when the caller has them)."""
+    `_pruned` program and `uniform_dims` are `pruned` and `uni`, when the caller has them;
+    `local_shapes`: one device's shapes, where given, for `moved_to_smaller`)."""
     const = constant_values(prog)
     if uni is None:
         uni = uniform_dims(prog)
@@ -1414,7 +1466,7 @@ def _rewired_work_factors(
     if pruned is None:
         pruned = _pruned(prog, live)
     merged = merged_scalings(pruned, const) | clamps(pruned, const) | masking_converts(pruned)
-    moved = moved_to_smaller(pruned, const, partitioned)
+    moved = moved_to_smaller(pruned, const, partitioned, local_shapes)
     divided = divided_divisions(pruned, const)
     ones = _splats_of_one(prog)
     folded = folded_broadcast_sums(pruned, const, uni)
@@ -1566,7 +1618,9 @@ def executions(
     simple = unbarred(behind, sources, prog)
     live = live_ops(simple)  # a dead reader (a repeat, an identity) is in no fusion
     uni = uniform_dims(behind) if local_shapes is None else uniform_dims_on(behind, local_shapes)
-    factors = _rewired_work_factors(behind, live, _pruned(behind, live), uni, partitioned)
+    factors = _rewired_work_factors(
+        behind, live, _pruned(behind, live), uni, partitioned, local_shapes
+    )
     spread = _spread_on_device(uni[: len(prog.values)], local_shapes)
     # the dot products are the reductions XLA makes of them (`dot_products.as_sums`), on one
     # device's shapes where given: a dot whose free dims are cut to 1 there is one
