@@ -800,6 +800,17 @@ SIMPLIFIED = {
         ),
         (jnp.ones((16, 8)), jnp.ones((6, 16, 8)), jnp.ones((2, 16, 8), jnp.int32)),
     ),
+    # ...and once for a batched gather (take_along_axis of a matrix) read by ops of which one
+    # reaches another through a reduction kept apart: its sum, or a softmax's max and shift
+    # (fuzz seed 19 #1452, 1.80 of XLA's flops)
+    "take_along_axis_times_its_sum": (
+        lambda x, i: (lambda v: v * jnp.sum(v, 0))(jnp.take_along_axis(x, i, 0)),
+        (jnp.ones((4, 16)), jnp.ones((4, 16), jnp.int32)),
+    ),
+    "take_along_axis_softmax": (
+        lambda x, i: jax.nn.softmax(jnp.take_along_axis(x, i, 1)),
+        (jnp.ones((4, 16)), jnp.ones((4, 16), jnp.int32)),
+    ),
     # ...and in each scalar fusion of a gradient that reads it: the exp read by the loss and
     # the gradient, the loss, the updated scalar are three fusions (fuzz seed 19 #614, 0.81)
     "take_along_axis_sgd_of_scalars": (

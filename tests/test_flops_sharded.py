@@ -327,3 +327,22 @@ def test_a_value_gathered_before_an_op_is_a_buffer(name, fn, expected):
     predicted, compiled = predicted_and_compiled(fn, args, {"data": 8})
     assert compiled == expected, name
     assert predicted == compiled, name
+
+
+@pytest.mark.slow
+def test_a_gathered_value_the_simplifier_renamed_is_stored_once():
+    """Fuzz seed 19 #1340: exact GELU of x[16] cut 8 ways, concatenated with its tanh along the
+    cut dim. JAX's lowering reads `v` through a `copy` the simplifier removes, so the
+    partitioner all-gathers `v` itself: XLA stores it, the erfc expansion in one loop read by
+    the gather, the tanh and the subtraction (130 flops per device; 398 predicted when the
+    gathered value was looked for under the copy's id, and the erfc's cheap part went into
+    all three readers)."""
+
+    def fn(p, b):
+        v = jax.nn.gelu(b["x"], approximate=False)
+        return jnp.concatenate([v, jnp.tanh(v)]), v[None] - b["x"]
+
+    args = ({}, {"x": jax.ShapeDtypeStruct((16,), F32)})
+    predicted, compiled = predicted_and_compiled(fn, args, {"data": 8})
+    assert compiled == 130
+    assert predicted == compiled

@@ -67,8 +67,14 @@ def gather_copies(
     select reads two arrays, so XLA duplicates it only when it fuses on every path to its
     readers (`fusion.path_blocked`, XLA's `CanFuseOnAllPaths`): `take_along_axis(v, argmax(v,
     0))` computes it once (the argmax's index is not fused into its reader; fuzz seed 19 #920).
-    Not judged without a gather reader: `v * sum(v, 0)` computes it once too (560 flops on
-    v[4, 16], 1,200 counted; on v[8] 71, 151 counted), but a gradient's (fuzz seed 19 #614,
+    Judged too for a batched gather (`_batched`: `take_along_axis` on more than a vector) read
+    by several ops: XLA makes its raw gather [rows, 1, ...] and reshapes that to the value's
+    shape before the mask's select, so the select's readers are the value's, and a path through
+    a reduction kept apart stores it once: `v * sum(v, 0)` on v[4, 16] is 560 flops (1,200
+    counted in each reader), a softmax of it 700; fuzz seed 19 #1452, a `take_along_axis`
+    read by a softmax's max and shift and a concatenate, 79,108 (142,596 counted).
+    Not judged for other gathers without a gather reader: on v[8] `v * sum(v, 0)` computes it
+    once too (71 flops, 151 counted), but a gradient's (fuzz seed 19 #614,
     `exp(dot(v + v, v))` under SGD) is fused into every reader: there XLA's select makes
     [8, 1], reshaped to v[8] by one bitcast that all readers read, so the select has one
     user and passes `CanFuseOnAllPaths` whatever lies past the bitcast (the simplifier sinks
@@ -136,7 +142,13 @@ def gather_copies(
                 for o, k in readers
                 if o not in through_copy
             )
-            or (any(_gathered(prog, o, k) for o, k in readers) and path_blocked(prog, op, roots))
+            or (
+                (
+                    any(_gathered(prog, o, k) for o, k in readers)
+                    or (len({o for o, _ in readers}) > 1 and _batched(op))
+                )
+                and path_blocked(prog, op, roots)
+            )
         )
         if blocked:  # stored with its mask, which the reader that does not fuse reads
             mask = 1

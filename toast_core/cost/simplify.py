@@ -1626,6 +1626,7 @@ def executions(
     # device's shapes where given: a dot whose free dims are cut to 1 there is one
     simple = as_sums(_pruned(simple, live), _operand_shapes(simple, local_shapes))
     if collected:
+        collected = _collected_as_read(prog, simple, collected)
         simple, spread = _read_after_collectives(simple, spread, collected)
     if fused_dots:
         fuses = [fusible(op, simple) or op.index in fused_dots for op in simple.ops]
@@ -1730,6 +1731,28 @@ def _spread_on_device(
         any(local_shapes[v][d] > 1 for d in u) if u and v in local_shapes else bool(u)
         for v, u in enumerate(uni)
     ]
+
+
+def _collected_as_read(
+    prog: Program, simple: Program, collected: frozenset[tuple[int, int]]
+) -> frozenset[tuple[int, int]]:
+    """`collected` (value, op) pairs of `prog` as the op reads them in `simple` (its rewired
+    form, same ops and ids): the value the simplifier put in the collected value's operand
+    slot. The partitioner gathers what the op reads after XLA's simplifier, so a value it
+    replaced (a `copy`, a CSE repeat) is gathered as the value it equals, whose producer is
+    then the stored buffer (fuzz seed 19 #1340: `v = gelu(x)` (erfc), `concatenate([v, tanh(v)])`
+    along x's cut dim, JAX's copy of `v` all-gathered: XLA stores `v` once, its erfc in one
+    loop read by the gather, the tanh and a subtraction, 138 flops; 406 predicted with the
+    erfc's cheap part expanded into all three readers)."""
+    out = set()
+    for v, o in collected:
+        before = prog.ops[o].operands if o < len(prog.ops) else ()
+        after = simple.ops[o].operands if o < len(simple.ops) else ()
+        if v in before and len(after) == len(before):
+            out.update((after[k], o) for k, x in enumerate(before) if x == v)
+        else:
+            out.add((v, o))
+    return frozenset(out)
 
 
 def _read_after_collectives(
