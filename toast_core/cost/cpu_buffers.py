@@ -165,7 +165,11 @@ temporary block: the tuple's pointer table and the trip counter, each a buffer o
 bytes at an aligned offset, and the loop condition's one-byte predicate, live while the loop
 runs (`loop_state_buffers`; fuzz seed 16 #856, `fori_loop(0, 3, f, x)`: 129 bytes of
 temporaries, the 16-byte table and the counter at offsets 0 and 64, the predicate at 128; the
-predicate's byte is left out).
+predicate's byte is left out). A `cond` runs on tuples as well: the branches' operand tuple
+and the result tuple (which the branch roots' tuples share), each a pointer table, and the s32
+branch index made before it, three small buffers live through the conditional
+(`cond_state_buffers`; fuzz seed 19 #1522: 136 bytes of temporaries, the index at offset 0 and
+the two tables at 64 and 128).
 
 **Top-k.** XLA:CPU runs `lax.top_k` as its `TopK` custom call, which writes the values and
 the indices, each into a buffer of its own, and a tuple of the two (a pointer table, a small

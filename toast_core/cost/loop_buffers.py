@@ -17,7 +17,8 @@ Two more rules follow from XLA's `while` sharing one buffer per tuple element be
 loop's operand, the body's parameter, the body's root and the loop's result: a carry the body
 updates in place (`g + dg`) is the initial carry's buffer (`_carry_updates`), and a copy a
 reshard makes for a constant or a stacked input (an FSDP weight gathered for the body) is held
-until the loop ends (`held_until`), not just at `scan_start`.
+until the loop ends (`held_until`), not just at `scan_start`. A `cond`'s result is the buffer
+of the branch roots that make it, one for all the branches (`_branch_roots`).
 """
 
 from __future__ import annotations
