@@ -165,7 +165,11 @@ temporary block: the tuple's pointer table and the trip counter, each a buffer o
 bytes at an aligned offset, and the loop condition's one-byte predicate, live while the loop
 runs (`loop_state_buffers`; fuzz seed 16 #856, `fori_loop(0, 3, f, x)`: 129 bytes of
 temporaries, the 16-byte table and the counter at offsets 0 and 64, the predicate at 128; the
-predicate's byte is left out).
+predicate's byte is left out). A `cond` runs on tuples as well: the branches' operand tuple
+and the result tuple (which the branch roots' tuples share), each a pointer table, and the s32
+branch index made before it, three small buffers live through the conditional
+(`cond_state_buffers`; fuzz seed 19 #1522: 136 bytes of temporaries, the index at offset 0 and
+the two tables at 64 and 128).
 
 **Top-k.** XLA:CPU runs `lax.top_k` as its `TopK` custom call, which writes the values and
 the indices, each into a buffer of its own, and a tuple of the two (a pointer table, a small
@@ -258,6 +262,7 @@ def cpu_buffers(
     rows += reciprocal_buffers(prog, is_materialized)
     rows += reused_expensive_buffers(prog, is_materialized, value_shape)
     rows += loop_state_buffers(prog)
+    rows += cond_state_buffers(prog)
     rows += top_k_buffers(prog)
     rows += arg_reduction_buffers(prog, is_materialized)
     a = np.array(rows, dtype=np.float64).reshape(-1, 6)
@@ -774,6 +779,31 @@ def loop_state_buffers(prog: Program) -> list[tuple]:
             v = (start.operands or start.results or op.results or (None,))[0]
             if v is not None:
                 rows.append((v, start.index, op.index, 0.0, 0, LOOP_STATE_BUFFERS))
+    return rows
+
+
+#: Buffers of up to 64 bytes a `cond` holds on XLA:CPU: the operand tuple's table, the
+#: result tuple's table and the s32 branch index.
+COND_STATE_BUFFERS = 3
+
+
+def cond_state_buffers(prog: Program) -> list[tuple]:
+    """(value, first branch's start, cond end, 0, 0, COND_STATE_BUFFERS) per `cond`: XLA runs a
+    `conditional` on tuples (the branches' operands in one tuple, which every branch reads, and
+    the result a tuple the branch roots' tuples share), each a pointer table in the temporary
+    block, and reads the s32 branch index the program computes before it (the model's buffer
+    of it ends where it is made). Measured (fuzz seed 19 #1522, `cond(sum(x) > 0, 2 * t, tanh,
+    x)` replicated on 2x2x2): XLA's 136-byte block is `compare_convert_fusion` s32[] at 0, the
+    result tuple's table at 64 and the operand tuple's at 128; the model had the index alone."""
+    rows, open_at = [], []
+    for op in prog.ops:
+        if op.primitive == prim.COND_START and op.param("branch", 0) == 0:
+            open_at.append(op)
+        elif op.primitive == prim.COND_END and open_at:
+            start = open_at.pop()
+            v = (start.operands or start.results or op.results or (None,))[0]
+            if v is not None:
+                rows.append((v, start.index, op.index, 0.0, 0, COND_STATE_BUFFERS))
     return rows
 
 

@@ -17,7 +17,8 @@ Two more rules follow from XLA's `while` sharing one buffer per tuple element be
 loop's operand, the body's parameter, the body's root and the loop's result: a carry the body
 updates in place (`g + dg`) is the initial carry's buffer (`_carry_updates`), and a copy a
 reshard makes for a constant or a stacked input (an FSDP weight gathered for the body) is held
-until the loop ends (`held_until`), not just at `scan_start`.
+until the loop ends (`held_until`), not just at `scan_start`. A `cond`'s result is the buffer
+of the branch roots that make it, one for all the branches (`_branch_roots`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def buffer_aliases(prog: Program) -> dict[int, int]:
     """value id -> id of the value whose buffer it shares (resolved to the first of a chain)."""
     alias: dict[int, int] = {}
     starts: list = []
+    branch_starts: list[list[int]] = []  # open conds: each branch's `cond_start` op
     last_read = _last_direct_reads(prog)
     copied = _copied_input_carries(prog)
     for op in prog.ops:
@@ -54,6 +56,13 @@ def buffer_aliases(prog: Program) -> dict[int, int]:
         elif starts and op.primitive == _LOOP_ENDS[starts[-1].primitive]:
             for out, into in _carry_updates(starts.pop(), op, last_read, prog):
                 alias[out] = alias.get(into, into)
+        if op.primitive == prim.COND_END:
+            for value, owner in _branch_roots(op, branch_starts.pop(), prog):
+                alias[value] = alias.get(owner, owner)
+        elif op.primitive == prim.COND_START:
+            if op.param("branch", 0) == 0:
+                branch_starts.append([])
+            branch_starts[-1].append(op.index)
         for result, operand in _pairs(op):
             if result in copied:
                 continue
@@ -61,6 +70,38 @@ def buffer_aliases(prog: Program) -> dict[int, int]:
             if r.shape == o.shape and r.dtype == o.dtype and result != operand:
                 alias[result] = alias.get(operand, operand)
     return alias
+
+
+def _branch_roots(end, starts: list[int], prog: Program) -> list[tuple[int, int]]:
+    """(value, owner) pairs of one `cond`: each result and the branches' values for it share
+    one buffer. XLA's dataflow analysis gives a `conditional` no value of its own: its result's
+    value set is the union of the branch roots' (`HloDataflowAnalysis`), so buffer assignment
+    puts every branch's root and the result in one buffer, live from the first branch's root on.
+    Fuzz seed 19 #681 (`cond(p, 2 * t, tanh, t)`, t f32[24, 4, 16, 1], replicated on 2x4): in
+    XLA's 24.6 KB block the tanh, the product and the result are one 6 KB buffer; the model held
+    three (1.59x XLA's bytes). A branch that returns a value it did not make (its operand, a
+    value from outside, the same value twice) gets XLA's copy instead: a buffer of its own.
+    When the result is an output, it owns the buffer (the output's allocation)."""
+    n = len(end.results)
+    producers = prog.producers()
+    bounds = starts[1:] + [end.index]
+    pairs = []
+    for j, result in enumerate(end.results):
+        made = []
+        for b, first in enumerate(starts):
+            outs = end.operands[b * n : (b + 1) * n]
+            x = outs[j]
+            p = producers[x]
+            r, v = prog.values[result], prog.values[x]
+            if p is None or not first < p < bounds[b] or outs.count(x) > 1:
+                continue
+            if v.shape == r.shape and v.dtype == r.dtype:
+                made.append(x)
+        if not made:
+            continue
+        owner = result if prog.values[result].is_output else made[0]
+        pairs += [(x, owner) for x in made + [result] if x != owner]
+    return pairs
 
 
 def _copied_input_carries(prog: Program) -> set[int]:
