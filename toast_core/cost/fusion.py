@@ -1442,10 +1442,12 @@ def _reused_on_the_way(prog: Program, op, root: int, roots, uses) -> bool:
         i = stack.pop()
         for r in prog.ops[i].results:
             size = prog.values[r].size
-            for o, _ in uses[r]:
+            for o, pos in uses[r]:
                 if o in seen or root not in roots[o]:
                     continue
                 reader = prog.ops[o]
+                if reader.primitive == "dot_general" and _dot_reuses(prog, reader, pos):
+                    return True
                 if reader.primitive not in _PLACES_ONCE and any(
                     prog.values[v].size > size for v in reader.results
                 ):
@@ -1455,6 +1457,20 @@ def _reused_on_the_way(prog: Program, op, root: int, roots, uses) -> bool:
         if len(seen) > _PATH_WALK_LIMIT:  # the walk stays linear on large programs
             return _widens(prog, op, frozenset((root,)))
     return False
+
+
+def _dot_reuses(prog: Program, dot, pos: int) -> bool:
+    """Whether a fused dot (an outer product, a fused matrix-vector dot) reads each element of
+    operand `pos` more than once: the other operand has a free dim over 1 (XLA's
+    `ReusesOperandElements` for a dot; the matrix of a matrix-vector product is read once). Its
+    result can be smaller than the operand all the same, contracted on other devices (fuzz
+    seed 19 #575: `concatenate([v, tanh(v)])` contracted over dim 0 cut to one row per device
+    with w[8, 3]: each row is read three times, and XLA keeps the tanh in a fusion of its own)."""
+    if len(dot.operands) != 2:
+        return False
+    (contracted, batch) = (d[1 - pos] for d in dot.param("dimension_numbers"))
+    other = prog.values[dot.operands[1 - pos]].shape
+    return any(n > 1 for d, n in enumerate(other) if d not in contracted and d not in batch)
 
 
 def _root_op(prog: Program, root: int) -> int:
