@@ -439,6 +439,7 @@ def cpu_temporaries(
     remat: bool = False,
     small: float | None = None,
     values: list | None = None,
+    several: float | None = None,
 ):
     """(bytes, first op, end op (exclusive)) of the temporaries only XLA:CPU makes (dot-operand
     and conv layout copies, threefry loops, select-and-scatter expansions:
@@ -448,7 +449,7 @@ def cpu_temporaries(
     then makes a library reduction's broadcast inputs at the call, `cpu_buffers.
     library_reduction_inputs`). `small`: the bytes of a row that holds small buffers (default:
     `align_bytes` each, or one byte each unaligned). `values`, a list: receives the value of
-    each row."""
+    each row. `several`: the bytes of a row of several buffers (default: their sum)."""
     if masks is None:
         vals, lo, hi, scale, count, n_small = ev._cpu_buffers
     else:
@@ -471,6 +472,8 @@ def cpu_temporaries(
     size = count * size + n_small * max(align_bytes, 1)
     if small is not None:
         size = np.where(n_small > 0, small, size)
+    if several is not None:
+        size = np.where(count > 1, several, size)
     return np.asarray(size, dtype=np.float64), lo.astype(np.int64), hi.astype(np.int64) + 1
 
 
@@ -579,8 +582,13 @@ def allocated_memory(ev, strategy, align_bytes: int = 0, cpu: bool = False):
             else False
             for v in cpu_values
         ]
-        if own is not None:  # rows of small buffers (a loop's state) fit no one allocation
-            own_extra = cpu_temporaries(ev, local, 0, masks, effect is not None, small=np.inf)[0]
+        if own is not None:  # rows of small buffers (a loop's state) fit no one allocation,
+            # nor do rows of several (an expanded special function's parts: each is a buffer
+            # of its own, and an allocation holds one at a time; fuzz seed 19 #1525, the 13
+            # f32[8] parts of digamma's gradient in XLA's block, not in the 512-byte output)
+            own_extra = cpu_temporaries(
+                ev, local, 0, masks, effect is not None, small=np.inf, several=np.inf
+            )[0]
             own = np.concatenate([own, own_extra])
         # The tuple tables of combined all-reduces (`combined_all_reduce_ops`): small buffers.
         tables = np.asarray(combined_all_reduce_ops(ev, masks, local), dtype=np.int64)
