@@ -379,6 +379,10 @@ def test_an_add_after_a_scatter_is_folded_into_the_scatters_operand(kind, xla):
     assert predicted == compiled
 
 
+def _halved_thrice(v):
+    return jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 0.5), (0, v))[1]
+
+
 #: A `jnp.take` fill mask read by a fusion and by what does not fuse it, as (fn of x[24, 16],
 #: i[4], w[4, 4]; XLA's flops on jaxlib 0.10.2). Broadcast along the result's offset dims, the
 #: mask's select is effectively unary to XLA (`gather_fusion._unary_mask`): duplicated into
@@ -393,6 +397,30 @@ UNARY_FILL_MASKS = {
     "take_read_by_the_output_and_a_loop": (
         lambda x, i, w: (jnp.take(x, i, axis=1), jnp.sin(jnp.take(x, i, axis=1)) + 1.0),
         348,
+    ),
+    # a dot reads the select in the gather's order, a while loop transposed: two stored fusions
+    # (fuzz seed 19 #1104); 1,214 with one
+    "take_read_by_a_dot_a_loop_and_a_while": (
+        lambda x, i, w: (
+            jnp.take(x, i, axis=1) @ w,
+            jnp.take(x, i, axis=1) ** 2,
+            _halved_thrice(jnp.take(x, i, axis=1)),
+        ),
+        1334,
+    ),
+    # the output transposed too: 888 with one
+    "take_read_by_a_dot_and_the_output": (
+        lambda x, i, w: (jnp.take(x, i, axis=1) @ w, jnp.take(x, i, axis=1)),
+        1020,
+    ),
+    # rows, in the gather's order already: one stored fusion for both
+    "rows_read_by_a_dot_a_loop_and_a_while": (
+        lambda x, i, w: (
+            w @ jnp.take(x, i, axis=0),
+            jnp.take(x, i, axis=0) ** 2,
+            _halved_thrice(jnp.take(x, i, axis=0)),
+        ),
+        830,
     ),
     # along size-1 offset dims only the mask is a bitcast, a second array: once
     "take_of_one_column": (
