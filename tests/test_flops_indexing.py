@@ -377,3 +377,68 @@ def test_an_add_after_a_scatter_is_folded_into_the_scatters_operand(kind, xla):
     predicted, compiled = unsharded_flops(_scatter_then_add(kind), *args)
     assert compiled == xla
     assert predicted == compiled
+
+
+def _halved_thrice(v):
+    return jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 0.5), (0, v))[1]
+
+
+#: A `jnp.take` fill mask read by a fusion and by what does not fuse it, as (fn of x[24, 16],
+#: i[4], w[4, 4]; XLA's flops on jaxlib 0.10.2). Broadcast along the result's offset dims, the
+#: mask's select is effectively unary to XLA (`gather_fusion._unary_mask`): duplicated into
+#: every loop reading it besides the fusion stored for the dot or the output.
+UNARY_FILL_MASKS = {
+    # fuzz seed 19 #1112: read by a dot and `v * v`; 984 with the mask once
+    "take_read_by_a_dot_and_a_loop": (
+        lambda x, i, w: (jnp.take(x, i, axis=1) @ w, jnp.take(x, i, axis=1) ** 2),
+        1116,
+    ),
+    # an output and a loop: in both; 216 once
+    "take_read_by_the_output_and_a_loop": (
+        lambda x, i, w: (jnp.take(x, i, axis=1), jnp.sin(jnp.take(x, i, axis=1)) + 1.0),
+        348,
+    ),
+    # a dot reads the select in the gather's order, a while loop transposed: two stored fusions
+    # (fuzz seed 19 #1104); 1,214 with one
+    "take_read_by_a_dot_a_loop_and_a_while": (
+        lambda x, i, w: (
+            jnp.take(x, i, axis=1) @ w,
+            jnp.take(x, i, axis=1) ** 2,
+            _halved_thrice(jnp.take(x, i, axis=1)),
+        ),
+        1334,
+    ),
+    # the output transposed too: 888 with one
+    "take_read_by_a_dot_and_the_output": (
+        lambda x, i, w: (jnp.take(x, i, axis=1) @ w, jnp.take(x, i, axis=1)),
+        1020,
+    ),
+    # rows, in the gather's order already: one stored fusion for both
+    "rows_read_by_a_dot_a_loop_and_a_while": (
+        lambda x, i, w: (
+            w @ jnp.take(x, i, axis=0),
+            jnp.take(x, i, axis=0) ** 2,
+            _halved_thrice(jnp.take(x, i, axis=0)),
+        ),
+        830,
+    ),
+    # along size-1 offset dims only the mask is a bitcast, a second array: once
+    "take_of_one_column": (
+        lambda x, i, w: (jnp.take(x[:, :1], i, axis=0).T @ w[:, :3], jnp.take(x[:, :1], i, 0) ** 2),
+        96,
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(UNARY_FILL_MASKS))
+def test_a_broadcast_fill_mask_is_duplicated_as_a_unary_op(name):
+    fn, xla = UNARY_FILL_MASKS[name]
+    args = (
+        jax.ShapeDtypeStruct((24, 16), F32),
+        jax.ShapeDtypeStruct((4,), jnp.int32),
+        jax.ShapeDtypeStruct((4, 4), F32),
+    )
+    predicted, compiled = unsharded_flops(fn, *args)
+    assert compiled == xla
+    assert predicted == compiled

@@ -24,7 +24,7 @@ from __future__ import annotations
 from math import prod
 
 from toast_core.cost.flops import op_flops
-from toast_core.cost.fusion import gather_root, path_blocked
+from toast_core.cost.fusion import _true_rank, gather_root, path_blocked
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
@@ -59,10 +59,11 @@ def gather_copies(
     duplicate into a gather. `copied`: values that dots and convolutions read through a layout
     copy (XLA:CPU's, `fusion.fusion_work`), a loop fusion like any other reader.
 
-    The mask is fused into the readers only when all of them can take it: when one does not
-    (a convolution or a sort reading the gathered value itself, or the output), XLA stores the
-    gathered value with its mask applied, computed once (fuzz seed 16 #315: `take_along_axis`
-    read by a min's loops, a max and a convolution, one fusion computes the mask). A gather
+    A mask as large as the result is fused into the readers only when all of them can take it:
+    when one does not (a convolution or a sort reading the gathered value itself, or the
+    output), XLA stores the gathered value with its mask applied, computed once (fuzz seed 16
+    #315: `take_along_axis` read by a min's loops, a max and a convolution, one fusion computes
+    the mask). A gather
     reading it takes it (`_gathered`), unless a path to that gather is not fused: the mask's
     select reads two arrays, so XLA duplicates it only when it fuses on every path to its
     readers (`fusion.path_blocked`, XLA's `CanFuseOnAllPaths`): `take_along_axis(v, argmax(v,
@@ -79,7 +80,10 @@ def gather_copies(
     [8, 1], reshaped to v[8] by one bitcast that all readers read, so the select has one
     user and passes `CanFuseOnAllPaths` whatever lies past the bitcast (the simplifier sinks
     that bitcast past a lone reader, as in `v * sum(v, 0)`; not modelled).
-    Scalar readers count once per scalar fusion (`_scalar_fusion`)."""
+    A mask broadcast along the result's offset dims (`jnp.take`) is a unary select to XLA,
+    duplicated into every fusion reading it and stored once more for the readers that do not
+    fuse and the output (`_unary_mask`). Scalar readers count once per scalar fusion
+    (`_scalar_fusion`)."""
     uses = prog.uses()
     outputs = set(prog.outputs)
     out: dict[int, int] = {}
@@ -134,7 +138,7 @@ def gather_copies(
             for o, _ in readers
             if not fuses[o] and r in copied and prog.ops[o].primitive in _COPYING
         ]
-        blocked = (
+        stored = (
             r in outputs
             or prog.values[r].is_output
             or any(
@@ -142,6 +146,10 @@ def gather_copies(
                 for o, k in readers
                 if o not in through_copy
             )
+        )
+        unary = _unary_mask(op, prog)
+        blocked = not unary and (
+            stored
             or (
                 (
                     any(_gathered(prog, o, k) for o, k in readers)
@@ -165,7 +173,10 @@ def gather_copies(
             # computes the mask once for all of them (fuzz seed 16 #207: a gathered value read
             # by a concatenate, an add and a transpose, each then averaged into the loss).
             ctx = frozenset(_scalar_fusion(prog, c, uses, fuses, kept_once) for c in ctx)
-            mask = max(1, len(ctx) + len(set(through_copy)))
+            # a unary mask is also stored once for the readers that do not fuse (`_unary_mask`)
+            if stored:
+                stored = _stored_forms(prog, op, readers, outputs, fuses, through_copy)
+            mask = max(1, len(ctx) + len(set(through_copy)) + int(stored))
         out[op.index] = mask
         idx = op.operands[1]
         shared = (
@@ -200,6 +211,52 @@ def gather_copies(
             terminals[op.index] = frozenset(ts)
             out[op.index] = sum(reach[t] for t in ts)
     return out
+
+
+def _unary_mask(op, prog: Program) -> bool:
+    """Whether fill-mode gather `op`'s mask select is effectively unary to XLA: its mask, one
+    per index vector, is broadcast along the result's offset dims, and a broadcast operand does
+    not count in XLA's test (`InstructionFusion::EffectivelyAtMostUnary`), so the select reads
+    one array (the raw gather's) and is duplicated into every fusion reading it, as any cheap
+    unary op, besides the one stored for the readers that do not fuse (a dot) and the output.
+    That needs a broadcast adding a dim of size > 1: along size-1 offset dims only (and with
+    no offset dims, `take_along_axis`) it is a bitcast, a second array, and the all-paths test
+    (`CanFuseOnAllPaths`) keeps the select once when a reader cannot fuse it. Measured on
+    XLA:CPU: fuzz seed 19 #1112, `v4 = jnp.take(x[24, 16], i[4], axis=1)` read by a dot and by
+    `v4 * v4`: the mask's select (96 flops) is in the dot operand's fusion and in the
+    multiply's, and the index normalization in those and the raw gather's (2,148 flops; 2,016
+    counting each once)."""
+    indices = prog.values[op.operands[1]].shape
+    batch = _true_rank(indices[:-1]) if indices else 0
+    return _true_rank(prog.values[op.results[0]].shape) > batch
+
+
+def _stored_forms(prog: Program, op, readers, outputs, fuses, through_copy) -> int:
+    """How many stored fusions compute a unary fill mask (`_unary_mask`) for the readers that
+    do not fuse and the output: one, but two when XLA's gather puts the index's batch dims
+    first and transposes the result into jax's order (`jnp.take(x, i, axis=1)`): a dot folds
+    that transpose into its dimension numbers and reads the select as the gather makes it,
+    and any other (a while loop's state, the output) reads it transposed, a fusion of its own
+    (fuzz seed 19 #1104: `v = jnp.take(x, i, axis=1)` read by a loop, a dot and a
+    `while_loop`: the mask in three fusions, 580 flops; 536 with two)."""
+    dots = {o for o, k in readers if not fuses[o] and prog.ops[o].primitive == "dot_general"}
+    others = (
+        op.results[0] in outputs
+        or prog.values[op.results[0]].is_output
+        or any(not fuses[o] and not _gathered(prog, o, k) and o not in dots for o, k in readers)
+    )
+    dots -= set(through_copy)
+    return 1 + int(bool(dots) and others and _transposed_result(op, prog))
+
+
+def _transposed_result(op, prog: Program) -> bool:
+    """Whether gather `op`'s result, in XLA's order (the index's batch dims first, then the
+    offset dims), reaches jax's order by a transpose that moves a dim of size > 1."""
+    offset = tuple(dict(op.param("dimension_numbers")).get("offset_dims", ()))
+    shape = prog.values[op.results[0]].shape
+    order = [d for d in range(len(shape)) if d not in offset] + sorted(offset)
+    moved = [d for d in order if shape[d] > 1]
+    return moved != sorted(moved)
 
 
 def _with_gathers(o: int, roots, into: dict[int, frozenset[int]], kept: bool) -> frozenset[int]:
