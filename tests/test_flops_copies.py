@@ -50,3 +50,24 @@ def test_chain_is_computed_again_in_the_copy():
     the weight-gradient dot) both hold the gelu gradient's chain: 1,810 flops; counted once, the
     model said 1,298 (0.71)."""
     assert replicated_ratio(_gelu_grads, _args()) == pytest.approx(1.0, abs=0.05)
+
+
+def _gathered_sgd(w, x, i):
+    """An SGD step on `mean(take_along_axis(tile(x), i, axis=0) @ w)`: the gathered value
+    [1, 2, 32, 32] is read by the forward dot (free dims (0, 1, 2)) and by the weight-gradient
+    dot (contracted over (0, 1, 2)), both as one [64, 32] bitcast."""
+    loss = lambda w: jnp.mean(jnp.take_along_axis(jnp.tile(x, (2, 1, 1, 1)), i, axis=0) @ w)  # noqa: E731
+    value, g = jax.value_and_grad(loss)(w)
+    return w - 0.1 * g, value
+
+
+def test_dots_reading_one_bitcast_share_its_gather_mask():
+    """XLA:CPU computes the gather and its fill mask once, in the `select_bitcast_fusion` both
+    dots read (fuzz seed 19 #241); counted once per dot, the model said 1.43 of XLA's flops."""
+    rng = np.random.default_rng(0)
+    args = (
+        jnp.asarray(rng.normal(0, 0.02, (32, 4)), jnp.float32),
+        jnp.asarray(rng.normal(0, 0.02, (1, 2, 32, 32)), jnp.float32),
+        jnp.asarray(rng.integers(0, 2, (1, 2, 32, 32)), jnp.int32),
+    )
+    assert replicated_ratio(_gathered_sgd, args) == pytest.approx(1.0, abs=0.05)

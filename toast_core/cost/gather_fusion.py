@@ -33,6 +33,33 @@ _INDEXED = prim.SCATTERS | {"gather"}
 _COPYING = frozenset({"dot_general", "conv_general_dilated"})
 
 
+def _copy_read(prog: Program, o: int, position: int, r: int, local_shapes) -> tuple:
+    """The copy through which dot `o` reads value `r` as its operand `position`: dots reading
+    it in one grouping of its dims (unit dims left out) share one copy, a bitcast when the
+    grouping keeps its row-major order (`cpu_buffers._grouping` None), a transposed copy
+    otherwise. Measured: fuzz seed 19 #241, `take_along_axis(...)` of [1, 2, 32, 32] read by
+    `v @ w` and by its weight gradient, both as [64, 32]: XLA:CPU computes the gather and its
+    mask in one `select_bitcast_fusion` that both dots read (33,258 flops under Adam with w
+    split 4 ways; 53,738 counted with the mask in one fusion per dot). A convolution reads
+    through a copy of its own."""
+    # Imported here: cpu_buffers builds on fusion, which this module imports.
+    from toast_core.cost.cpu_buffers import _grouping
+
+    reader = prog.ops[o]
+    if reader.primitive != "dot_general":
+        return (o,)
+    shape = (local_shapes or {}).get(r, prog.values[r].shape)
+    contracted, batch = (d[position] for d in reader.param("dimension_numbers"))
+    grouping = _grouping(shape, batch, contracted, position)
+    if grouping is None:  # a bitcast: the groups of dims, whichever side each is on
+        wide = [d for d in range(len(shape)) if shape[d] != 1]
+        b = tuple(d for d in batch if shape[d] != 1)
+        c = tuple(d for d in contracted if shape[d] != 1)
+        free = tuple(d for d in wide if d not in batch and d not in contracted)
+        return ("bitcast", b, frozenset({free, c}))
+    return ("copy", grouping)
+
+
 def _batched(op) -> bool:
     """Whether a gather or scatter has batching dims (`take_along_axis`): XLA rewrites them as
     iotas concatenated to the index, a value of its own that gathers and scatters on the same
@@ -48,6 +75,7 @@ def gather_copies(
     kept_once,
     more_than_unary=None,
     copied: frozenset[int] = frozenset(),
+    local_shapes: dict[int, tuple[int, ...]] | None = None,
 ) -> dict[int, int]:
     """Per op whose count differs from `fusion_work`'s: a fill-mode gather's copies (its mask's
     flops, `flops.gather_flops`: one per loop fusion reading its result, one for all readers
@@ -57,17 +85,17 @@ def gather_copies(
     scatter). `kept_once(op)`: ops XLA never duplicates (`fusion._kept_once`); `more_than_unary(op)`:
     whether `op` reads more than one array (`fusion._more_than_unary`), which XLA does not
     duplicate into a gather. `copied`: values that dots and convolutions read through a layout
-    copy (XLA:CPU's, `fusion.fusion_work`), a loop fusion like any other reader.
+    copy (XLA:CPU's, `fusion.fusion_work`), a loop fusion like any other reader: one per shape
+    the dots read it in (`_copy_read`, on one device's `local_shapes`).
 
     A mask as large as the result is fused into the readers only when all of them can take it:
     when one does not (a convolution or a sort reading the gathered value itself, or the
     output), XLA stores the gathered value with its mask applied, computed once (fuzz seed 16
     #315: `take_along_axis` read by a min's loops, a max and a convolution, one fusion computes
-    the mask). A gather
-    reading it takes it (`_gathered`), unless a path to that gather is not fused: the mask's
-    select reads two arrays, so XLA duplicates it only when it fuses on every path to its
-    readers (`fusion.path_blocked`, XLA's `CanFuseOnAllPaths`): `take_along_axis(v, argmax(v,
-    0))` computes it once (the argmax's index is not fused into its reader; fuzz seed 19 #920).
+    the mask). A gather reading it takes it (`_gathered`), unless a path to that gather is not
+    fused: the mask's select reads two arrays, so XLA duplicates it only when it fuses on every
+    path to its readers (`fusion.path_blocked`, XLA's `CanFuseOnAllPaths`):
+    `take_along_axis(v, argmax(v, 0))` computes it once (the argmax's index is not fused into its reader; fuzz seed 19 #920).
     Judged too for a batched gather (`_batched`: `take_along_axis` on more than a vector) read
     by several ops: XLA makes its raw gather [rows, 1, ...] and reshapes that to the value's
     shape before the mask's select, so the select's readers are the value's, and a path through
@@ -173,10 +201,13 @@ def gather_copies(
             # computes the mask once for all of them (fuzz seed 16 #207: a gathered value read
             # by a concatenate, an add and a transpose, each then averaged into the loss).
             ctx = frozenset(_scalar_fusion(prog, c, uses, fuses, kept_once) for c in ctx)
+            copies = {
+                _copy_read(prog, o, k, r, local_shapes) for o, k in readers if o in through_copy
+            }
             # a unary mask is also stored once for the readers that do not fuse (`_unary_mask`)
             if stored:
                 stored = _stored_forms(prog, op, readers, outputs, fuses, through_copy)
-            mask = max(1, len(ctx) + len(set(through_copy)) + int(stored))
+            mask = max(1, len(ctx) + len(copies) + int(stored))
         out[op.index] = mask
         idx = op.operands[1]
         shared = (
