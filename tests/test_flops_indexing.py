@@ -135,6 +135,29 @@ def test_a_one_window_scatter_is_computed_in_each_loop_reading_it():
     assert predicted == pytest.approx(compiled, abs=6.0)  # the index normalization's copies
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "update",
+    [
+        lambda v, i: v.at[:, i].add(jnp.tanh(v[:, i])),
+        lambda v, i: v.at[:, i].multiply(jnp.exp(v[:, i])),
+        lambda v, i: v.at[:, i].set(jnp.tanh(v[:, i])),
+    ],
+)
+def test_an_expensive_update_read_from_a_one_window_scatters_operand_fuses_into_it(update):
+    """Fuzz seed 19 #505: `v.at[:, i].add(tanh(v[:, i]))` is one dynamic-update-slice fusion
+    with the slice and the tanh, which XLA fuses in (the update is placed once: no reuse), so
+    `v = x * 2` is computed once, for the operand; rooting the tanh apart computed it again in
+    the tanh's fusion (241 of XLA's 157 flops, the 3 left the index normalization's copies)."""
+
+    def fn(x, i):
+        return update(x * 2.0, i)
+
+    args = (jax.ShapeDtypeStruct((7, 3, 4), F32), jax.ShapeDtypeStruct((1,), jnp.int32))
+    predicted, compiled = unsharded_flops(fn, *args)
+    assert predicted == pytest.approx(compiled, abs=6.0)
+
+
 def top_k_route(x):
     """fuzz `_route`: softmax gates kept on each row's top 2 (a MoE router)."""
     gates = jax.nn.softmax(x, axis=-1)

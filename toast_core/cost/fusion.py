@@ -355,7 +355,7 @@ def _fusion_work_roots(
                 and len(readers) + mat > 1
                 and not path_blocked(prog, op, roots, local_shapes, reused_apart)
             )
-            or _widened_by_its_reader(prog, op, mat, readers, roots, uses)
+            or _widened_by_its_reader(prog, op, mat, readers, roots, uses, local_shapes)
         ):
             # Its cheap producers go with its cheap part into every reader, and into each
             # fusion of an expensive part (`EXPANDED_APART`): placeholder roots, below zero.
@@ -369,7 +369,11 @@ def _fusion_work_roots(
             own = frozenset((_copy_root(op.index),)) if through_copies else self_only
             roots[op.index] = readers | placeholders | (own if mat else frozenset())
             continue
-        if not own and len(readers) == 1 and _expensive_reused(prog, op, readers, roots, uses):
+        if (
+            not own
+            and len(readers) == 1
+            and _expensive_reused(prog, op, readers, roots, uses, local_shapes)
+        ):
             own = True
             reused_apart.add(op.index)
         if op.primitive in prim.ARG_REDUCTIONS:
@@ -396,7 +400,7 @@ def _fusion_work_roots(
             own = (
                 (held is not None and held != shape)
                 or prog.ops[_root_op(prog, root)].primitive in _REDUCTIONS
-                or _reused_on_the_way(prog, op, root, roots, uses)
+                or _reused_on_the_way(prog, op, root, roots, uses, local_shapes)
                 or _all_reduced(prog, op, local_shapes)
             )
             if not own:
@@ -556,7 +560,9 @@ if set(EXPANDED_APART_ON_BROADCAST) != set(EXPANDED_ON_BROADCAST):
     raise AssertionError(sorted(set(EXPANDED_APART_ON_BROADCAST) ^ set(EXPANDED_ON_BROADCAST)))
 
 
-def _widened_by_its_reader(prog: Program, op, mat: bool, readers, roots, uses) -> bool:
+def _widened_by_its_reader(
+    prog: Program, op, mat: bool, readers, roots, uses, local_shapes=None
+) -> bool:
     """Whether special function `op`, not stored, is read by one loop fusion that reads it into
     more elements than it has (a broadcast on the way: an outer-product weight gradient
     `f(x)[:, None] * w`). XLA fuses no expensive producer (a divide, log, exp) into a consumer
@@ -571,10 +577,10 @@ def _widened_by_its_reader(prog: Program, op, mat: bool, readers, roots, uses) -
     if mat or len(readers) != 1:
         return False
     (root,) = readers
-    return root >= 0 and _reused_on_the_way(prog, op, root, roots, uses)
+    return root >= 0 and _reused_on_the_way(prog, op, root, roots, uses, local_shapes)
 
 
-def _expensive_reused(prog: Program, op, readers, roots, uses) -> bool:
+def _expensive_reused(prog: Program, op, readers, roots, uses, local_shapes=None) -> bool:
     """Whether expensive elementwise `op` (an exp, a log, a division: kept once,
     `_kept_once`), read by the one loop fusion `readers`, is read there into more elements
     than it has (`_reused_on_the_way`): XLA:CPU fuses no expensive producer into a consumer
@@ -591,7 +597,7 @@ def _expensive_reused(prog: Program, op, readers, roots, uses) -> bool:
     if op.primitive in prim.EXPANDED_TRANSCENDENTAL:
         return False
     (root,) = readers
-    return root >= 0 and _reused_on_the_way(prog, op, root, roots, uses)
+    return root >= 0 and _reused_on_the_way(prog, op, root, roots, uses, local_shapes)
 
 
 def _dots_read_reshaped(prog: Program, op, fuses) -> bool:
@@ -1423,7 +1429,31 @@ def _widens(prog: Program, op, readers: frozenset[int]) -> bool:
 _PLACES_ONCE = frozenset({"pad", "concatenate", "stack"})
 
 
-def _reused_on_the_way(prog: Program, op, root: int, roots, uses) -> bool:
+def _places_once(reader, position: int, prog: Program, local_shapes=None) -> bool:
+    """Whether `reader` writes each element of its operand at `position` once (`_PLACES_ONCE`),
+    or is a scatter of one update window reading its operand or its updates, its result cut
+    as its operand: XLA makes it a dynamic-update-slice, whose `ReusesOperandElements` is false
+    for both (its start indices alone are reused). `x.at[:, i].add(tanh(x[:, i]))` fuses the
+    tanh into the update's loop with the slice of `x` it reads (measured, jaxlib 0.10.2 CPU,
+    `x = y * 2` on [7, 3, 4]: 157 flops, the multiply once; rooting the tanh apart computed it
+    there again, 241: fuzz seed 19 #505, 1.050 of XLA's flops; #728, #550, data parallel). A
+    result cut where its operand is whole is each device's dynamic-slice of the whole update,
+    and the tanh stays apart, its producers computed again there (seed 19 #1582,
+    `v.at[i].set(tanh(v[i]))`, `v` whole and the result cut on 2x2x2: the multiply making `v`
+    in two fusions)."""
+    if reader.primitive in _PLACES_ONCE:
+        return True
+    if reader.primitive not in prim.SCATTERS or position == 1:
+        return False
+    if not _in_loop_fusion(reader, prog):
+        return False
+    if not local_shapes:
+        return True
+    (r,), v = reader.results, reader.operands[0]
+    return local_shapes.get(r, prog.values[r].shape) == local_shapes.get(v, prog.values[v].shape)
+
+
+def _reused_on_the_way(prog: Program, op, root: int, roots, uses, local_shapes=None) -> bool:
     """Whether an op of the reader loop `root` reads reduction `op`'s result, or a value made
     from it in that loop, into more elements than that value has, other than by padding it.
     XLA does not fuse an expensive producer into a consumer that reuses its elements
@@ -1448,7 +1478,7 @@ def _reused_on_the_way(prog: Program, op, root: int, roots, uses) -> bool:
                 reader = prog.ops[o]
                 if reader.primitive == "dot_general" and _dot_reuses(prog, reader, pos):
                     return True
-                if reader.primitive not in _PLACES_ONCE and any(
+                if not _places_once(reader, pos, prog, local_shapes) and any(
                     prog.values[v].size > size for v in reader.results
                 ):
                     return True
