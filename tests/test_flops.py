@@ -1193,6 +1193,20 @@ def test_cpu_view_computes_a_self_dot_operand_in_each_sides_copy(spec):
     assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
 
 
+def test_cpu_view_computes_an_operand_in_each_dots_copy():
+    """Two dots reading `v = min(a, 0.3) * 1.5` through layout copies in two groupings
+    (`einsum('abc,bz->acz')` copies it into [24, 8], `einsum('abc,az->bcz')` into [48, 4]):
+    XLA:CPU makes two copy fusions and computes the minimum and the multiply in each (4,608
+    flops; 4,224 counted once: `validate._copied_in_several_groupings`)."""
+
+    def fn(a, w1, w2):
+        v = jnp.minimum(a, 0.3) * 1.5
+        return jnp.einsum("abc,bz->acz", v, w1), jnp.einsum("abc,az->bcz", v, w2)
+
+    args = (X[:32, :6].reshape(4, 8, 6), X[:8, :5], X[:4, :5])
+    assert cpu_view_flops(fn, *args) == pytest.approx(xla_cost(fn, *args)[0])
+
+
 def _reshaped_rhs(a, b, x):
     y = a - b
     return jnp.einsum("abc,bef->acef", x, y), y * 2.0

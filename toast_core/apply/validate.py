@@ -57,6 +57,7 @@ from toast_core.cost.arg_reduce import arg_reduction_flops
 from toast_core.cost.buffers import allocated_memory
 from toast_core.cost.collectives import COLLECTIVE_KINDS
 from toast_core.cost.cpu_buffers import (
+    _grouping,
     conv_operand_copies,
     dot_operand_copies,
     is_library_reduction,
@@ -314,15 +315,18 @@ def cpu_flops(
     if strategy is not None:
         shifts |= _library_inputs(ana, strategy, mesh)
     local = _local_value_shapes(ana, strategy, mesh) if strategy and partitioned else None
+    uses = _local_use_shapes(ana, strategy, mesh) if strategy and partitioned else None
+    recopied = _copied_in_several_groupings(program, uses)
     fusion, fusion_trans = _cpu_fusion_factors(
         program,
         frozenset(unfused),
-        _cpu_copied_operands(program, local),
+        _cpu_copied_operands(program, local) | recopied,
         partitioned,
         shifts,
         local,
         _collected(report.collectives) if partitioned else frozenset(),
         _cut_outer_products(ana, strategy, mesh) if strategy and partitioned else frozenset(),
+        recopied,
     )
     flops = sum(
         c.flops
@@ -457,6 +461,24 @@ def _local_value_shapes(
         if local != tuple(v.shape):
             out[v.id] = local
     return out
+
+
+def _local_use_shapes(ana: Analysis, strategy: Strategy, mesh: MeshSpec) -> Callable:
+    """`local_shape(op, pos)`: an operand use's shape on one device, which differs from its
+    value's where the op reads a cut of it (a dot whose output is cut along a free dim reads
+    that slice of a replicated operand: `_copied_in_several_groupings`)."""
+    space = space_of(ana, mesh)
+    masks = strategy.fine_masks(ana, mesh)
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    prog = ana.program
+
+    def local_shape(op: int, pos: int) -> tuple:
+        shape = prog.values[prog.ops[op].operands[pos]].shape
+        if (op, pos) not in space.layout.use_dim_fine:
+            return shape
+        return _local_shape(shape, space.use_axes(masks, op, pos), sizes)
+
+    return local_shape
 
 
 def _local_shape(shape: tuple, axes, sizes: dict) -> tuple[int, ...]:
@@ -622,6 +644,38 @@ def _cpu_copied_operands(program, local_shapes: dict | None = None) -> frozenset
     return frozenset(dots + convs + both) | _reshaped_dot_operands(program, local_shapes)
 
 
+def _copied_in_several_groupings(program, local_shape=None) -> frozenset[int]:
+    """Values that dots read through layout copies in more than one grouping (`cpu_buffers.
+    _grouping` of each dot's operand on one device, `local_shape(op, pos)`): XLA:CPU makes one
+    copy per grouping, each a loop fusion of its own, and a cheap producer is computed in each
+    (measured: fuzz seed 19 #219 on 2x3, a dropout read by `einsum('abc,deb->acde')` with `a`
+    cut 3 ways, which copies the device's slice into [16, 16], and by `einsum('abc,bz->acz')`,
+    which copies it whole into [48, 16]: the dropout's mask chain is in `copy_bitcast_fusion`
+    and again in `copy_bitcast_fusion.2`, 6,912 flops each; 0.916 of XLA's flops counted
+    once). Whether or not a producer's fusion writes one copy in place (`dot_operand_copies`
+    counts no buffer then), the other is computed again."""
+    is_mat = materialized(program)
+    if local_shape is None:
+
+        def local_shape(op: int, pos: int) -> tuple:
+            return program.values[program.ops[op].operands[pos]].shape
+
+    groupings: dict[int, set] = {}
+    for op in program.ops:
+        if op.primitive != "dot_general" or len(op.operands) != 2:
+            continue
+        (lc, rc), (lb, rb) = op.param("dimension_numbers")
+        shapes = (local_shape(op.index, 0), local_shape(op.index, 1))
+        if not lc or all(shapes[0][d] == 1 for d in lc):
+            continue  # an outer product: an elementwise multiply
+        for side, (batch, contracted) in enumerate(((lb, lc), (rb, rc))):
+            x = op.operands[side]
+            g = _grouping(shapes[side], batch, contracted, side)
+            if g is not None and is_mat[x]:
+                groupings.setdefault(x, set()).add(g)
+    return frozenset(x for x, gs in groupings.items() if len(gs) > 1)
+
+
 def _reshaped_dot_operands(program, local_shapes: dict | None = None) -> frozenset[int]:
     """Values that every dot reading them reads in another shape than XLA:CPU's dot takes
     (`_canonical_dot_operand`): XLA's dot decomposer (or its gemv rewriter, for a vector)
@@ -684,6 +738,7 @@ def _cpu_fusion_factors(
     local_shapes: dict[int, tuple[int, ...]] | None = None,
     collected: frozenset[tuple[int, int]] = frozenset(),
     outer_dots: frozenset[int] = frozenset(),
+    recopied: frozenset[int] = frozenset(),
 ) -> tuple[dict[int, float], dict[int, float]]:
     """Per op, XLA:CPU's (flop, transcendental) executions with the `unfused` reductions
     compiled apart, the `copied` dot operands read through their copies, the `stored` values
@@ -693,10 +748,11 @@ def _cpu_fusion_factors(
     one per device is a bitcast there), over the model's (`simplify.executions`), where they
     differ (`partitioned`: for more than one device, as the model's). `outer_dots`: dots whose
     contraction is cut to one element per device (`_cut_outer_products`), fusions like the
-    matrix-vector dots XLA:CPU fuses."""
+    matrix-vector dots XLA:CPU fuses. `recopied`: `copied` values that dots read through copies
+    in several groupings, each computing them."""
     remat = any(not REMAT_CALLS.isdisjoint(op.call_path) for op in program.ops)
     dots = _fused_matrix_vector_dots(program, local_shapes) | outer_dots
-    if not (unfused or copied or stored or remat or local_shapes or dots or collected):
+    if not (unfused or copied or stored or remat or local_shapes or dots or collected or recopied):
         return {}, {}
     base = executions(program, partitioned=partitioned)
     cpu = executions(
@@ -709,6 +765,7 @@ def _cpu_fusion_factors(
         local_shapes=local_shapes,
         fused_dots=dots,
         collected=collected,
+        recopied=recopied,
     )
     if remat:
         _charge_merged_to_counted(program, base, cpu)

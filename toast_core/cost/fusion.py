@@ -135,6 +135,7 @@ def fusion_work(
     local_shapes: dict[int, tuple[int, ...]] | None = None,
     apart_on_broadcast: dict[int, int] | None = None,
     fused_dots: frozenset[int] = frozenset(),
+    recopied: frozenset[int] = frozenset(),
 ) -> tuple[list[int], dict[int, int]]:
     """(copies, expanded): how many times each op is computed, once per fusion that contains
     it; and, for each special function XLA expands into many HLO ops (erfc, digamma: `prim.
@@ -177,6 +178,11 @@ def fusion_work(
     `apart_on_broadcast` [op -> n]: special functions run on a broadcast, whose expensive parts
     are n fusions of their own however few read the result (`EXPANDED_APART_ON_BROADCAST`):
     each reads the function's operand, so the cheap ops making it are computed there again.
+
+    `recopied`: `copied` values that dots read through copies in several groupings (on one
+    device's shapes: `toast_core.apply.validate._copied_in_several_groupings`), a loop fusion
+    each: a cheap producer is computed in a second copy too, as for a dot reading the value on
+    both sides (`_copied_for_both_sides`).
     """
     fuses = _fusible_ops(prog)
     if unfused:
@@ -187,7 +193,7 @@ def fusion_work(
     costly = _costly_cones(prog, is_materialized, spread)
     reads_apart = _apart_roots(apart_on_broadcast or {})
     walk = (prog, fuses, is_materialized, gather_own, spread, copied, reads_apart, fused_dots)
-    roots, expanded = _fusion_work_roots(*walk, costly, local_shapes)
+    roots, expanded = _fusion_work_roots(*walk, costly, local_shapes, recopied)
     stored = _stored_apart(prog, roots, fuses, spread)
     if stored:
         # A costly op rooted in a fusion of its own is a stored buffer: cheap work reading it
@@ -198,7 +204,7 @@ def fusion_work(
             is_stored[v] = True
         again = _costly_cones(prog, is_stored, spread)
         if again != costly:
-            roots, expanded = _fusion_work_roots(*walk, again, local_shapes)
+            roots, expanded = _fusion_work_roots(*walk, again, local_shapes, recopied)
     if roots_out is not None:
         roots_out[:] = roots
     return [1 if i in expanded else len(r) for i, r in enumerate(roots)], expanded
@@ -271,6 +277,7 @@ def _fusion_work_roots(
     fused_dots,
     costly,
     local_shapes=None,
+    recopied=frozenset(),
 ):
     """Per op, the fusions computing it, and the special functions expanded into several
     readers (`fusion_work`'s walk, given the costly cones). `reads_apart` [op -> placeholder roots]:
@@ -337,7 +344,7 @@ def _fusion_work_roots(
             if (
                 mat
                 and _read_through_copies(prog, op, copied, fuses)
-                and _copied_for_both_sides(prog, op, fuses)
+                and (op.results[0] in recopied or _copied_for_both_sides(prog, op, fuses))
             ):
                 roots[op.index] |= frozenset((_copy_root(op.index),))
             if not costly[op.index]:

@@ -1584,6 +1584,7 @@ def executions(
     local_shapes: dict[int, tuple[int, ...]] | None = None,
     fused_dots: frozenset[int] = frozenset(),
     collected: frozenset[tuple[int, int]] = frozenset(),
+    recopied: frozenset[int] = frozenset(),
 ) -> tuple[list[float], list[float]]:
     """(`flop_executions`, `transcendental_executions`) of `prog`, sharing the work they have
     in common (the rewiring, liveness and fusions: two seconds of the evaluator's set-up at
@@ -1610,7 +1611,8 @@ def executions(
     validate.cpu_flops`): a collective fuses nothing, so the value is a buffer, its producer a
     fusion root, computed once there unless XLA duplicates it into its other readers
     (`fusion._duplicable`), and the op reads the collective's result, not the value
-    (`_read_after_collectives`); none in the cost model itself."""
+    (`_read_after_collectives`); none in the cost model itself. `recopied`: `copied` values
+    that dots read through copies in several groupings (`fusion.fusion_work`)."""
     from toast_core.cost.flops import op_flops, op_transcendentals
 
     # the simplifier's work behind the checkpoint bodies' barriers, the fusions without them
@@ -1665,6 +1667,7 @@ def executions(
             if live[op.index] and _expanded_on_broadcast(op, simple, uni)
         },
         fused_dots=frozenset(fused_dots),
+        recopied=frozenset(recopied),
     )
     fuses = [fusible(op, simple) and op.index not in apart for op in simple.ops]
     kept = lambda op: _kept_once(op, simple, spread)  # noqa: E731
