@@ -377,3 +377,34 @@ def test_an_add_after_a_scatter_is_folded_into_the_scatters_operand(kind, xla):
     predicted, compiled = unsharded_flops(_scatter_then_add(kind), *args)
     assert compiled == xla
     assert predicted == compiled
+
+
+def _updated_in_place(v, i):
+    """`v.at[:, i].set(tanh(v[:, i]))`: a one-window scatter whose update slices its operand."""
+    return v.at[:, i].set(jnp.tanh(v[:, i]))
+
+
+#: (fn of x[8, 16] and i[1], XLA's flops on jaxlib 0.10.2)
+IN_PLACE_UPDATES = {
+    "log_softmax": (lambda x, i: _updated_in_place(jax.nn.log_softmax(x, axis=0), i), 631),
+    "cheap_chain": (lambda x, i: _updated_in_place(x * 2.0 + 1.0, i), 279),
+    "cheap_chain_read_again": (
+        lambda x, i: (lambda v: (_updated_in_place(v, i), v * 3.0))(x * 2.0 + 1.0),
+        663,
+    ),
+    "cheap_chain_summed": (lambda x, i: jnp.sum(_updated_in_place(x * 2.0 + 1.0, i), 0), 391),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(IN_PLACE_UPDATES))
+def test_a_buffer_updated_in_place_from_a_slice_of_itself_is_stored(name):
+    """Fuzz seed 19 #728: XLA does not fuse the producer of a dynamic-update-slice's operand
+    into that fusion when the fusion's dynamic-slice reads the operand too (`fusion.
+    in_place_reads`): the operand is computed once and stored (`x * 2 + 1` twice before:
+    533 of XLA's 279 flops; the log_softmax's `x - max` 3 times, 885 of 631)."""
+    fn, xla = IN_PLACE_UPDATES[name]
+    args = (jax.ShapeDtypeStruct((8, 16), F32), jax.ShapeDtypeStruct((1,), jnp.int32))
+    predicted, compiled = unsharded_flops(fn, *args)
+    assert compiled == xla
+    assert predicted == pytest.approx(compiled, abs=2.0)  # the index normalization's copies

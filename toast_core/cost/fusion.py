@@ -285,6 +285,7 @@ def _fusion_work_roots(
     holds_reduction: dict[int, tuple[int, ...]] = {}  # per fusion root: its reductions' shape
     reused_apart: set[int] = set()  # expensive ops rooted alone for a reuse further on
     indexing = IndexingCounts(prog)
+    in_place = in_place_reads(prog, fuses)  # those read a stored buffer, no loop of its maker
     for op in reversed(prog.ops):
         # An empty result is a constant to XLA (its simplifier replaces any op making one):
         # computed in no fusion, stored nowhere, and its readers read nothing through it (the
@@ -301,7 +302,7 @@ def _fusion_work_roots(
             for r in op.results
             if prog.values[r].size
             for o, pos in uses[r]
-            if fuses[o]
+            if fuses[o] and (o, pos) not in in_place
         ]
         if reads_apart:  # a special function's expensive parts read its operands apart
             reading += [reads_apart[o] for r in op.results for o, _ in uses[r] if o in reads_apart]
@@ -467,7 +468,51 @@ def _with_fused_gathers(
         readers = uses[v]
         if fuses[p] and readers and all(fuses[o] for o, _ in readers):
             is_materialized[v] = False
+    for o, _ in in_place_reads(prog, fuses):
+        is_materialized[prog.ops[o].operands[0]] = True
     return fuses, is_materialized, own
+
+
+def in_place_reads(prog: Program, fuses: list[bool]) -> frozenset[tuple[int, int]]:
+    """(op, operand position) reads of a buffer that a one-window scatter updates in place
+    while its update reads the same buffer (`v.at[:, i].set(tanh(v[:, i]))`): the scatter's
+    operand and the dynamic-slices of it fused into the update. XLA keeps that buffer's
+    producer out of the dynamic-update-slice fusion (`InstructionFusion::ShouldFuseInPlaceOp`:
+    a non-elementwise op of the consumer, the dynamic-slice, reads the in-place parameter, an
+    "inplace conflict after fusion"), so it is stored, computed in its own fusion, and both
+    reads read it: `v = x * 2 + 1` on [8, 16] is computed once (279 flops), not also in the
+    update's loop; fuzz seed 19 #728, a log_softmax so read, counted its `x - max` 3 times
+    (1.13 of XLA's flops). An update reading the buffer through an op that does not fuse
+    (a multi-index gather, a dot) reads a stored result instead: no conflict."""
+    producers = prog.producers()
+    out: set[tuple[int, int]] = set()
+    for op in prog.ops:
+        if op.primitive not in prim.SCATTERS or not _in_loop_fusion(op, prog):
+            continue
+        if len(op.operands) < 3 or not op.results:
+            continue
+        v = op.operands[0]
+        slices, todo, seen = [], [op.operands[2]], set()
+        while todo:
+            p = producers[todo.pop()]
+            if p is None or p in seen or not (fuses[p] or _in_loop_fusion(prog.ops[p], prog)):
+                continue
+            seen.add(p)
+            reader = prog.ops[p]
+            if reader.primitive == "gather":
+                if (
+                    not _in_loop_fusion(reader, prog)
+                    or prod(prog.values[reader.operands[1]].shape[:-1]) > 1
+                ):
+                    continue
+                if reader.operands[0] == v:
+                    slices.append(p)
+                    continue
+            todo.extend(reader.operands)
+        if slices:
+            out.add((op.index, 0))
+            out.update((g, 0) for g in slices)
+    return frozenset(out)
 
 
 def gather_root(prog: Program, i: int) -> int:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from math import prod
 
 from toast_core.cost.flops import op_flops
-from toast_core.cost.fusion import gather_root, path_blocked
+from toast_core.cost.fusion import gather_root, in_place_reads, path_blocked
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
@@ -81,11 +81,18 @@ def gather_copies(
     # each gather's fusion computes it again (measured: `x * w` read by a sort and a `jnp.take`
     # counts 2 x 128 flops on [16, 8]; read by the take alone, 128).
     into: dict[int, frozenset[int]] = {}
+    # ...but not one a one-window scatter updates in place and slices for its update: stored,
+    # and read as stored there (`fusion.in_place_reads`)
+    in_place = in_place_reads(prog, fuses) if more_than_unary is not None else frozenset()
     for op in prog.ops:
         if len(op.results) != 1 or not fuses[op.index] or kept_once(op) or more_than_unary is None:
             continue
         readers = uses[op.results[0]]
-        gathers = frozenset(o for o, k in readers if prog.ops[o].primitive == "gather" and k == 0)
+        gathers = frozenset(
+            o
+            for o, k in readers
+            if prog.ops[o].primitive == "gather" and k == 0 and (o, k) not in in_place
+        )
         if gathers and len(readers) > len(gathers) and not more_than_unary(op):
             into[op.index] = frozenset().union(*(_gather_fusions(prog, g, roots) for g in gathers))
             out[op.index] = len(roots[op.index] | into[op.index])
