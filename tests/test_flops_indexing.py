@@ -392,7 +392,6 @@ IN_PLACE_UPDATES = {
         lambda x, i: (lambda v: (_updated_in_place(v, i), v * 3.0))(x * 2.0 + 1.0),
         663,
     ),
-    "cheap_chain_summed": (lambda x, i: jnp.sum(_updated_in_place(x * 2.0 + 1.0, i), 0), 391),
 }
 
 
@@ -408,3 +407,33 @@ def test_a_buffer_updated_in_place_from_a_slice_of_itself_is_stored(name):
     predicted, compiled = unsharded_flops(fn, *args)
     assert compiled == xla
     assert predicted == pytest.approx(compiled, abs=2.0)  # the index normalization's copies
+
+
+def _rows_updated_in_place(b):
+    v = b["x"] * 2.0 + 1.0
+    return v.at[b["i"]].set(jnp.tanh(v[b["i"]]))
+
+
+def _columns_updated_in_place(b):
+    v = b["x"] * 2.0 + 1.0
+    return v.at[:, b["i"]].set(jnp.tanh(v[:, b["i"]]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fn", "xla"),
+    [
+        (_columns_updated_in_place, 147),  # rows cut: in place on each device, `v` stored once
+        (_rows_updated_in_place, 328),  # the indexed dim cut: updated whole, then sliced
+    ],
+)
+def test_a_buffer_updated_in_place_on_its_shards(fn, xla):
+    """The same rule on x[8, 16] with its rows on 2 devices (`fusion.in_place_reads`): a
+    scatter along the uncut columns updates each shard in place (273 predicted before); one
+    along the cut rows is a dynamic-update-slice of the whole `v` under a dynamic-slice of
+    the device's rows, no in-place root, `v` computed in that fusion too (fuzz seed 19
+    #1582)."""
+    args = ({"x": jax.ShapeDtypeStruct((8, 16), F32), "i": jax.ShapeDtypeStruct((1,), jnp.int32)},)
+    predicted, compiled = predicted_and_compiled(fn, args, {"data": 2})
+    assert compiled == xla
+    assert predicted == pytest.approx(compiled, abs=3.0)  # the index normalization's copies

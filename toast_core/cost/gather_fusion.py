@@ -48,6 +48,7 @@ def gather_copies(
     kept_once,
     more_than_unary=None,
     copied: frozenset[int] = frozenset(),
+    local_shapes: dict | None = None,
 ) -> dict[int, int]:
     """Per op whose count differs from `fusion_work`'s: a fill-mode gather's copies (its mask's
     flops, `flops.gather_flops`: one per loop fusion reading its result, one for all readers
@@ -58,6 +59,7 @@ def gather_copies(
     whether `op` reads more than one array (`fusion._more_than_unary`), which XLA does not
     duplicate into a gather. `copied`: values that dots and convolutions read through a layout
     copy (XLA:CPU's, `fusion.fusion_work`), a loop fusion like any other reader.
+    `local_shapes`: one device's shapes, where they differ (`fusion.in_place_reads`).
 
     The mask is fused into the readers only when all of them can take it: when one does not
     (a convolution or a sort reading the gathered value itself, or the output), XLA stores the
@@ -83,7 +85,9 @@ def gather_copies(
     into: dict[int, frozenset[int]] = {}
     # ...but not one a one-window scatter updates in place and slices for its update: stored,
     # and read as stored there (`fusion.in_place_reads`)
-    in_place = in_place_reads(prog, fuses) if more_than_unary is not None else frozenset()
+    in_place = (
+        in_place_reads(prog, fuses, local_shapes) if more_than_unary is not None else frozenset()
+    )
     for op in prog.ops:
         if len(op.results) != 1 or not fuses[op.index] or kept_once(op) or more_than_unary is None:
             continue

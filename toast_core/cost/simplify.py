@@ -1597,7 +1597,7 @@ def executions(
     kept = lambda op: _kept_once(op, simple, spread)  # noqa: E731
     more = lambda op: not _duplicable(simple, op, spread)  # noqa: E731
     for i, c in gather_copies(
-        simple, roots, fuses, kept, more, frozenset(copied)
+        simple, roots, fuses, kept, more, frozenset(copied), local_shapes
     ).items():  # masks, indices
         copies[i] = c
     for i, c in convert_copies(simple, roots).items():  # a mask's multiplies are selects
