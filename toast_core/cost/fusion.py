@@ -490,10 +490,12 @@ def in_place_reads(
     (a multi-index gather, a dot) reads a stored result instead: no conflict.
 
     Only for a dynamic-update-slice that roots its fusion (the in-place pair is the fusion's
-    root): not one fused into the loops reading it (`_update_slice_fused`), nor one whose
-    indexed dim is cut across devices (on `local_shapes`), which the partitioner runs whole
-    and slices (fuzz seed 19 #1582, `v.at[i].set(tanh(v[i]))` on v[2] cut in 2: the
-    `dynamic-slice` of the update roots the fusion, `v`'s multiply is computed in it)."""
+    root): not one fused into the loops reading it (`_update_slice_fused`), nor an output
+    alone whose indexed dim is cut across devices (on `local_shapes`): the partitioner runs
+    it whole and slices the device's part, its one reader, which it fuses into (fuzz seed 19
+    #1582, `v.at[i].set(tanh(v[i]))` on v[2] cut in 2: the `dynamic-slice` roots the fusion,
+    `v`'s multiply is computed in it). Read by other ops too it roots its fusion again (#521:
+    a [4, 1, 32, 6] update, cut along the 32, read by a gather and a scatter-add)."""
     producers = prog.producers()
     uses = prog.uses()
     outputs = set(prog.outputs)
@@ -514,8 +516,10 @@ def in_place_reads(
                 continue  # fused into its readers' loops: no in-place root
         dims = dict(op.param("dimension_numbers") or ()).get("scatter_dims_to_operand_dims", ())
         cut = [(local_shapes or {}).get(x) for x in (v, r)]
-        if any(s and any(s[d] < prog.values[v].shape[d] for d in dims) for s in cut):
-            continue
+        if not readers and any(
+            s and any(s[d] < prog.values[v].shape[d] for d in dims) for s in cut
+        ):
+            continue  # the partitioner's dynamic-slice of the device's part, its one reader
         slices, todo, seen = [], [op.operands[2]], set()
         while todo:
             p = producers[todo.pop()]
