@@ -465,3 +465,63 @@ def test_a_broadcast_fill_mask_is_duplicated_as_a_unary_op(name):
     predicted, compiled = unsharded_flops(fn, *args)
     assert compiled == xla
     assert predicted == compiled
+
+
+def _updated_in_place(v, i):
+    """`v.at[:, i].set(tanh(v[:, i]))`: a one-window scatter whose update slices its operand."""
+    return v.at[:, i].set(jnp.tanh(v[:, i]))
+
+
+#: (fn of x[8, 16] and i[1], XLA's flops on jaxlib 0.10.2)
+IN_PLACE_UPDATES = {
+    "log_softmax": (lambda x, i: _updated_in_place(jax.nn.log_softmax(x, axis=0), i), 631),
+    "cheap_chain": (lambda x, i: _updated_in_place(x * 2.0 + 1.0, i), 279),
+    "cheap_chain_read_again": (
+        lambda x, i: (lambda v: (_updated_in_place(v, i), v * 3.0))(x * 2.0 + 1.0),
+        663,
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(IN_PLACE_UPDATES))
+def test_a_buffer_updated_in_place_from_a_slice_of_itself_is_stored(name):
+    """Fuzz seed 19 #728: XLA does not fuse the producer of a dynamic-update-slice's operand
+    into that fusion when the fusion's dynamic-slice reads the operand too (`fusion.
+    in_place_reads`): the operand is computed once and stored (`x * 2 + 1` twice before:
+    533 of XLA's 279 flops; the log_softmax's `x - max` 3 times, 885 of 631)."""
+    fn, xla = IN_PLACE_UPDATES[name]
+    args = (jax.ShapeDtypeStruct((8, 16), F32), jax.ShapeDtypeStruct((1,), jnp.int32))
+    predicted, compiled = unsharded_flops(fn, *args)
+    assert compiled == xla
+    assert predicted == pytest.approx(compiled, abs=2.0)  # the index normalization's copies
+
+
+def _rows_updated_in_place(b):
+    v = b["x"] * 2.0 + 1.0
+    return v.at[b["i"]].set(jnp.tanh(v[b["i"]]))
+
+
+def _columns_updated_in_place(b):
+    v = b["x"] * 2.0 + 1.0
+    return v.at[:, b["i"]].set(jnp.tanh(v[:, b["i"]]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fn", "xla"),
+    [
+        (_columns_updated_in_place, 147),  # rows cut: in place on each device, `v` stored once
+        (_rows_updated_in_place, 328),  # the indexed dim cut: updated whole, then sliced
+    ],
+)
+def test_a_buffer_updated_in_place_on_its_shards(fn, xla):
+    """The same rule on x[8, 16] with its rows on 2 devices (`fusion.in_place_reads`): a
+    scatter along the uncut columns updates each shard in place (273 predicted before); one
+    along the cut rows is a dynamic-update-slice of the whole `v` under a dynamic-slice of
+    the device's rows, no in-place root, `v` computed in that fusion too (fuzz seed 19
+    #1582)."""
+    args = ({"x": jax.ShapeDtypeStruct((8, 16), F32), "i": jax.ShapeDtypeStruct((1,), jnp.int32)},)
+    predicted, compiled = predicted_and_compiled(fn, args, {"data": 2})
+    assert compiled == xla
+    assert predicted == pytest.approx(compiled, abs=3.0)  # the index normalization's copies
