@@ -486,15 +486,16 @@ IN_PLACE_UPDATES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(IN_PLACE_UPDATES))
 def test_a_buffer_updated_in_place_from_a_slice_of_itself_is_stored(name):
-    """Fuzz seed 19 #728: XLA does not fuse the producer of a dynamic-update-slice's operand
-    into that fusion when the fusion's dynamic-slice reads the operand too (`fusion.
-    in_place_reads`): the operand is computed once and stored (`x * 2 + 1` twice before:
-    533 of XLA's 279 flops; the log_softmax's `x - max` 3 times, 885 of 631)."""
+    """Fuzz seed 19 #728: a one-window scatter is a dynamic-update-slice, which writes each
+    element of its operand and its update once (`fusion._places_once`): the tanh fuses into
+    the update and the operand is computed once, stored (`x * 2 + 1` twice before: 533 of
+    XLA's 279 flops; the log_softmax's `x - max` 3 times, 885 of 631). The model is 5 short:
+    XLA's index normalization in the slice and the update, priced once."""
     fn, xla = IN_PLACE_UPDATES[name]
     args = (jax.ShapeDtypeStruct((8, 16), F32), jax.ShapeDtypeStruct((1,), jnp.int32))
     predicted, compiled = unsharded_flops(fn, *args)
     assert compiled == xla
-    assert predicted == pytest.approx(compiled, abs=2.0)  # the index normalization's copies
+    assert predicted == pytest.approx(compiled, abs=5.0)  # the index normalization's copies
 
 
 def _rows_updated_in_place(b):
@@ -516,12 +517,11 @@ def _columns_updated_in_place(b):
     ],
 )
 def test_a_buffer_updated_in_place_on_its_shards(fn, xla):
-    """The same rule on x[8, 16] with its rows on 2 devices (`fusion.in_place_reads`): a
-    scatter along the uncut columns updates each shard in place (273 predicted before); one
-    along the cut rows is a dynamic-update-slice of the whole `v` under a dynamic-slice of
-    the device's rows, no in-place root, `v` computed in that fusion too (fuzz seed 19
-    #1582)."""
+    """The same rule on x[8, 16] with its rows on 2 devices (`fusion._places_once`): a scatter
+    along the uncut columns updates each shard in place (273 predicted before); one along the
+    cut rows is a dynamic-update-slice of the whole `v` under a dynamic-slice of the device's
+    rows, `v` computed in that fusion too (fuzz seed 19 #1582)."""
     args = ({"x": jax.ShapeDtypeStruct((8, 16), F32), "i": jax.ShapeDtypeStruct((1,), jnp.int32)},)
     predicted, compiled = predicted_and_compiled(fn, args, {"data": 2})
     assert compiled == xla
-    assert predicted == pytest.approx(compiled, abs=3.0)  # the index normalization's copies
+    assert predicted == pytest.approx(compiled, abs=5.0)  # the index normalization's copies

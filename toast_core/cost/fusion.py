@@ -189,9 +189,7 @@ def fusion_work(
         fuses = [f and i not in unfused for i, f in enumerate(fuses)]
     if fused_dots:
         fuses = [f or i in fused_dots for i, f in enumerate(fuses)]
-    fuses, is_materialized, gather_own = _with_fused_gathers(
-        prog, fuses, is_materialized, local_shapes
-    )
+    fuses, is_materialized, gather_own = _with_fused_gathers(prog, fuses, is_materialized)
     costly = _costly_cones(prog, is_materialized, spread)
     reads_apart = _apart_roots(apart_on_broadcast or {})
     walk = (prog, fuses, is_materialized, gather_own, spread, copied, reads_apart, fused_dots)
@@ -294,7 +292,6 @@ def _fusion_work_roots(
     holds_reduction: dict[int, tuple[int, ...]] = {}  # per fusion root: its reductions' shape
     reused_apart: set[int] = set()  # expensive ops rooted alone for a reuse further on
     indexing = IndexingCounts(prog)
-    in_place = in_place_reads(prog, fuses, local_shapes)  # read as a stored buffer
     for op in reversed(prog.ops):
         # An empty result is a constant to XLA (its simplifier replaces any op making one):
         # computed in no fusion, stored nowhere, and its readers read nothing through it (the
@@ -311,7 +308,7 @@ def _fusion_work_roots(
             for r in op.results
             if prog.values[r].size
             for o, pos in uses[r]
-            if fuses[o] and (o, pos) not in in_place
+            if fuses[o]
         ]
         if reads_apart:  # a special function's expensive parts read its operands apart
             reading += [reads_apart[o] for r in op.results for o, _ in uses[r] if o in reads_apart]
@@ -440,7 +437,7 @@ def _all_reduced(prog: Program, op, local_shapes: dict | None) -> bool:
 
 
 def _with_fused_gathers(
-    prog: Program, fuses: list[bool], is_materialized: list[bool], local_shapes=None
+    prog: Program, fuses: list[bool], is_materialized: list[bool]
 ) -> tuple[list[bool], list[bool], dict[int, int]]:
     """(`fuses`, `is_materialized`, gather fusions) with gathers taken as the loop fusions XLA
     makes of them, for counting work (measured on XLA:CPU):
@@ -481,74 +478,7 @@ def _with_fused_gathers(
         readers = uses[v]
         if fuses[p] and readers and all(fuses[o] for o, _ in readers):
             is_materialized[v] = False
-    for o, _ in in_place_reads(prog, fuses, local_shapes):
-        is_materialized[prog.ops[o].operands[0]] = True
     return fuses, is_materialized, own
-
-
-def in_place_reads(
-    prog: Program, fuses: list[bool], local_shapes: dict | None = None
-) -> frozenset[tuple[int, int]]:
-    """(op, operand position) reads of a buffer that a one-window scatter updates in place
-    while its update reads the same buffer (`v.at[:, i].set(tanh(v[:, i]))`): the scatter's
-    operand and the dynamic-slices of it fused into the update. XLA keeps that buffer's
-    producer out of the dynamic-update-slice fusion (`InstructionFusion::ShouldFuseInPlaceOp`:
-    a non-elementwise op of the consumer, the dynamic-slice, reads the in-place parameter, an
-    "inplace conflict after fusion"), so it is stored, computed in its own fusion, and both
-    reads read it: `v = x * 2 + 1` on [8, 16] is computed once (279 flops), not also in the
-    update's loop; fuzz seed 19 #728, a log_softmax so read, counted its `x - max` 3 times
-    (1.13 of XLA's flops). An update reading the buffer through an op that does not fuse
-    (a multi-index gather, a dot) reads a stored result instead: no conflict.
-
-    Only for a dynamic-update-slice that roots its fusion (the in-place pair is the fusion's
-    root): not one fused into the loops reading it (`_update_slice_fused`), nor an output
-    alone whose indexed dim is cut across devices (on `local_shapes`): the partitioner runs
-    it whole and slices the device's part, its one reader, which it fuses into (fuzz seed 19
-    #1582, `v.at[i].set(tanh(v[i]))` on v[2] cut in 2: the `dynamic-slice` roots the fusion,
-    `v`'s multiply is computed in it). Read by other ops too it roots its fusion again (#521:
-    a [4, 1, 32, 6] update, cut along the 32, read by a gather and a scatter-add)."""
-    producers = prog.producers()
-    uses = prog.uses()
-    outputs = set(prog.outputs)
-    out: set[tuple[int, int]] = set()
-
-    def loop(o: int) -> bool:
-        return fuses[o] or _in_loop_fusion(prog.ops[o], prog)
-
-    for op in prog.ops:
-        if op.primitive not in prim.SCATTERS or not _in_loop_fusion(op, prog):
-            continue
-        if len(op.operands) < 3 or len(op.results) != 1:
-            continue
-        v, r = op.operands[0], op.results[0]
-        readers = uses[r]
-        if readers and r not in outputs and not prog.values[r].is_output:
-            if all(loop(o) for o, _ in readers):
-                continue  # fused into its readers' loops: no in-place root
-        dims = dict(op.param("dimension_numbers") or ()).get("scatter_dims_to_operand_dims", ())
-        cut = [(local_shapes or {}).get(x) for x in (v, r)]
-        if not readers and any(
-            s and any(s[d] < prog.values[v].shape[d] for d in dims) for s in cut
-        ):
-            continue  # the partitioner's dynamic-slice of the device's part, its one reader
-        slices, todo, seen = [], [op.operands[2]], set()
-        while todo:
-            p = producers[todo.pop()]
-            if p is None or p in seen or not loop(p):
-                continue
-            seen.add(p)
-            reader = prog.ops[p]
-            if reader.primitive == "gather":
-                if prod(prog.values[reader.operands[1]].shape[:-1]) > 1:
-                    continue  # a gather fusion of its own
-                if reader.operands[0] == v:
-                    slices.append(p)
-                    continue
-            todo.extend(reader.operands)
-        if slices:
-            out.add((op.index, 0))
-            out.update((g, 0) for g in slices)
-    return frozenset(out)
 
 
 def gather_root(prog: Program, i: int) -> int:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from math import prod
 
 from toast_core.cost.flops import op_flops
-from toast_core.cost.fusion import _true_rank, gather_root, in_place_reads, path_blocked
+from toast_core.cost.fusion import _true_rank, gather_root, path_blocked
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
 
@@ -86,8 +86,7 @@ def gather_copies(
     whether `op` reads more than one array (`fusion._more_than_unary`), which XLA does not
     duplicate into a gather. `copied`: values that dots and convolutions read through a layout
     copy (XLA:CPU's, `fusion.fusion_work`), a loop fusion like any other reader: one per shape
-    the dots read it in (`_copy_read`, on one device's `local_shapes`, which
-    `fusion.in_place_reads` also judges).
+    the dots read it in (`_copy_read`, on one device's `local_shapes`).
 
     A mask as large as the result is fused into the readers only when all of them can take it:
     when one does not (a convolution or a sort reading the gathered value itself, or the
@@ -96,8 +95,7 @@ def gather_copies(
     the mask). A gather reading it takes it (`_gathered`), unless a path to that gather is not
     fused: the mask's select reads two arrays, so XLA duplicates it only when it fuses on every
     path to its readers (`fusion.path_blocked`, XLA's `CanFuseOnAllPaths`):
-    `take_along_axis(v, argmax(v, 0))` computes it once (the argmax's index is not fused into
-    its reader; fuzz seed 19 #920).
+    `take_along_axis(v, argmax(v, 0))` computes it once (the argmax's index is not fused into its reader; fuzz seed 19 #920).
     Judged too for a batched gather (`_batched`: `take_along_axis` on more than a vector) read
     by several ops: XLA makes its raw gather [rows, 1, ...] and reshapes that to the value's
     shape before the mask's select, so the select's readers are the value's, and a path through
@@ -121,20 +119,11 @@ def gather_copies(
     # each gather's fusion computes it again (measured: `x * w` read by a sort and a `jnp.take`
     # counts 2 x 128 flops on [16, 8]; read by the take alone, 128).
     into: dict[int, frozenset[int]] = {}
-    # ...but not one a one-window scatter updates in place and slices for its update: stored,
-    # and read as stored there (`fusion.in_place_reads`)
-    in_place = (
-        in_place_reads(prog, fuses, local_shapes) if more_than_unary is not None else frozenset()
-    )
     for op in prog.ops:
         if len(op.results) != 1 or not fuses[op.index] or kept_once(op) or more_than_unary is None:
             continue
         readers = uses[op.results[0]]
-        gathers = frozenset(
-            o
-            for o, k in readers
-            if prog.ops[o].primitive == "gather" and k == 0 and (o, k) not in in_place
-        )
+        gathers = frozenset(o for o, k in readers if prog.ops[o].primitive == "gather" and k == 0)
         if gathers and len(readers) > len(gathers) and not more_than_unary(op):
             into[op.index] = frozenset().union(*(_gather_fusions(prog, g, roots) for g in gathers))
             out[op.index] = len(roots[op.index] | into[op.index])
