@@ -116,3 +116,39 @@ def test_a_carry_is_computed_once_whatever_reads_it_in_the_body(ys):
     assert replicated_ratio(
         cell_scan(ys), ({"x": jax.ShapeDtypeStruct((3, 8), F32)},)
     ) == pytest.approx(1.0)
+
+
+def _decay(n, a=0.9):
+    def run(x):
+        return lax.while_loop(
+            lambda c: c[0] < n, lambda c: (c[0] + 1, a * c[1] + 0.1 * jnp.tanh(c[1])), (0, x)
+        )[1]
+
+    return run
+
+
+def _fori_decay(n, a=0.9):
+    return lambda x: lax.fori_loop(0, n, lambda i, c: a * c + 0.1 * jnp.tanh(c), x)
+
+
+TWIN_LOOPS = {
+    "same while": (_decay(3), _decay(3)),
+    "while, other trip count": (_decay(3), _decay(5)),
+    "while, other body": (_decay(3), _decay(3, 0.8)),
+    "same fori": (_fori_decay(3), _fori_decay(3)),
+    "fori, other trip count": (_fori_decay(3), _fori_decay(5)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TWIN_LOOPS))
+def test_identical_loops_are_one_loop(name):
+    """XLA's CSE merges two `while`s of equal operands, condition and body: two identical
+    `while_loop`s on one input are one loop, its body and counter counted once (fuzz seed 19
+    #690: counted twice, 1.24 of XLA's flops); loops differing in trip count or body stay two."""
+    first, second = TWIN_LOOPS[name]
+
+    def fn(b):
+        return first(b["x"]), second(b["x"])
+
+    assert replicated_ratio(fn, (X,)) == pytest.approx(1.0, abs=1e-9)

@@ -15,6 +15,8 @@ over x[4, 8] counts 10 flops (8 adds, the counter's add and compare), two such s
 * A `while_loop`'s counter step is the program's own op; its condition is a jaxpr the trace
   does not walk, counted here as the one compare of `i < n` (the form of gradient-accumulation
   loops; fuzz seed 16's `accum_while` programs).
+* A loop repeating an earlier one (same operands, condition and body) adds nothing: XLA's CSE
+  merges the two `while`s (`simplify._same_loop`; fuzz seed 19 #690).
 
 Tiny training steps are where this shows: fuzz seed 16 #812, an accumulated `x @ w` gradient,
 predicted 6.25 flops of XLA's 9, two of them the scan's counter.
@@ -24,8 +26,11 @@ from __future__ import annotations
 
 import re
 
+from toast_core.cost.simplify import cse_repeats
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
+
+_ENDS = (prim.WHILE_END, prim.SCAN_END)
 
 #: Flops of an HLO while's counter: the condition's compare and the body's add.
 COUNTER_FLOPS = 2.0
@@ -34,8 +39,11 @@ COUNTER_FLOPS = 2.0
 def loop_control_flops(program: Program) -> float:
     """Flops of the loop control XLA adds to `program`'s loops, each loop once (module essay)."""
     producers = program.producers()
+    repeats = _merged_loops(program)
     total = 0.0
     for op in program.ops:
+        if op.index in repeats:
+            continue  # merged into an identical loop by XLA's CSE (`simplify._same_loop`)
         if op.primitive == prim.WHILE_END:
             total += COUNTER_FLOPS - 1  # the condition's compare; the step is a body op
         elif op.primitive == prim.SCAN_END and op.param("length") == 1:
@@ -44,6 +52,18 @@ def loop_control_flops(program: Program) -> float:
             merged = _steps_an_int_counter(program, op, producers)
             total += COUNTER_FLOPS - 1 if merged else COUNTER_FLOPS
     return total
+
+
+def _merged_loops(program: Program) -> set[int]:
+    """The loop end ops whose loops XLA's CSE merges into an earlier identical loop."""
+    if not any(op.primitive in _ENDS for op in program.ops):
+        return set()
+    same = cse_repeats(program)
+    return {
+        op.index
+        for op in program.ops
+        if op.primitive in _ENDS and op.results and all(same[r] != r for r in op.results)
+    }
 
 
 def _steps_an_int_counter(program: Program, end, producers) -> bool:

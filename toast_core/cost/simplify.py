@@ -626,8 +626,11 @@ def _rewired(prog: Program) -> tuple[Program, list[int]]:
       the same operands (in either order for a commutative op: `_commuted_key`; once earlier
       repeats are merged, so a repeated chain goes whole;
       literals equal by dtype, shape and value) is that op: `jnp.clip(v, -.5, .5)` written
-      twice, or `gelu(x)` evaluated in two places, is computed once. Region boundaries never
-      merge (each loop or branch body reads its own inputs, so nothing in two bodies merges).
+      twice, or `gelu(x)` evaluated in two places, is computed once. Region boundaries do not
+      merge (each loop or branch body reads its own inputs, so nothing in two bodies merges),
+      except a loop repeating an earlier one whole: same operands, condition and body
+      (`prim.LOOP_IDENTITY`) is one `while` to XLA's CSE, and its body ops and results are the
+      first loop's (`_same_loop`).
       Behind barriers (`barred`), a `jax.checkpoint` body's recomputation merges with nothing
       outside it.
     * **A scan of one step** is inlined (XLA's while-loop simplifier): its body reads the
@@ -662,6 +665,7 @@ def _rewired(prog: Program) -> tuple[Program, list[int]]:
     boundaries = prim.REGION_BOUNDARIES
     const = constant_values(prog)
     uses = prog.uses()
+    mirror = None  # (last op index, offset back to the loop it repeats): a merged while loop
     for op in prog.ops:
         operands = _past_scalings(op, tuple(map(canon.__getitem__, op.operands)), ops, prog, const)
         op, operands = _reassociated_product(op, operands, ops, prog, const)
@@ -671,6 +675,17 @@ def _rewired(prog: Program) -> tuple[Program, list[int]]:
         if folded is not None:
             op, operands = folded, folded.operands
         ops.append(_with_operands(op, operands) if operands != op.operands else op)
+        if mirror is not None and op.index <= mirror[0]:
+            for r, r0 in zip(op.results, prog.ops[op.index - mirror[1]].results):
+                canon[r] = canon[r0]
+            continue
+        if op.param(prim.LOOP_IDENTITY) is not None and op.param("length") != 1:
+            try:
+                earlier = first.setdefault((op.primitive, op.params, operands), op.index)
+            except TypeError:  # a param that does not hash: never merged
+                earlier = op.index
+            if earlier != op.index:
+                mirror = _same_loop(prog, earlier, op.index)
         if op.primitive == prim.SCAN_START and op.param("length") == 1:
             # XLA inlines a loop of one trip: the body reads the initial carry (and consts)
             n = int(op.param("num_consts", 0)) + int(op.param("num_carry", 0))
@@ -700,6 +715,37 @@ def _rewired(prog: Program) -> tuple[Program, list[int]]:
                 canon[r] = canon[r0]
     outputs = tuple(canon[v] for v in prog.outputs)
     return replace(prog, ops=tuple(ops), outputs=outputs), canon
+
+
+def _same_loop(prog: Program, first: int, second: int) -> tuple[int, int] | None:
+    """(the index of the end op closing the loop opened at `second`, `second - first`) when
+    that loop repeats the one opened at `first` op for op (same operands, condition and body,
+    `prim.LOOP_IDENTITY`), else None: XLA's CSE merges the two `while`s, so the second's body
+    ops and results are the first's (fuzz seed 19 #690: two identical `while_loop`s on one
+    input compile to one loop; the model counted the body and counter twice, 1.24 of XLA's
+    flops). Loops that differ in trip count or body differ in their identity and stay apart."""
+    ends = [_loop_end(prog, first), _loop_end(prog, second)]
+    if None in ends or ends[0] - first != ends[1] - second or ends[0] >= second:
+        return None
+    offset = second - first
+    for i in range(second, ends[1] + 1):
+        a, b = prog.ops[i - offset], prog.ops[i]
+        if a.primitive != b.primitive or len(a.results) != len(b.results):
+            return None
+    return ends[1], offset
+
+
+_LOOP_ENDS = {prim.WHILE_START: prim.WHILE_END, prim.SCAN_START: prim.SCAN_END}
+
+
+def _loop_end(prog: Program, start: int) -> int | None:
+    opens, closes = prog.ops[start].primitive, _LOOP_ENDS[prog.ops[start].primitive]
+    depth = 0
+    for op in prog.ops[start:]:
+        depth += (op.primitive == opens) - (op.primitive == closes)
+        if depth == 0:
+            return op.index
+    return None
 
 
 #: The param `_scatter_into_addend` sets on the scatter it puts at an add's place: the op's

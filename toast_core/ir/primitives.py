@@ -22,6 +22,10 @@ WHILE_START, WHILE_END = "while_start", "while_end"
 COND_START, COND_END = "cond_start", "cond_end"
 #: Pseudo-ops that only mark region boundaries: no work, no memory traffic.
 REGION_BOUNDARIES = frozenset({SCAN_START, SCAN_END, WHILE_START, WHILE_END, COND_START, COND_END})
+#: The param of a `while_start` or `scan_start` naming what its loop computes beyond its
+#: operands (a digest of its condition and body, `trace._loop_identity`): two loops equal in it
+#: and in their operands are one loop to XLA's CSE (`simplify._same_loop`).
+LOOP_IDENTITY = "loop_identity"
 
 # --- elementwise maps ----------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ a strategy is applied to the user's real function.
 from __future__ import annotations
 
 import enum
+import hashlib
 import inspect
 import os
 from collections.abc import Callable
@@ -395,7 +396,7 @@ class _Builder:
         closed = eqn.params["jaxpr"]
         length = int(eqn.params["length"])
         body_env, body_in = self._body_inputs(closed.jaxpr, closed.consts, "scan_in", kw["source"])
-        params = _plain_params(eqn.params)
+        params = _plain_params(eqn.params) + ((prim.LOOP_IDENTITY, _loop_identity(eqn, ())),)
         start = self.add_op(prim.SCAN_START, operand_ids, body_in, params, region_depth=depth, **kw)
         steps = self._walk_body(closed.jaxpr, body_env, kw["call_path"], trip_count * length, depth)
         body_out = self._body_outputs(closed.jaxpr, body_env)
@@ -418,7 +419,10 @@ class _Builder:
         carry_ids = operand_ids[cond_n + body_n :]
         body_operands = operand_ids[cond_n : cond_n + body_n] + carry_ids
         body_env, body_in = self._body_inputs(body.jaxpr, body.consts, "while_in", kw["source"])
-        params = _plain_params(eqn.params) + (("num_consts", body_n),)
+        params = _plain_params(eqn.params) + (
+            ("num_consts", body_n),
+            (prim.LOOP_IDENTITY, _loop_identity(eqn, operand_ids[:cond_n])),
+        )
         start = self.add_op(
             prim.WHILE_START, body_operands, body_in, params, region_depth=depth, **kw
         )
@@ -466,6 +470,29 @@ class _Builder:
             region_depth=depth,
             **kw,
         )
+
+
+def _loop_identity(eqn, cond_const_ids) -> str:
+    """A digest of a loop's body (and a while's condition): their jaxprs' text and consts, and
+    the values a while's condition reads besides the carry (`cond_const_ids`, which feed no op).
+    The trace keeps no jaxpr, so without it two loops differing only in their condition (`i < 3`,
+    `i < 5`) would look alike. XLA's HloCSE merges two `while`s of equal operands, condition
+    and body (fuzz seed 19 #690: two identical `while_loop`s on one input compile to one; two
+    identical `fori_loop`s, scans, too)."""
+    digest = hashlib.sha1()
+    for key in ("cond_jaxpr", "body_jaxpr", "jaxpr"):
+        closed = eqn.params.get(key)
+        if not isinstance(closed, jex.ClosedJaxpr):
+            continue
+        digest.update(str(closed.jaxpr).encode())
+        for const in closed.consts:
+            try:
+                arr = np.asarray(const)
+                digest.update(f"{arr.dtype}{arr.shape}".encode() + arr.tobytes())
+            except Exception:  # noqa: BLE001 - a const with no value to read: this loop alone
+                digest.update(f"const#{id(const)}".encode())
+    digest.update(repr(tuple(cond_const_ids)).encode())
+    return digest.hexdigest()[:16]
 
 
 def _renamed(value: Value, name: str) -> Value:
