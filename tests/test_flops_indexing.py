@@ -158,6 +158,26 @@ def test_an_expensive_update_read_from_a_one_window_scatters_operand_fuses_into_
     assert predicted == pytest.approx(compiled, abs=6.0)
 
 
+@pytest.mark.parametrize(("shape", "xla"), [((4, 2, 8), 473), ((4, 3, 8), 569)])
+def test_a_masked_window_of_a_splat_is_one_select(shape, xla):
+    """Fuzz seed 19 #274: the gradient of `mean(v.at[:, i].set(tanh(v[:, i])))` gathers the
+    cotangent's `1 / n` splat at `i` and scatters a splat of ids: XLA's simplifier makes each
+    masked window a select of scalars (`flops._uniform`), counted per window element before
+    (540 and 636 flops)."""
+
+    def fn(x, i):
+        def loss(x):
+            v = jnp.sin(x)
+            return jnp.mean(v.at[:, i].set(jnp.tanh(v[:, i])))
+
+        return jax.grad(loss)(x)
+
+    args = (jax.ShapeDtypeStruct(shape, F32), jax.ShapeDtypeStruct((1,), jnp.int32))
+    predicted, compiled = unsharded_flops(fn, *args)
+    assert compiled == xla
+    assert predicted == pytest.approx(compiled, abs=6.0)  # the index normalization's copies
+
+
 def top_k_route(x):
     """fuzz `_route`: softmax gates kept on each row's top 2 (a MoE router)."""
     gates = jax.nn.softmax(x, axis=-1)
