@@ -837,14 +837,19 @@ def _recomputing_readers(
     all three loops, tanh once apart (112 flops on [16]; fuzz seed 19 #779, 0.92 of XLA's
     flops counted once). A costly op reading two arrays is refused by `_duplicable` already
     (`gelu(x)`'s final `x * (1 + tanh(...))`)."""
-    if not _duplicable(prog, op, spread, local_shapes) and not (
-        fuses is not None
-        and _dots_read_reshaped(prog, op, fuses)
-        and not path_blocked(prog, op, roots, local_shapes)
+    fuses_given = fuses is not None
+    fuses = _fusible_ops(prog) if fuses is None else fuses
+    if (
+        not _duplicable(prog, op, spread, local_shapes)
+        and not (
+            fuses_given
+            and _dots_read_reshaped(prog, op, fuses)
+            and not path_blocked(prog, op, roots, local_shapes)
+        )
+        and not _stacked_and_fused_on_all_paths(prog, op, roots, fuses, local_shapes)
     ):
         return frozenset()
     uses = prog.uses()
-    fuses = _fusible_ops(prog) if fuses is None else fuses
     return frozenset().union(
         *(
             roots[o]
@@ -853,6 +858,38 @@ def _recomputing_readers(
             if prog.ops[o].primitive in _RECOMPUTING and fuses[o] and not _folded_transpose(prog, o)
         )
     )
+
+
+def _stacked_and_fused_on_all_paths(
+    prog: Program, op, roots: list[frozenset[int]], fuses, local_shapes=None
+) -> bool:
+    """Whether `op`, stored only as a scan step's stacked output (a `scan_end` ys slot), is read
+    otherwise by fusions that recompute it (`_RECOMPUTING`) on paths that are all fused: XLA
+    duplicates even a producer of several arrays then. Its stacked write is a dynamic-update-
+    slice of the step's element, a loop fusion like any reader, so every user of the producer
+    can fuse it on every path, the exemption of `InstructionFusion::ComputeGloballyUnfusible`
+    (`CanFuseOnAllPaths`); a producer a non-fusible op or the loop's carry tuple reads is kept
+    once. Measured: the backward scan of `c = 0.5 * c + x; ys = sin(c)` computes the scalar
+    `add_any = g + ct * cos(c)` in the dynamic-update-slice's fusion and in the carry's `* 0.5`
+    fusion (fuzz seed 19 #382, 2x2x2 search: 19 of XLA's 23 flops with it counted once)."""
+    if not op.results:
+        return False
+    uses = prog.uses()
+    outputs = set(prog.outputs)
+    stacked = False
+    for r in op.results:
+        if r in outputs:
+            return False
+        for o, j in uses[r]:
+            reader = prog.ops[o]
+            if reader.primitive == prim.SCAN_END:
+                n_carry = int(reader.param("num_carry", 0))
+                if not n_carry <= j < len(reader.operands) - n_carry:
+                    return False  # a carry slot: the loop's tuple reads it
+                stacked = True
+            elif reader.primitive not in _RECOMPUTING or not fuses[o] or _folded_transpose(prog, o):
+                return False
+    return stacked and not path_blocked(prog, op, roots, local_shapes, stacked_writes=True)
 
 
 def _folded_transpose(prog: Program, i: int) -> bool:
@@ -936,6 +973,7 @@ def path_blocked(
     roots: list[frozenset[int]],
     local_shapes: dict | None = None,
     apart=frozenset(),
+    stacked_writes: bool = False,
 ) -> bool:
     """Whether some path of fusible ops from `op` to one of its readers runs through an op that
     is not fused into the next one (`_unfused_path`, without its tests on `op` itself: a special
@@ -944,11 +982,24 @@ def path_blocked(
     more elements) blocks the edge to its reader only when that reader does so itself: XLA's
     all-paths test (`CanFuseOnAllPaths`) asks `ShouldFuse` of each edge, before fusion (fuzz
     seed 19 #316: the exact GELU's erfc, read through `tanh(gelu(x) / c)`, is computed in the
-    tanh's fusion and in two others; 0.61 of XLA's flops when that edge blocked it)."""
+    tanh's fusion and in two others; 0.61 of XLA's flops when that edge blocked it).
+
+    `stacked_writes`: a `scan_end` reading `op` stands for the dynamic-update-slices that write
+    it into the stacked outputs, which read nothing else on a path from it: no path to judge
+    (`_stacked_and_fused_on_all_paths`)."""
     if not op.results:
         return False
     uses = prog.uses()
-    direct = sorted({o for r in op.results for o, _ in uses[r]})
+    direct = sorted(
+        {
+            o
+            for r in op.results
+            for o, _ in uses[r]
+            if not (stacked_writes and prog.ops[o].primitive == prim.SCAN_END)
+        }
+    )
+    if not direct:
+        return False
     last = direct[-1]
     # Forward from `op` to the last reader: the ops on a path from it.
     seen = {op.index}
