@@ -871,7 +871,9 @@ def _stacked_and_fused_on_all_paths(
     (`CanFuseOnAllPaths`); a producer a non-fusible op or the loop's carry tuple reads is kept
     once. Measured: the backward scan of `c = 0.5 * c + x; ys = sin(c)` computes the scalar
     `add_any = g + ct * cos(c)` in the dynamic-update-slice's fusion and in the carry's `* 0.5`
-    fusion (fuzz seed 19 #382, 2x2x2 search: 19 of XLA's 23 flops with it counted once)."""
+    fusion (fuzz seed 19 #382, 2x2x2 search: 19 of XLA's 23 flops with it counted once, 21 with
+    it duplicated; the other two are the reversed scan's index `n - 1 - i`, computed in each of
+    those fusions, not modelled), and so on f32[16, 8] in seed 19 #69's backward scan."""
     if not op.results:
         return False
     uses = prog.uses()
