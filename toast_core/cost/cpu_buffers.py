@@ -219,6 +219,7 @@ from toast_core.cost.flops import spread_divisor_elements
 from toast_core.cost.flops_measured import top_k_stays_a_sort
 from toast_core.cost.fusion import (
     FUSIBLE,
+    _feeds_max_and_exp_shift,
     _in_loop_fusion,
     conv_read_order,
     fused_away,
@@ -797,7 +798,9 @@ def shared_expansion_parts(
     gradient): 13 f32[2] parts besides the stored gradient. A value fused into a loop that
     reuses its elements is `reused_expensive_buffers`'. `value_shape(value)`: a value's shape
     on one device (default: the global one): one element there is simplified with its readers
-    (#1852, digamma of f32[8] on 8 devices read by a log_softmax: no part in XLA's block)."""
+    (#1852, digamma of f32[8] on 8 devices read by a log_softmax: no part in XLA's block). A
+    softmax's scores are computed once, never duplicated (`fusion._feeds_max_and_exp_shift`):
+    the measured masked scores. Nor a library reduction's input (`_library_reduced`)."""
     if value_shape is None:
 
         def value_shape(v: int) -> tuple:
@@ -825,10 +828,35 @@ def shared_expansion_parts(
         fusions = {_fusion_of(prog, o, fused, uses) for o, _ in readers}
         if len(fusions) < 2 or any(_dot_reads_as_is(prog, o, x, value_shape) for o, x in readers):
             continue  # one fusion computes it, or a dot reads it as it is
+        if producers[s] is not None and _feeds_max_and_exp_shift(prog, prog.ops[producers[s]]):
+            continue  # a softmax's scores: XLA:CPU never duplicates them
+        if any(_library_reduced(prog, o, fused, uses, value_shape) for o, _ in readers):
+            continue  # an input of a library call, stored as it is (#39)
         held = not all(_reads_in_loop(prog, prog.ops[o]) for o, _ in readers)
         held = held or prog.values[s].is_output or s in prog.outputs
         rows.append((v, producers[v], max(o for o, _ in readers), 1.0, parts - (not held), 0))
     return rows
+
+
+def _library_reduced(prog: Program, o: int, fused: list[bool], uses, value_shape) -> bool:
+    """Whether op `o` or a fused reader down from it is a library reduction
+    (`is_library_reduction`), whose call reads a value other fusions read too from memory
+    (`library_reduction_inputs`): XLA stores the value, its parts inside, and never
+    duplicates it. Fuzz seed 19 #39: erfc of f32[4, 4, 8, 32] read by the GELU's mean (a
+    `__ynn_fusion`) and its gradient: `select_select_fusion.1`, its value, in XLA's block."""
+    todo, seen = [o], set()
+    while todo:
+        k = todo.pop()
+        if k in seen:
+            continue
+        seen.add(k)
+        op = prog.ops[k]
+        if op.operands and is_library_reduction(
+            prog, op, int(np.prod(value_shape(op.operands[0])))
+        ):
+            return True
+        todo.extend(r for x in op.results if fused[x] for r, _ in uses[x])
+    return False
 
 
 def _fusion_of(prog: Program, o: int, fused: list[bool], uses) -> frozenset:
