@@ -159,6 +159,13 @@ expands stores each of its expensive parts instead (erfc 3, digamma 4, polygamma
 its size: `EXPENSIVE_PARTS`). Fuzz seed 18 #459 (SGD through `digamma(v * v + 1)` of a [2]
 vector, 2x3): the gradient's polygamma read by the outer product making the weight gradient,
 15 f32[2] fusions in XLA's block, 0.22 of XLA's bytes before (`reused_expensive_buffers`).
+The parts are stored as well when several fusions read the function's value (stored in the
+model, or the value its fusion computes): XLA duplicates the cheap root over the parts into
+each of them and never an expensive part. Not when a dot reads the value in its canonical
+operand form (it must be stored as it is: XLA's `do_not_duplicate`), a vector operand being
+reshaped in a fusion of its own. Fuzz seed 19 #178, `digamma(x * x + 1)` of f32[4] read by a
+matmul, a min and an outer product: the 4 parts and the matmul's operand in XLA's block, the
+model's one buffer 0.32 of XLA's bytes (`shared_expansion_parts`).
 
 **Loop state.** XLA:CPU runs a `while` (a scan, a `fori_loop`) on a state tuple in the
 temporary block: the tuple's pointer table and the trip counter, each a buffer of up to 64
@@ -210,9 +217,17 @@ from toast_core.cost.cpu_tree_reduce import CPU_REDUCE_WINDOW, CPU_TREE_MAX_ELEM
 from toast_core.cost.dot_products import as_sums
 from toast_core.cost.flops import spread_divisor_elements
 from toast_core.cost.flops_measured import top_k_stays_a_sort
-from toast_core.cost.fusion import FUSIBLE, conv_read_order, fused_away, fusible, materialized
+from toast_core.cost.fusion import (
+    FUSIBLE,
+    _feeds_max_and_exp_shift,
+    _in_loop_fusion,
+    conv_read_order,
+    fused_away,
+    fusible,
+    materialized,
+)
 from toast_core.cost.reshaped_dots import canonical_dot_dims
-from toast_core.cost.simplify import constant_values, uniform_dims
+from toast_core.cost.simplify import constant_values, uniform_dims, without_dead_ops
 from toast_core.cost.top_k_sorts import keeps_whole_dim, sorts_values_alone
 from toast_core.ir import primitives as prim
 from toast_core.ir.program import Program
@@ -260,7 +275,11 @@ def cpu_buffers(
     rows += tree_reduced_operands(prog, is_materialized, local_shape)
     rows += broadcasts_per_layout(prog, is_materialized, local_shape)
     rows += reciprocal_buffers(prog, is_materialized)
-    rows += reused_expensive_buffers(prog, is_materialized, value_shape)
+    reused = reused_expensive_buffers(prog, is_materialized, value_shape)
+    rows += reused
+    reused_values = {row[0] for row in reused}
+    shared = shared_expansion_parts(prog, is_materialized, value_shape)
+    rows += [row for row in shared if row[0] not in reused_values]
     rows += loop_state_buffers(prog)
     rows += cond_state_buffers(prog)
     rows += top_k_buffers(prog)
@@ -760,6 +779,165 @@ def _fused_until(prog: Program, v: int, fused: list[bool], uses) -> int:
             end = max(end, op_index)
             todo.extend(prog.ops[op_index].results)
     return end
+
+
+def shared_expansion_parts(
+    prog: Program, is_materialized: list[bool], value_shape=None
+) -> list[tuple]:
+    """(value, its producer, last reader, 1, buffers, 0) per expanded special function
+    (`EXPENSIVE_PARTS` > 1) whose stored value (its own, or the one its fusion computes) several
+    fusions read: XLA expands it into expensive parts under a cheap root, duplicates the cheap
+    root (and a cheap chain over it) into each reading fusion, and, an expensive op being never
+    duplicated, stores each part as a fusion of its own, read by all of them. The model stores
+    the value once: XLA holds the parts besides it while a reader that is no loop (a dot) or an
+    output still needs it, else the parts instead of it. Fuzz seed 19 #178 (`digamma(x * x +
+    1)` of f32[4] read by a matmul, a min and an outer product): XLA's block holds
+    `sine_divide_fusion`, two `add_divide_fusion`s, `multiply_log-plus-one_fusion` and the
+    matmul's `select_bitcast_fusion`, five f32[4] (the model: one, 0.32 of XLA's bytes); #146
+    (polygamma in digamma's gradient, read by a matmul and the outer product making a weight's
+    gradient): 13 f32[2] parts besides the stored gradient. A value fused into a loop that
+    reuses its elements is `reused_expensive_buffers`'. `value_shape(value)`: a value's shape
+    on one device (default: the global one): one element there is simplified with its readers
+    (#1852, digamma of f32[8] on 8 devices read by a log_softmax: no part in XLA's block). A
+    softmax's scores are computed once, never duplicated (`fusion._feeds_max_and_exp_shift`):
+    the measured masked scores. Nor a library reduction's input (`_library_reduced`)."""
+    if value_shape is None:
+
+        def value_shape(v: int) -> tuple:
+            return prog.values[v].shape
+
+    prog, _ = without_dead_ops(prog)  # a discarded loss reading it is no fusion (#114)
+    fused = fused_away(prog, is_materialized)
+    producers = prog.producers()
+    uses = prog.uses()
+    rows = []
+    for op in prog.ops:
+        parts = EXPENSIVE_PARTS.get(op.primitive, 1)
+        if parts < 2 or len(op.results) != 1:
+            continue
+        (v,) = op.results
+        if int(np.prod(value_shape(v))) < 2 or not prog.values[v].dtype.startswith(
+            ("float", "bfloat")
+        ):
+            continue
+        stored = _stored_roots(prog, v, fused, uses)
+        if len(stored) != 1:
+            continue
+        (s,) = stored
+        readers = _readers_through_bitcasts(prog, s, uses)
+        fusions = {_fusion_of(prog, o, fused, uses) for o, _ in readers}
+        if len(fusions) < 2 or any(_dot_reads_as_is(prog, o, x, value_shape) for o, x in readers):
+            continue  # one fusion computes it, or a dot reads it as it is
+        if producers[s] is not None and _feeds_max_and_exp_shift(prog, prog.ops[producers[s]]):
+            continue  # a softmax's scores: XLA:CPU never duplicates them
+        if any(_library_reduced(prog, o, fused, uses, value_shape) for o, _ in readers):
+            continue  # an input of a library call, stored as it is (#39)
+        held = not all(_reads_in_loop(prog, prog.ops[o]) for o, _ in readers)
+        held = held or prog.values[s].is_output or s in prog.outputs
+        rows.append((v, producers[v], max(o for o, _ in readers), 1.0, parts - (not held), 0))
+    return rows
+
+
+def _library_reduced(prog: Program, o: int, fused: list[bool], uses, value_shape) -> bool:
+    """Whether op `o` or a fused reader down from it is a library reduction
+    (`is_library_reduction`), whose call reads a value other fusions read too from memory
+    (`library_reduction_inputs`): XLA stores the value, its parts inside, and never
+    duplicates it. Fuzz seed 19 #39: erfc of f32[4, 4, 8, 32] read by the GELU's mean (a
+    `__ynn_fusion`) and its gradient: `select_select_fusion.1`, its value, in XLA's block."""
+    todo, seen = [o], set()
+    while todo:
+        k = todo.pop()
+        if k in seen:
+            continue
+        seen.add(k)
+        op = prog.ops[k]
+        if op.operands and is_library_reduction(
+            prog, op, int(np.prod(value_shape(op.operands[0])))
+        ):
+            return True
+        todo.extend(r for x in op.results if fused[x] for r, _ in uses[x])
+    return False
+
+
+def _fusion_of(prog: Program, o: int, fused: list[bool], uses) -> frozenset:
+    """The fusion op `o` is in, as the stored values it writes: readers fused into one loop
+    share it (fuzz seed 19 #114's GELU: erfc read by the forward product and the backward
+    derivative, both in the gradient's one fusion, no part in XLA's block)."""
+    out = set()
+    for r in prog.ops[o].results:
+        out |= _stored_roots(prog, r, fused, uses) if fused[r] else {r}
+    return frozenset(out) or frozenset({-1 - o})
+
+
+def _reads_in_loop(prog: Program, op) -> bool:
+    """Whether XLA computes `op` in a loop fusion that recomputes its operands' cheap ops,
+    needing no buffer of them: a fusible op, a gather or a scatter of one window
+    (`fusion._in_loop_fusion`), a dot product (a fused reduction on XLA:CPU, `dot_products`).
+    Fuzz seed 19 #354: erfc of f32[8] read by a dot product, a gather and a one-index
+    scatter-add: XLA stores its 3 parts alone."""
+    if fusible(op, prog) or _in_loop_fusion(op, prog):
+        return True
+    if op.primitive != "dot_general":
+        return False
+    (lc, rc), (lb, rb) = op.param("dimension_numbers")
+    sides = zip(op.operands[:2], (lc, rc), (lb, rb))
+    return all(len(prog.values[x].shape) == len(c) + len(b) for x, c, b in sides)
+
+
+def _dot_reads_as_is(prog: Program, o: int, x: int, value_shape) -> bool:
+    """Whether op `o` is a dot reading `x` in its canonical operand form (`reshaped_dots`
+    essay: the batch dims, one free dim and one contracting dim in that order, the rhs's
+    contracting before its free, no unit dim), so that XLA needs `x` stored as it is and never
+    duplicates the cheap ops making it (instruction fusion's `do_not_duplicate`: a producer
+    not fusible into all its consumers): `digamma(x)` of f32[16, 8] read by `@ w[8, 4]` and a
+    min is one f32[16, 8] fusion in XLA's block, its parts inside. Any other reader reads it
+    through a loop (a vector's reshape, a transpose, a conv's or a scatter's operand copy, a
+    gather) into which XLA duplicates them."""
+    op = prog.ops[o]
+    if op.primitive != "dot_general" or x not in op.operands[:2] or fusible(op, prog):
+        return False
+    pos = op.operands.index(x)
+    (lc, rc), (lb, rb) = op.param("dimension_numbers")
+    contract, batch = (tuple(lc), tuple(lb)) if pos == 0 else (tuple(rc), tuple(rb))
+    shape = value_shape(x)
+    free = tuple(d for d in range(len(shape)) if d not in contract and d not in batch)
+    order = batch + (free + contract if pos == 0 else contract + free)
+    return (
+        len(free) == 1
+        and len(contract) == 1
+        and 1 not in shape
+        and order == tuple(range(len(shape)))
+    )
+
+
+def _stored_roots(prog: Program, v: int, fused: list[bool], uses) -> set[int]:
+    """The stored values the fusion computing `v` writes: `v` when stored, else the first
+    stored results down its fused readers."""
+    out, todo, seen = set(), [v], set()
+    while todo:
+        x = todo.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if not fused[x]:
+            out.add(x)
+            continue
+        for o, _ in uses[x]:
+            todo.extend(prog.ops[o].results)
+    return out
+
+
+def _readers_through_bitcasts(prog: Program, v: int, uses) -> set[tuple[int, int]]:
+    """(op, the value it reads) of the ops reading `v`, a reshape of it (a bitcast in XLA, no
+    op) standing for its readers."""
+    out = set()
+    for o, _ in uses[v]:
+        op = prog.ops[o]
+        if op.primitive in ("reshape", "squeeze", "expand_dims") and len(op.results) == 1:
+            out |= _readers_through_bitcasts(prog, op.results[0], uses) or {(o, v)}
+        else:
+            out.add((o, v))
+    return out
 
 
 #: Buffers of up to 64 bytes a loop's state holds on XLA:CPU: the tuple's table, the counter.
