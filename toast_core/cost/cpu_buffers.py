@@ -767,18 +767,10 @@ def _fused_until(prog: Program, v: int, fused: list[bool], uses) -> int:
     its readers) the last such op of its readers' results. The reciprocal lives until there:
     Adam's bias corrections until the update that the divisions fuse into (measured: XLA's
     two reciprocals side by side in the block, `test_cpu_reciprocal_buffers.py`)."""
-    end, todo, seen = prog.producers()[v] or 0, [v], set()
-    while todo:
-        x = todo.pop()
-        if x in seen:
-            continue
-        seen.add(x)
-        if not fused[x]:
-            continue
-        for op_index, _ in uses[x]:
-            end = max(end, op_index)
-            todo.extend(prog.ops[op_index].results)
-    return end
+    start = prog.producers()[v] or 0
+    return max(
+        [start] + [o for x in _fused_reach(prog, v, fused, uses) if fused[x] for o, _ in uses[x]]
+    )
 
 
 def shared_expansion_parts(
@@ -913,18 +905,21 @@ def _dot_reads_as_is(prog: Program, o: int, x: int, value_shape) -> bool:
 def _stored_roots(prog: Program, v: int, fused: list[bool], uses) -> set[int]:
     """The stored values the fusion computing `v` writes: `v` when stored, else the first
     stored results down its fused readers."""
-    out, todo, seen = set(), [v], set()
+    return {x for x in _fused_reach(prog, v, fused, uses) if not fused[x]}
+
+
+def _fused_reach(prog: Program, v: int, fused: list[bool], uses):
+    """`v` and the values its fusion reaches: the results of the readers of each fused value
+    (a stored one ends its path)."""
+    todo, seen = [v], set()
     while todo:
         x = todo.pop()
         if x in seen:
             continue
         seen.add(x)
-        if not fused[x]:
-            out.add(x)
-            continue
-        for o, _ in uses[x]:
-            todo.extend(prog.ops[o].results)
-    return out
+        yield x
+        if fused[x]:
+            todo.extend(r for o, _ in uses[x] for r in prog.ops[o].results)
 
 
 def _readers_through_bitcasts(prog: Program, v: int, uses) -> set[tuple[int, int]]:
