@@ -836,19 +836,20 @@ def _library_reduced(prog: Program, o: int, fused: list[bool], uses, value_shape
     (`library_reduction_inputs`): XLA stores the value, its parts inside, and never
     duplicates it. Fuzz seed 19 #39: erfc of f32[4, 4, 8, 32] read by the GELU's mean (a
     `__ynn_fusion`) and its gradient: `select_select_fusion.1`, its value, in XLA's block."""
-    todo, seen = [o], set()
-    while todo:
-        k = todo.pop()
-        if k in seen:
-            continue
-        seen.add(k)
-        op = prog.ops[k]
-        if op.operands and is_library_reduction(
-            prog, op, int(np.prod(value_shape(op.operands[0])))
-        ):
-            return True
-        todo.extend(r for x in op.results if fused[x] for r, _ in uses[x])
-    return False
+    reached = {o} | {
+        k
+        for r in prog.ops[o].results
+        for x in _fused_reach(prog, r, fused, uses)
+        if fused[x]
+        for k, _ in uses[x]
+    }
+    return any(
+        prog.ops[k].operands
+        and is_library_reduction(
+            prog, prog.ops[k], int(np.prod(value_shape(prog.ops[k].operands[0])))
+        )
+        for k in reached
+    )
 
 
 def _fusion_of(prog: Program, o: int, fused: list[bool], uses) -> frozenset:
