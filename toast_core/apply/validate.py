@@ -325,7 +325,7 @@ def cpu_flops(
         shifts,
         local,
         _collected(report.collectives, program) if partitioned else frozenset(),
-        _cut_outer_products(ana, strategy, mesh) if strategy and partitioned else frozenset(),
+        _cut_outer_products(program, uses) if uses else frozenset(),
         recopied,
     )
     flops = sum(
@@ -802,7 +802,7 @@ def _cpu_fusion_factors(
 _MATVEC_FUSION_BYTES = 16 * 1024
 
 
-def _cut_outer_products(ana: Analysis, strategy: Strategy, mesh: MeshSpec) -> frozenset[int]:
+def _cut_outer_products(prog, local_shape: Callable) -> frozenset[int]:
     """Dots that contract something of size > 1 (not `fusion.fusible`) but whose contracted
     dims the strategy cuts to one element per device: after partitioning, each device's dot is
     an outer product, which XLA's simplifier rewrites as a multiply of two broadcasts, a loop
@@ -810,20 +810,14 @@ def _cut_outer_products(ana: Analysis, strategy: Strategy, mesh: MeshSpec) -> fr
     before it). Its result is a partial sum, stored for the all-reduce. Measured: fuzz seed 19
     #575, `einsum('abcd,az->bcdz', concatenate([x + b, tanh(x + b)]), w[8, 3])` with `a` on 8
     devices: the add (64 flops) computed again in the multiply's fusion, 365 flops compiled,
-    300 predicted with the dot reading a stored operand."""
-    space = space_of(ana, mesh)
-    masks = strategy.fine_masks(ana, mesh)
-    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
-    prog = ana.program
+    300 predicted with the dot reading a stored operand. `local_shape(op, pos)`: an operand
+    use's shape on one device (`_local_use_shapes`)."""
     out = []
     for op in prog.ops:
         if op.primitive != "dot_general" or len(op.operands) != 2 or fusible(op, prog):
             continue
-        if (op.index, 0) not in space.layout.use_dim_fine:
-            continue
         (lc, _), _ = op.param("dimension_numbers")
-        shape = prog.values[op.operands[0]].shape
-        local = _local_shape(shape, space.use_axes(masks, op.index, 0), sizes)
+        local = local_shape(op.index, 0)
         if lc and all(local[d] == 1 for d in lc):
             out.append(op.index)
     return frozenset(out)
